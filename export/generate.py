@@ -1,0 +1,157 @@
+"""Reference greedy and beam search in PyTorch over `Transformer.decode_step` (key/value cache).
+
+Semantics that every other generator of this project must reproduce exactly:
+- the source is `ids + [</s>]`; decoding starts from `<s>` at position 0;
+- a row may emit at most `max_len = min(floor(a * src_len + b), max_positions - 1)` tokens, the
+  final `</s>` included (`src_len` counts the source tokens with `</s>`); at its last allowed step
+  `</s>` is forced;
+- beam search ranks finished hypotheses by `sum(log p) / len ** length_penalty`, with `len` the
+  number of emitted tokens including `</s>`; a sentence stops once `beam` hypotheses have
+  finished; at each step the `2 * beam` best candidates are taken, those ending in `</s>` finish
+  (when ranked within the first `beam`), the best `beam` of the rest go on;
+- `beam == 1` is greedy search.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from export.model import Transformer
+
+
+@dataclass
+class Hypothesis:
+    tokens: list[int]  # emitted ids without the final </s>
+    score: float  # length-normalised log-probability (greedy: plain sum)
+    log_prob: float  # sum of log-probabilities, </s> included
+
+
+def max_output_len(src_len: int, a: float, b: int, max_positions: int) -> int:
+    return max(1, min(int(a * src_len + b), max_positions - 1))
+
+
+def pad_batch(seqs: list[list[int]], pad_id: int, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    S = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), S), pad_id, dtype=torch.long)
+    for i, s in enumerate(seqs):
+        ids[i, : len(s)] = torch.tensor(s, dtype=torch.long)
+    mask = (ids != pad_id).to(torch.long)
+    return ids.to(device), mask.to(device)
+
+
+def _empty_cache(model: Transformer, B: int, device) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    cfg = model.cfg
+    z = torch.zeros(B, cfg.n_heads, 0, cfg.d_k, device=device)
+    return [(z, z) for _ in range(cfg.n_decoder_layers)]
+
+
+@torch.no_grad()
+def greedy_search(model: Transformer, src: list[list[int]], a: float = 1.5, b: int = 10) -> list[Hypothesis]:
+    """src: source ids each ending with </s>."""
+    cfg, device = model.cfg, next(model.parameters()).device
+    src_ids, src_mask = pad_batch(src, cfg.pad_id, device)
+    B = len(src)
+    memory = model.encode(src_ids, src_mask)
+    cross = model.cross_kv(memory)
+    max_len = torch.tensor([max_output_len(len(s), a, b, cfg.max_positions) for s in src], device=device)
+    past = _empty_cache(model, B, device)
+    past_mask = torch.zeros(B, 0, device=device)
+    tokens = torch.full((B, 1), cfg.bos_id, dtype=torch.long, device=device)
+    out = torch.zeros(B, 0, dtype=torch.long, device=device)
+    log_prob = torch.zeros(B, device=device)
+    done = torch.zeros(B, dtype=torch.bool, device=device)
+    for step in range(int(max_len.max())):
+        positions = torch.full((B,), step, dtype=torch.long, device=device)
+        lp, new_kv, _ = model.decode_step(tokens, positions, past, past_mask, cross, src_mask)
+        force = step >= max_len - 1  # (B,) last allowed step: </s>
+        lp = torch.where(force[:, None], _eos_only(lp, cfg.eos_id), lp)
+        best_lp, nxt = lp.max(dim=-1)
+        nxt = torch.where(done, torch.full_like(nxt, cfg.pad_id), nxt)
+        log_prob += torch.where(done, torch.zeros_like(best_lp), best_lp)
+        out = torch.cat([out, nxt[:, None]], dim=1)
+        done |= nxt == cfg.eos_id
+        if bool(done.all()):
+            break
+        past = [(torch.cat([pk, k], 2), torch.cat([pv, v], 2)) for (pk, pv), (k, v) in zip(past, new_kv)]
+        past_mask = torch.cat([past_mask, torch.ones(B, 1, device=device)], dim=1)
+        tokens = nxt[:, None]
+    hyps = []
+    for i in range(B):
+        toks = [t for t in out[i].tolist() if t not in (cfg.eos_id, cfg.pad_id)]
+        hyps.append(Hypothesis(toks, float(log_prob[i]), float(log_prob[i])))
+    return hyps
+
+
+def _eos_only(lp: torch.Tensor, eos_id: int) -> torch.Tensor:
+    forced = torch.full_like(lp, float("-inf"))
+    forced[:, eos_id] = lp[:, eos_id]
+    return forced
+
+
+@torch.no_grad()
+def beam_search(model: Transformer, src: list[list[int]], beam: int = 4, length_penalty: float = 1.0,
+                a: float = 1.5, b: int = 10) -> list[Hypothesis]:
+    if beam == 1:
+        return greedy_search(model, src, a, b)
+    cfg, device = model.cfg, next(model.parameters()).device
+    B, K, V = len(src), beam, cfg.vocab_size
+    src_ids, src_mask = pad_batch(src, cfg.pad_id, device)
+    memory = model.encode(src_ids, src_mask)
+    # Every sentence is repeated K times: row b*K + k is beam k of sentence b.
+    src_mask = src_mask.repeat_interleave(K, dim=0)
+    cross = [(k.repeat_interleave(K, 0), v.repeat_interleave(K, 0)) for k, v in model.cross_kv(memory)]
+    max_len = [max_output_len(len(s), a, b, cfg.max_positions) for s in src]
+    past = _empty_cache(model, B * K, device)
+    tokens = torch.full((B * K, 1), cfg.bos_id, dtype=torch.long, device=device)
+    history = torch.zeros(B * K, 0, dtype=torch.long, device=device)
+    scores = torch.full((B, K), float("-inf"), device=device)
+    scores[:, 0] = 0.0  # all beams start identical: only the first one is live
+    finished: list[list[Hypothesis]] = [[] for _ in range(B)]
+    active = [True] * B
+    for step in range(max(max_len)):
+        positions = torch.full((B * K,), step, dtype=torch.long, device=device)
+        past_mask = torch.ones(B * K, step, device=device)
+        lp, new_kv, _ = model.decode_step(tokens, positions, past, past_mask, cross, src_mask)
+        lp = lp.view(B, K, V)
+        for i in range(B):
+            if step >= max_len[i] - 1:
+                lp[i] = _eos_only(lp[i], cfg.eos_id)
+        cand = (scores[:, :, None] + lp).view(B, K * V)  # (B, K*V)
+        top_scores, top_idx = cand.topk(2 * K, dim=1)  # (B, 2K)
+        beam_idx, tok_idx = top_idx // V, top_idx % V
+        new_scores = torch.full((B, K), float("-inf"), device=device)
+        new_src = torch.zeros(B, K, dtype=torch.long, device=device)
+        new_tok = torch.full((B, K), cfg.pad_id, dtype=torch.long, device=device)
+        ts, bi, ti = top_scores.tolist(), beam_idx.tolist(), tok_idx.tolist()
+        for i in range(B):
+            if not active[i]:
+                continue
+            kept = 0
+            for rank in range(2 * K):
+                s = ts[i][rank]
+                if s == float("-inf"):
+                    break
+                if ti[i][rank] == cfg.eos_id:
+                    if rank < K:
+                        toks = history[i * K + bi[i][rank]].tolist()
+                        finished[i].append(Hypothesis(toks, s / (len(toks) + 1) ** length_penalty, s))
+                    continue
+                if kept < K:
+                    new_scores[i, kept] = s
+                    new_src[i, kept] = bi[i][rank]
+                    new_tok[i, kept] = ti[i][rank]
+                    kept += 1
+            if len(finished[i]) >= K or step >= max_len[i] - 1 or kept == 0:
+                active[i] = False
+                new_scores[i] = float("-inf")
+        if not any(active):
+            break
+        rows = (torch.arange(B, device=device)[:, None] * K + new_src).view(-1)  # (B*K,)
+        scores = new_scores
+        history = torch.cat([history[rows], new_tok.view(-1, 1)], dim=1)
+        past = [(torch.cat([pk[rows], k[rows]], 2), torch.cat([pv[rows], v[rows]], 2))
+                for (pk, pv), (k, v) in zip(past, new_kv)]
+        tokens = new_tok.view(-1, 1)
+    return [max(f, key=lambda h: h.score) for f in finished]

@@ -1,0 +1,1 @@
+"""mtserve's serving path: ONNX Runtime, gRPC, batching. Nothing here imports torch."""

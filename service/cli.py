@@ -1,0 +1,45 @@
+"""The `mtserve` console script.
+
+Each subcommand lives in its own module with `add_arguments(parser)` and `run(args)`; only the
+chosen one is imported, so serving commands never load torch."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+COMMANDS = {
+    "train": ("export.train", "train a model on a Multi30k-style corpus (needs the export extra)"),
+    "evaluate": ("service.evaluate", "translate a split of a data dir and score it with sacreBLEU"),
+}
+
+
+def _load(name: str):
+    module = COMMANDS[name][0]
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as e:
+        if e.name == "torch" or (e.name or "").startswith(("torch", "safetensors", "onnx")):
+            sys.exit(f"mtserve {name}: needs the export extra ({e.name} is missing): pip install 'mtserve[export]'")
+        raise
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = argparse.ArgumentParser("mtserve", description="Transformer translation: train, evaluate, export, serve")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, (_, help_text) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        if argv and argv[0] == name:
+            _load(name).add_arguments(p)
+    args = parser.parse_args(argv)
+    try:
+        _load(args.command).run(args)
+    except FileNotFoundError as e:  # a missing model, data split or graph: one clear line
+        sys.exit(f"mtserve {args.command}: {e}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

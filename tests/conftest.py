@@ -1,0 +1,60 @@
+"""Shared fixtures: the corpus in ../shared, and a tiny model trained for a few seconds."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from export.data import DEFAULT_DATA_DIR
+
+REPO = Path(__file__).resolve().parent.parent
+SHIPPED_MODEL = REPO / "models" / "de-en"
+
+
+@pytest.fixture(scope="session")
+def data_dir() -> Path:
+    if not (DEFAULT_DATA_DIR / "train.de.gz").exists():
+        pytest.skip(f"Multi30k corpus not found at {DEFAULT_DATA_DIR}")
+    return DEFAULT_DATA_DIR
+
+
+def train_args(out: Path, data: Path, *extra: str) -> argparse.Namespace:
+    from export.train import add_arguments
+
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    return p.parse_args(["--out", str(out), "--data", str(data), "--preset", "tiny", "--no-progress",
+                         "--max-train-sentences", "3000", "--max-valid-sentences", "64", "--epochs", "3",
+                         "--warmup-steps", "30", "--lr", "3e-3", "--average-last", "2",
+                         "--model-config", '{"n_encoder_layers": 2, "n_decoder_layers": 2}', *extra])
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory, data_dir) -> Path:
+    """A 2+2-layer d_model-32 model trained for three short epochs on 3,000 pairs (a few seconds):
+    small, but its outputs are peaked enough for token-for-token comparisons."""
+    from export.train import run
+
+    return run(train_args(tmp_path_factory.mktemp("tiny") / "model", data_dir))
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tiny_model_dir):
+    from export.checkpoint import load_model
+
+    return load_model(tiny_model_dir)
+
+
+@pytest.fixture(scope="session")
+def test_split(data_dir):
+    from export.data import read_parallel
+
+    return read_parallel(data_dir, "test_2016_flickr")
+
+
+@pytest.fixture(scope="session")
+def make_train_args():
+    """Arguments of a tiny training run: make_train_args(out_dir, data_dir, *extra_flags)."""
+    return train_args
