@@ -10,8 +10,13 @@ import importlib
 import sys
 
 COMMANDS = {
-    "train": ("export.train", "train a model on a Multi30k-style corpus (needs the export extra)"),
-    "evaluate": ("service.evaluate", "translate a split of a data dir and score it with sacreBLEU"),
+    "train": ("export.train", "train a model on a Multi30k-style corpus (needs the export extra)", "add_arguments", "run"),
+    "evaluate": ("service.evaluate", "translate a split of a data dir and score it with sacreBLEU", "add_arguments", "run"),
+    "export": ("export.to_onnx", "export a model dir to ONNX graphs + manifest (needs the export extra)", "add_arguments", "run"),
+    "verify": ("export.verify", "check an ONNX export against PyTorch: log-prob diffs, greedy agreement", "add_arguments", "run"),
+    "serve": ("service.server", "run the gRPC translation server", "add_arguments", "run"),
+    "translate": ("service.client_cli", "translate texts with a running server", "add_arguments", "run"),
+    "encode": ("service.client_cli", "encode texts with a running server", "add_encode_arguments", "run_encode"),
 }
 
 
@@ -29,13 +34,13 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser("mtserve", description="Transformer translation: train, evaluate, export, serve")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name, (_, help_text) in COMMANDS.items():
+    for name, (_, help_text, add, _) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
         if argv and argv[0] == name:
-            _load(name).add_arguments(p)
+            getattr(_load(name), add)(p)
     args = parser.parse_args(argv)
     try:
-        _load(args.command).run(args)
+        getattr(_load(args.command), COMMANDS[args.command][3])(args)
     except FileNotFoundError as e:  # a missing model, data split or graph: one clear line
         sys.exit(f"mtserve {args.command}: {e}")
     return 0

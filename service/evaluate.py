@@ -1,5 +1,8 @@
 """`mtserve evaluate`: translate `SPLIT.SRC` of a data dir and score it against `SPLIT.TGT`
-with sacreBLEU (13a tokenisation, cased, detokenised output)."""
+with sacreBLEU (13a tokenisation, cased, detokenised output).
+
+Engines: `torch` (the PyTorch reference, needs the export extra) and `onnx` (ONNX Runtime over
+the export in MODEL/onnx, `mtserve export` makes it; no torch is imported)."""
 
 from __future__ import annotations
 
@@ -24,9 +27,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-len-a", type=float, default=1.5)
     p.add_argument("--max-len-b", type=int, default=10)
     p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--engine", choices=["torch"], default="torch")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--threads", type=int, default=0)
+    p.add_argument("--engine", choices=["torch", "onnx"], default="torch",
+                   help="torch: the PyTorch reference; onnx: ONNX Runtime over the export (MODEL/onnx or an export dir)")
+    p.add_argument("--precision", choices=["fp32", "int8", "fp16"], default="fp32", help="onnx engine: graph variant")
+    p.add_argument("--device", default="cpu", help="cpu or cuda (onnx: auto too)")
+    p.add_argument("--threads", type=int, default=0, help="intra-op threads (0 = the library's default)")
     p.add_argument("--limit", type=int, help="first N sentences only")
     p.add_argument("--output", help="write the translations here, one per line")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -37,6 +42,10 @@ def make_translator(args):
         from export.translator import TorchTranslator
 
         return TorchTranslator(args.model, device=args.device, threads=args.threads)
+    if args.engine == "onnx":
+        from service.translator import OnnxTranslator
+
+        return OnnxTranslator(args.model, precision=args.precision, device=args.device, threads=args.threads)
     raise ValueError(f"unknown engine {args.engine!r}")
 
 
@@ -57,6 +66,8 @@ def run(args) -> dict:
     result = {"bleu": round(score.score, 2), "signature": str(bleu.get_signature()), "sentences": len(src),
               "seconds": round(seconds, 2), "sentences_per_s": round(len(src) / seconds, 1),
               "split": args.split, "beam": args.beam, "engine": args.engine, "model": args.model}
+    if args.engine == "onnx":
+        result["precision"] = args.precision
     print(json.dumps(result) if args.json else f"BLEU {result['bleu']} ({result['signature']}) on "
           f"{len(src)} sentences of {args.split} in {seconds:.1f}s", file=sys.stdout)
     return result

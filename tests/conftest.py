@@ -27,7 +27,7 @@ def train_args(out: Path, data: Path, *extra: str) -> argparse.Namespace:
     add_arguments(p)
     return p.parse_args(["--out", str(out), "--data", str(data), "--preset", "tiny", "--no-progress",
                          "--max-train-sentences", "3000", "--max-valid-sentences", "64", "--epochs", "3",
-                         "--warmup-steps", "30", "--lr", "3e-3", "--average-last", "2",
+                         "--warmup-steps", "30", "--lr", "3e-3", "--average-last", "2", "--threads", "1",
                          "--model-config", '{"n_encoder_layers": 2, "n_decoder_layers": 2}', *extra])
 
 
@@ -58,3 +58,22 @@ def test_split(data_dir):
 def make_train_args():
     """Arguments of a tiny training run: make_train_args(out_dir, data_dir, *extra_flags)."""
     return train_args
+
+
+@pytest.fixture(scope="session")
+def tiny_onnx_dir(tiny_model_dir) -> Path:
+    """`tiny_model_dir/onnx`: the tiny model exported (torch.onnx dynamo exporter) in all three
+    precisions, fp32, int8 and fp16 (one torch export; the variants are derived from it)."""
+    from export.to_onnx import export_model
+
+    out = tiny_model_dir / "onnx"
+    export_model(tiny_model_dir, out, ["fp32", "int8", "fp16"])
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_onnx(tiny_onnx_dir):
+    """The fp32 export loaded with ONNX Runtime (CPU, one thread)."""
+    from service.onnx_model import OnnxSeq2Seq
+
+    return OnnxSeq2Seq(tiny_onnx_dir, precision="fp32")

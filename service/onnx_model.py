@@ -1,0 +1,129 @@
+"""The exported model behind ONNX Runtime: manifest, tokenizer and the two sessions (no torch).
+
+`OnnxSeq2Seq.encode` runs the encoder graph once per source batch; `OnnxSeq2Seq.step` runs one
+decoder step with an explicit key/value cache. Numpy in, numpy out; every float tensor is
+float32 whatever the precision of the graphs (the fp16 graphs cast at their boundaries)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+from tokenizers import Tokenizer
+
+from service.manifest import Manifest, load_manifest, resolve_onnx_dir
+
+log = logging.getLogger("mtserve.onnx")
+
+PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
+
+
+def choose_provider(provider: str, strict: bool = False) -> str:
+    """"cpu", "cuda" or "auto" -> the provider actually used ("cpu" or "cuda"). CUDA asked for but
+    not available: CPU with a warning, or RuntimeError when `strict`."""
+    if provider not in ("cpu", "cuda", "auto"):
+        raise ValueError(f"unknown provider {provider!r}; choose cpu, cuda or auto")
+    has_cuda = PROVIDERS["cuda"] in ort.get_available_providers()
+    if provider == "auto":
+        return "cuda" if has_cuda else "cpu"
+    if provider == "cuda" and not has_cuda:
+        msg = (f"CUDA execution provider requested but not available in this onnxruntime "
+               f"(available: {', '.join(ort.get_available_providers())})")
+        if strict:
+            raise RuntimeError(msg)
+        log.warning("%s; falling back to the CPU", msg)
+        return "cpu"
+    return provider
+
+
+class OnnxSeq2Seq:
+    """An ONNX export dir (or a model dir with an `onnx/` subdir) loaded for inference.
+
+    Attributes: manifest, tokenizer, provider ("cpu"/"cuda", the one in use), precision, and the
+    model's dims and special ids for convenience (n_layers, n_heads, d_k, vocab_size, pad_id,
+    bos_id, eos_id, max_positions)."""
+
+    def __init__(self, model_dir_or_onnx_dir: str | Path, precision: str = "fp32", provider: str = "cpu",
+                 intra_op_threads: int = 1, inter_op_threads: int = 1, strict: bool = False,
+                 verify_checksums: bool = True):
+        self.dir = resolve_onnx_dir(model_dir_or_onnx_dir)
+        self.manifest: Manifest = load_manifest(self.dir, verify_checksums=verify_checksums, precision=precision)
+        self.precision = precision
+        variant = self.manifest.variant(precision)
+        self.provider = choose_provider(provider, strict)
+        if variant.target == "cuda" and self.provider == "cpu":
+            log.warning("the %s graphs are meant for CUDA; on the CPU they run, slowly", precision)
+
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = intra_op_threads
+        so.inter_op_num_threads = inter_op_threads
+        so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        so.log_severity_level = 3
+        providers = [PROVIDERS[self.provider]] + (["CPUExecutionProvider"] if self.provider == "cuda" else [])
+        self.encoder = ort.InferenceSession(str(self.dir / variant.encoder.file), so, providers=providers)
+        self.decoder = ort.InferenceSession(str(self.dir / variant.decoder.file), so, providers=providers)
+        self.tokenizer = Tokenizer.from_file(str(self.dir / self.manifest.tokenizer.file))
+
+        d, ids = self.manifest.dims, self.manifest.special_ids
+        self.n_layers, self.n_heads, self.d_k = d.n_decoder_layers, d.n_heads, d.d_k
+        self.vocab_size, self.max_positions = d.vocab_size, d.max_positions
+        self.pad_id, self.bos_id, self.eos_id, self.unk_id = ids.pad_id, ids.bos_id, ids.eos_id, ids.unk_id
+        L = self.n_layers
+        self._enc_out = [o.name for o in variant.encoder.outputs]
+        self._dec_out = [o.name for o in variant.decoder.outputs]
+        self._past_names = [(f"past_key_{i}", f"past_value_{i}") for i in range(L)]
+        self._cross_names = [(f"cross_key_{i}", f"cross_value_{i}") for i in range(L)]
+        self._check_io(variant)
+
+    def _check_io(self, variant) -> None:
+        for session, spec, what in ((self.encoder, variant.encoder, "encoder"), (self.decoder, variant.decoder, "decoder")):
+            got_in = [i.name for i in session.get_inputs()]
+            got_out = [o.name for o in session.get_outputs()]
+            if sorted(got_in) != sorted(t.name for t in spec.inputs) or sorted(got_out) != sorted(t.name for t in spec.outputs):
+                raise RuntimeError(f"the {what} graph's inputs/outputs {got_in} -> {got_out} do not match the manifest")
+
+    def __repr__(self) -> str:
+        return (f"OnnxSeq2Seq({self.manifest.name}:{self.manifest.version}, {self.precision}, "
+                f"{self.provider}, layers={self.n_layers}, heads={self.n_heads})")
+
+    # -- text <-> ids ---------------------------------------------------------
+
+    def source_ids(self, texts: list[str]) -> list[list[int]]:
+        """Texts -> source ids ending with </s>, cut to fit the position table (as at training)."""
+        limit = self.max_positions - 1
+        return [e.ids[: limit - 1] + [self.eos_id] for e in self.tokenizer.encode_batch(texts, add_special_tokens=False)]
+
+    def detokenize(self, batch: list[list[int]]) -> list[str]:
+        return [s.strip() for s in self.tokenizer.decode_batch(batch, skip_special_tokens=True)]
+
+    # -- graphs ---------------------------------------------------------------
+
+    def encode(self, src_ids: np.ndarray, src_mask: np.ndarray) -> tuple[np.ndarray, list[np.ndarray], list[np.ndarray]]:
+        """src_ids, src_mask: int64 (B, S) -> memory (B, S, d_model) and per decoder layer the
+        cross-attention keys and values, each (B, H, S, d_k)."""
+        out = self.encoder.run(self._enc_out, {"src_ids": np.ascontiguousarray(src_ids, dtype=np.int64),
+                                               "src_mask": np.ascontiguousarray(src_mask, dtype=np.int64)})
+        return out[0], out[1::2], out[2::2]
+
+    def step(self, tokens: np.ndarray, positions: np.ndarray, past_k: list[np.ndarray], past_v: list[np.ndarray],
+             past_mask: np.ndarray, cross_k: list[np.ndarray], cross_v: list[np.ndarray], src_mask: np.ndarray):
+        """One decoder step. tokens (B, 1) or (B,), positions (B,) int64; past_k/past_v per layer
+        (B, H, P, d_k) float32, P may be 0; past_mask (B, P) float32 (1 valid, 0 padding); cross_k/v
+        per layer (B, H, S, d_k); src_mask (B, S) int64. Returns log_probs (B, V), new_k and new_v
+        per layer (B, H, 1, d_k), and the last layer's cross-attention averaged over heads (B, S)."""
+        tokens = np.asarray(tokens, dtype=np.int64)
+        feed = {"tokens": tokens.reshape(-1, 1), "positions": np.asarray(positions, dtype=np.int64),
+                "past_mask": np.asarray(past_mask, dtype=np.float32), "src_mask": np.asarray(src_mask, dtype=np.int64)}
+        for (kn, vn), k, v in zip(self._past_names, past_k, past_v):
+            feed[kn], feed[vn] = k, v
+        for (kn, vn), k, v in zip(self._cross_names, cross_k, cross_v):
+            feed[kn], feed[vn] = k, v
+        out = self.decoder.run(self._dec_out, feed)
+        return out[0], out[1:-1:2], out[2:-1:2], out[-1]
+
+    def empty_past(self, batch: int) -> tuple[list[np.ndarray], list[np.ndarray], np.ndarray]:
+        """A zero-length cache: per layer (batch, H, 0, d_k), and past_mask (batch, 0)."""
+        z = np.zeros((batch, self.n_heads, 0, self.d_k), dtype=np.float32)
+        return [z] * self.n_layers, [z] * self.n_layers, np.zeros((batch, 0), dtype=np.float32)

@@ -1,0 +1,311 @@
+"""The ONNX export: graph contract, dynamic shapes, padding, mixed positions, NaN-freedom and
+parity with PyTorch, for the graphs that ship (ORT-optimised) in every precision."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+import torch
+
+from export.to_onnx import OPSET, decoder_io, encoder_io, export_model
+from service.manifest import load_manifest
+from service.onnx_model import OnnxSeq2Seq
+
+PRECISIONS = ["fp32", "int8", "fp16"]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_torch_thread():
+    """The PyTorch reference on one thread: tiny matrices, and a busy machine makes torch's
+    spinning worker threads very slow."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def random_batch(rng: np.random.Generator, B: int, S: int, vocab: int, lengths=None):
+    if lengths is None:
+        lengths = rng.integers(1, S + 1, size=B)
+        lengths[rng.integers(B)] = S  # the longest row fills the batch
+    lengths = np.asarray(lengths)
+    mask = (np.arange(S)[None, :] < lengths[:, None]).astype(np.int64)
+    ids = rng.integers(4, vocab, size=(B, S)).astype(np.int64) * mask
+    return ids, mask
+
+
+def torch_encode(model, ids, mask):
+    with torch.no_grad():
+        memory = model.encode(torch.from_numpy(ids), torch.from_numpy(mask))
+        cross = model.cross_kv(memory)
+    return memory.numpy(), [k.numpy() for k, _ in cross], [v.numpy() for _, v in cross]
+
+
+def torch_step(model, tokens, positions, past_k, past_v, past_mask, cross_k, cross_v, src_mask):
+    t = torch.from_numpy
+    with torch.no_grad():
+        lp, new, w = model.decode_step(t(tokens.reshape(-1, 1)), t(positions), list(zip(map(t, past_k), map(t, past_v))),
+                                       t(past_mask), list(zip(map(t, cross_k), map(t, cross_v))), t(src_mask),
+                                       need_weights=True)
+    return lp.numpy(), [k.numpy() for k, _ in new], [v.numpy() for _, v in new], w.numpy()
+
+
+def random_past(rng, B, H, P, dk, L):
+    ks = [rng.standard_normal((B, H, P, dk)).astype(np.float32) for _ in range(L)]
+    vs = [rng.standard_normal((B, H, P, dk)).astype(np.float32) for _ in range(L)]
+    return ks, vs
+
+
+# ----------------------------------------------------------------------------- the export dir
+
+
+def test_manifest_lists_every_variant_with_its_contract(tiny_onnx_dir, tiny_model):
+    m = load_manifest(tiny_onnx_dir)  # checksums verified
+    cfg = tiny_model.cfg
+    assert sorted(m.variants) == sorted(PRECISIONS)
+    assert m.opset == OPSET >= 17
+    assert (m.src_lang, m.tgt_lang) == ("de", "en")
+    assert m.special_ids.eos_id == cfg.eos_id and m.special_ids.pad_id == cfg.pad_id
+    assert (m.dims.vocab_size, m.dims.d_model, m.dims.n_heads, m.dims.d_k) == (cfg.vocab_size, cfg.d_model, cfg.n_heads, cfg.d_k)
+    assert m.dims.n_decoder_layers == cfg.n_decoder_layers and m.dims.max_positions == cfg.max_positions
+    assert (m.generation.max_len_a, m.generation.max_len_b, m.generation.length_penalty, m.generation.beam) == (1.5, 10, 1.0, 4)
+    assert {"torch", "onnx", "onnxruntime"} <= set(m.tool_versions)
+    assert (tiny_onnx_dir / "tokenizer.json").is_file()
+    for p, v in m.variants.items():
+        assert v.encoder.file == f"encoder.{p}.onnx" and v.decoder.file == f"decoder.{p}.onnx"
+        assert v.encoder.inputs == encoder_io(cfg)[0] and v.encoder.outputs == encoder_io(cfg)[1]
+        assert v.decoder.inputs == decoder_io(cfg)[0] and v.decoder.outputs == decoder_io(cfg)[1]
+        assert v.optimization.startswith("ORT_ENABLE_EXTENDED") or p == "fp16"
+    dec = m.variants["fp32"].decoder
+    assert dec.input("past_key_0").shape == ["batch", cfg.n_heads, "past_len", cfg.d_k]
+    assert dec.input("past_mask").dtype == "float32" and dec.input("src_mask").dtype == "int64"
+    assert dec.output("cross_attention").shape == ["batch", "src_len"]
+    assert m.variants["fp32"].parity["log_probs"] <= 1e-4
+    assert set(m.checksums("fp32")) == {"tokenizer.json", "encoder.fp32.onnx", "decoder.fp32.onnx"}
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_shipped_graphs_pass_the_full_checker_with_dynamic_axes(tiny_onnx_dir, precision):
+    for part in ("encoder", "decoder"):
+        model = onnx.load(str(tiny_onnx_dir / f"{part}.{precision}.onnx"))
+        onnx.checker.check_model(model, full_check=True)
+        assert max(o.version for o in model.opset_import if o.domain in ("", "ai.onnx")) >= 17
+        for value in list(model.graph.input) + list(model.graph.output):
+            dims = [d.dim_param or d.dim_value for d in value.type.tensor_type.shape.dim]
+            assert dims[0] == "batch", (value.name, dims)
+            assert value.type.tensor_type.elem_type in (onnx.TensorProto.INT64, onnx.TensorProto.FLOAT)
+        names = {v.name: [d.dim_param for d in v.type.tensor_type.shape.dim] for v in model.graph.input}
+        if part == "decoder":
+            assert names["past_key_0"][2] == "past_len" and names["cross_key_0"][2] == "src_len"
+
+
+# ----------------------------------------------------------------------------- shapes, padding, positions
+
+
+@pytest.mark.parametrize("B,S", [(1, 1), (2, 5), (7, 13), (64, 30)])
+def test_dynamic_shapes_match_pytorch(tiny_onnx, tiny_model, B, S):
+    rng = np.random.default_rng(B * 100 + S)
+    cfg = tiny_model.cfg
+    ids, mask = random_batch(rng, B, S, cfg.vocab_size)
+    memory, ck, cv = tiny_onnx.encode(ids, mask)
+    t_memory, t_ck, t_cv = torch_encode(tiny_model, ids, mask)
+    assert memory.shape == (B, S, cfg.d_model) and ck[0].shape == (B, cfg.n_heads, S, cfg.d_k)
+    assert np.abs(memory - t_memory).max() < 1e-4
+    assert max(np.abs(a - b).max() for a, b in zip(ck + cv, t_ck + t_cv)) < 1e-4
+    for P in (0, 1, 6):
+        tokens = rng.integers(4, cfg.vocab_size, size=(B, 1)).astype(np.int64)
+        positions = np.full(B, P, dtype=np.int64)
+        pk, pv = random_past(rng, B, cfg.n_heads, P, cfg.d_k, cfg.n_decoder_layers)
+        pm = np.ones((B, P), dtype=np.float32)
+        out = tiny_onnx.step(tokens, positions, pk, pv, pm, ck, cv, mask)
+        ref = torch_step(tiny_model, tokens, positions, pk, pv, pm, ck, cv, mask)
+        assert out[0].shape == (B, cfg.vocab_size) and out[1][0].shape == (B, cfg.n_heads, 1, cfg.d_k)
+        assert out[3].shape == (B, S)
+        assert np.abs(out[0] - ref[0]).max() < 1e-4
+        assert max(np.abs(a - b).max() for a, b in zip(out[1] + out[2], ref[1] + ref[2])) < 1e-4
+        assert np.abs(out[3] - ref[3]).max() < 1e-5
+
+
+def test_padding_does_not_change_results(tiny_onnx, tiny_model):
+    rng = np.random.default_rng(1)
+    cfg = tiny_model.cfg
+    ids, mask = random_batch(rng, 5, 11, cfg.vocab_size, lengths=[4, 11, 7, 1, 9])
+    mem, ck, cv = tiny_onnx.encode(ids, mask)
+    tokens = rng.integers(4, cfg.vocab_size, size=(5, 1)).astype(np.int64)
+    P = 3
+    pk, pv = random_past(rng, 5, cfg.n_heads, P, cfg.d_k, cfg.n_decoder_layers)
+    batched = tiny_onnx.step(tokens, np.full(5, P), pk, pv, np.ones((5, P), np.float32), ck, cv, mask)
+    for i, n in enumerate([4, 11, 7, 1, 9]):
+        m1, ck1, cv1 = tiny_onnx.encode(ids[i:i + 1, :n], mask[i:i + 1, :n])
+        np.testing.assert_allclose(mem[i, :n], m1[0], atol=1e-5)
+        alone = tiny_onnx.step(tokens[i:i + 1], np.array([P]), [k[i:i + 1] for k in pk], [v[i:i + 1] for v in pv],
+                               np.ones((1, P), np.float32), ck1, cv1, mask[i:i + 1, :n])
+        np.testing.assert_allclose(batched[0][i], alone[0][0], atol=1e-5)
+        np.testing.assert_allclose(batched[1][0][i], alone[1][0][0], atol=1e-5)
+        np.testing.assert_allclose(batched[3][i, :n], alone[3][0], atol=1e-6)
+        assert np.all(batched[3][i, n:] == 0.0)  # no attention on source padding
+
+
+def _greedy_trace(model, ids, mask, steps):
+    """Decode one source greedily with ORT for `steps` steps; returns the tokens fed and the cache."""
+    _, ck, cv = model.encode(ids, mask)
+    pk, pv, pm = model.empty_past(1)
+    tok, fed = np.array([[model.bos_id]]), []
+    for p in range(steps):
+        fed.append(int(tok[0, 0]))
+        lp, nk, nv, _ = model.step(tok, np.array([p]), pk, pv, pm, ck, cv, mask)
+        pk = [np.concatenate([a, b], 2) for a, b in zip(pk, nk)]
+        pv = [np.concatenate([a, b], 2) for a, b in zip(pv, nv)]
+        pm = np.ones((1, p + 1), np.float32)
+        tok = lp.argmax(1)[:, None]
+    return fed, tok, pk, pv, ck, cv
+
+
+def test_rows_at_different_positions_in_one_call_equal_per_row_results(tiny_onnx, tiny_model):
+    rng = np.random.default_rng(2)
+    cfg, L = tiny_model.cfg, tiny_model.cfg.n_decoder_layers
+    steps = [5, 0, 2, 8]  # past lengths of the four rows
+    srcs = [random_batch(rng, 1, n, cfg.vocab_size) for n in (6, 3, 9, 4)]
+    rows = []
+    for (ids, mask), P in zip(srcs, steps):
+        _, tok, pk, pv, ck, cv = _greedy_trace(tiny_onnx, ids, mask, P)
+        alone = tiny_onnx.step(tok, np.array([P]), pk, pv, np.ones((1, P), np.float32), ck, cv, mask)
+        rows.append((tok, pk, pv, ck, cv, mask, alone))
+    B, Pmax, Smax = len(rows), max(steps), max(m.shape[1] for *_, m, _ in rows)
+    # Pad the past: rows 0 and 3 on the right, row 2 on the left (padding may sit anywhere).
+    past_mask = np.zeros((B, Pmax), np.float32)
+    pk = [np.zeros((B, cfg.n_heads, Pmax, cfg.d_k), np.float32) for _ in range(L)]
+    pv = [np.zeros_like(k) for k in pk]
+    ck = [np.zeros((B, cfg.n_heads, Smax, cfg.d_k), np.float32) for _ in range(L)]
+    cv = [np.zeros_like(k) for k in ck]
+    src_mask = np.zeros((B, Smax), np.int64)
+    for r, ((tok, k1, v1, ck1, cv1, m1, _), P) in enumerate(zip(rows, steps)):
+        off = Pmax - P if r == 2 else 0
+        past_mask[r, off:off + P] = 1
+        S = m1.shape[1]
+        src_mask[r, :S] = m1[0]
+        for i in range(L):
+            pk[i][r, :, off:off + P], pv[i][r, :, off:off + P] = k1[i][0], v1[i][0]
+            ck[i][r, :, :S], cv[i][r, :, :S] = ck1[i][0], cv1[i][0]
+    tokens = np.concatenate([r[0] for r in rows])
+    out = tiny_onnx.step(tokens, np.array(steps), pk, pv, past_mask, ck, cv, src_mask)
+    ref = torch_step(tiny_model, tokens, np.array(steps), pk, pv, past_mask, ck, cv, src_mask)
+    for r, row in enumerate(rows):
+        alone = row[-1]
+        np.testing.assert_allclose(out[0][r], alone[0][0], atol=1e-5)
+        np.testing.assert_allclose(out[1][-1][r], alone[1][-1][0], atol=1e-5)
+        assert int(out[0][r].argmax()) == int(alone[0][0].argmax())
+    assert np.abs(out[0] - ref[0]).max() < 1e-4
+
+
+def test_no_nan_even_for_rows_that_are_entirely_padding(tiny_onnx_dir, tiny_model):
+    cfg = tiny_model.cfg
+    rng = np.random.default_rng(3)
+    for precision in PRECISIONS:
+        model = OnnxSeq2Seq(tiny_onnx_dir, precision=precision)
+        ids, mask = random_batch(rng, 3, 6, cfg.vocab_size, lengths=[6, 2, 0])
+        mask[2] = 0  # an entirely padded source row
+        ids[2] = cfg.pad_id
+        mem, ck, cv = model.encode(ids, mask)
+        assert all(np.isfinite(x).all() for x in [mem, *ck, *cv])
+        P = 4
+        pk, pv = random_past(rng, 3, cfg.n_heads, P, cfg.d_k, cfg.n_decoder_layers)
+        pm = np.ones((3, P), np.float32)
+        pm[2] = 0  # and an entirely padded past
+        out = model.step(np.array([[5], [6], [7]]), np.array([4, 4, 4]), pk, pv, pm, ck, cv, mask)
+        assert all(np.isfinite(x).all() for x in [out[0], *out[1], *out[2], out[3]]), precision
+        np.testing.assert_allclose(np.exp(out[0]).sum(1), 1.0, atol=1e-3)
+
+
+def test_fp32_log_probs_match_pytorch_over_many_decode_steps(tiny_onnx, tiny_model):
+    """Each side keeps its own cache; the tokens are the PyTorch greedy choices (teacher forcing)."""
+    cfg = tiny_model.cfg
+    worst = 0.0
+    for seed, (B, S) in enumerate([(8, 12), (3, 25)]):
+        rng = np.random.default_rng(10 + seed)
+        ids, mask = random_batch(rng, B, S, cfg.vocab_size)
+        _, ck, cv = tiny_onnx.encode(ids, mask)
+        _, tck, tcv = torch_encode(tiny_model, ids, mask)
+        pk, pv, pm = tiny_onnx.empty_past(B)
+        tpk, tpv = [k.copy() for k in pk], [v.copy() for v in pv]
+        tokens = np.full((B, 1), cfg.bos_id, dtype=np.int64)
+        for p in range(60):
+            pos = np.full(B, p, dtype=np.int64)
+            lp, nk, nv, _ = tiny_onnx.step(tokens, pos, pk, pv, pm, ck, cv, mask)
+            tlp, tnk, tnv, _ = torch_step(tiny_model, tokens, pos, tpk, tpv, pm, tck, tcv, mask)
+            worst = max(worst, float(np.abs(lp - tlp).max()))
+            pk = [np.concatenate([a, b], 2) for a, b in zip(pk, nk)]
+            pv = [np.concatenate([a, b], 2) for a, b in zip(pv, nv)]
+            tpk = [np.concatenate([a, b], 2) for a, b in zip(tpk, tnk)]
+            tpv = [np.concatenate([a, b], 2) for a, b in zip(tpv, tnv)]
+            pm = np.ones((B, p + 1), np.float32)
+            tokens = tlp.argmax(1)[:, None].astype(np.int64)
+    assert worst <= 1e-4, worst
+
+
+@pytest.mark.parametrize("precision,bound", [("int8", 1.0), ("fp16", 0.1)])
+def test_int8_and_fp16_load_and_run(tiny_onnx_dir, tiny_onnx, precision, bound):
+    model = OnnxSeq2Seq(tiny_onnx_dir, precision=precision)
+    assert model.precision == precision and model.provider == "cpu"
+    rng = np.random.default_rng(4)
+    ids, mask = random_batch(rng, 4, 9, model.vocab_size)
+    got, ref = model.encode(ids, mask), tiny_onnx.encode(ids, mask)
+    assert got[0].dtype == np.float32 and got[0].shape == ref[0].shape
+    pk, pv, pm = model.empty_past(4)
+    out = model.step(np.full((4, 1), model.bos_id), np.zeros(4, np.int64), pk, pv, pm, got[1], got[2], mask)
+    ref_out = tiny_onnx.step(np.full((4, 1), model.bos_id), np.zeros(4, np.int64), pk, pv, pm, ref[1], ref[2], mask)
+    assert out[0].dtype == np.float32 and np.isfinite(out[0]).all()
+    assert np.abs(out[0] - ref_out[0]).max() < bound
+    assert model.manifest.variant(precision).parity["log_probs"] < bound
+
+
+def test_cuda_request_falls_back_to_cpu_or_raises_when_strict(tiny_onnx_dir, caplog):
+    import onnxruntime as ort
+
+    if "CUDAExecutionProvider" in ort.get_available_providers():
+        pytest.skip("CUDA is available here")
+    with caplog.at_level("WARNING", logger="mtserve.onnx"):
+        model = OnnxSeq2Seq(tiny_onnx_dir, provider="cuda")
+    assert model.provider == "cpu" and "falling back" in caplog.text
+    with pytest.raises(RuntimeError, match="CUDA"):
+        OnnxSeq2Seq(tiny_onnx_dir, provider="cuda", strict=True)
+
+
+def test_cli_export_with_the_torchscript_fallback_keeps_variants_side_by_side(tiny_model_dir, tmp_path, capsys):
+    from service.cli import main
+
+    out = tmp_path / "onnx"
+    main(["export", "--model", str(tiny_model_dir), "--out", str(out), "--exporter", "torchscript"])
+    assert "fp32" in capsys.readouterr().out
+    main(["export", "--model", str(tiny_model_dir), "--out", str(out), "--exporter", "torchscript",
+          "--precision", "int8", "--name", "tiny", "--version", "7"])
+    m = load_manifest(out)
+    assert sorted(m.variants) == ["fp32", "int8"] and (m.name, m.version) == ("tiny", "7")
+    assert m.variants["fp32"].exporter == "torch.onnx.export(dynamo=False)"
+    assert m.variants["fp32"].parity["log_probs"] <= 1e-4
+    assert sorted(p.name for p in out.glob("*.onnx")) == ["decoder.fp32.onnx", "decoder.int8.onnx",
+                                                          "encoder.fp32.onnx", "encoder.int8.onnx"]
+    assert json.loads((out / "manifest.json").read_text())["format_version"] == 1
+
+
+def test_export_refuses_an_unknown_precision(tiny_model_dir, tmp_path):
+    with pytest.raises(ValueError, match="precision"):
+        export_model(tiny_model_dir, tmp_path, ["int4"])
+
+
+def test_verify_prints_one_json_line_with_parity_numbers(tiny_model_dir, tiny_onnx_dir, capsys):
+    from export.verify import main
+
+    main(["--model", str(tiny_model_dir), "--limit", "30", "--steps", "12", "--batches", "2", "--threads", "1",
+          "--beam", "2"])
+    lines = capsys.readouterr().out.strip().splitlines()
+    result = json.loads(lines[-1])
+    assert result["onnx_dir"] == str(tiny_onnx_dir)  # reused, not re-exported
+    assert result["max_abs_log_prob_diff"] <= 1e-4
+    assert result["greedy"]["sentences"] == 30 and result["greedy"]["identical"] == 30
+    assert result["beam2"]["identical"] == 30

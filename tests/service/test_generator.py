@@ -1,0 +1,156 @@
+"""The numpy generator over the ONNX graphs: token-for-token parity with the PyTorch reference
+(export/generate.py), and continuous-batching surgery (filter / concatenate mid-decode)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from service.generator import DecodeBatch, Finished, generate, max_output_len
+
+N_SENTENCES = 40
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_torch_thread():
+    """The PyTorch reference on one thread: tiny matrices, and a busy machine makes torch's
+    spinning worker threads very slow."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def sources(tiny_onnx, test_split):
+    de, _ = test_split
+    return tiny_onnx.source_ids(de[:N_SENTENCES])
+
+
+def reference(tiny_model, src, beam, batch_size=16, **kw):
+    from export.generate import beam_search
+
+    out = []
+    for i in range(0, len(src), batch_size):
+        out += beam_search(tiny_model, src[i:i + batch_size], beam=beam, **kw)
+    return out
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_onnx_generator_equals_the_pytorch_reference(tiny_onnx, tiny_model, sources, beam):
+    ref = reference(tiny_model, sources, beam)
+    got = generate(tiny_onnx, sources, beam=beam, batch_size=16)
+    assert [h.tokens for h in got] == [h.tokens for h in ref]
+    for g, r in zip(got, ref):
+        assert g.score == pytest.approx(r.score, abs=1e-3)
+        assert g.log_prob == pytest.approx(r.log_prob, abs=1e-3)
+
+
+@pytest.mark.parametrize("beam,lp,a,b", [(3, 0.0, 1.5, 10), (2, 2.0, 1.0, 2), (1, 1.0, 0.0, 3), (5, 1.0, 0.5, 1)])
+def test_length_rule_and_penalties_match_the_reference(tiny_onnx, tiny_model, sources, beam, lp, a, b):
+    src = sources[:12]
+    ref = reference(tiny_model, src, beam, length_penalty=lp, a=a, b=b)
+    got = generate(tiny_onnx, src, beam=beam, length_penalty=lp, max_len_a=a, max_len_b=b, batch_size=5)
+    assert [h.tokens for h in got] == [h.tokens for h in ref]
+    for s, h in zip(src, got):
+        assert len(h.tokens) + 1 <= max_output_len(len(s), a, b, tiny_onnx.max_positions)
+
+
+def test_beam_1_is_greedy_and_results_do_not_depend_on_batching(tiny_onnx, sources):
+    one_by_one = [generate(tiny_onnx, [s], beam=1)[0].tokens for s in sources[:10]]
+    assert [h.tokens for h in generate(tiny_onnx, sources[:10], beam=1, batch_size=64)] == one_by_one
+    beams = [generate(tiny_onnx, [s], beam=3)[0].tokens for s in sources[:10]]
+    assert [h.tokens for h in generate(tiny_onnx, sources[:10], beam=3, batch_size=4)] == beams
+
+
+def run_to_end(model, batch: DecodeBatch, results: dict) -> None:
+    while len(batch):
+        for f in batch.step(model):
+            results[f.key] = f
+        batch.filter(batch.active_keys())
+
+
+@pytest.mark.parametrize("beam", [1, 3])
+def test_filter_and_concatenate_mid_decode_equal_separate_decoding(tiny_onnx, sources, beam):
+    want = {i: h for i, h in enumerate(generate(tiny_onnx, sources[:12], beam=beam, want_alignment=True))}
+    results: dict[int, Finished] = {}
+    a = DecodeBatch.from_sources(tiny_onnx, sources[:5], list(range(5)), beam=beam, want_alignment=True)
+    for _ in range(3):
+        for f in a.step(tiny_onnx):
+            results[f.key] = f
+    a.filter([k for k in a.active_keys() if k != 2])  # sentence 2 is cancelled
+    b = DecodeBatch.from_sources(tiny_onnx, sources[5:9], [5, 6, 7, 8], beam=beam, want_alignment=True)
+    for f in b.step(tiny_onnx):  # one step ahead on its own
+        results[f.key] = f
+    b.filter(b.active_keys())
+    batch = DecodeBatch.concatenate([a, b])
+    assert batch.past_len == max(a.past_len, b.past_len) and batch.src_len == max(a.src_len, b.src_len)
+    for _ in range(2):
+        for f in batch.step(tiny_onnx):
+            results[f.key] = f
+        batch.filter(batch.active_keys())
+    c = DecodeBatch.from_sources(tiny_onnx, sources[9:12], [9, 10, 11], beam=beam, want_alignment=True)
+    batch = DecodeBatch.concatenate([batch, c])
+    run_to_end(tiny_onnx, batch, results)
+    assert 2 not in results or results[2].steps <= 3
+    for k in [0, 1, 3, 4, 5, 6, 7, 8, 9, 10, 11]:
+        assert results[k].tokens == want[k].tokens, k
+        assert results[k].score == pytest.approx(want[k].score, abs=1e-4)
+        np.testing.assert_allclose(results[k].alignment, want[k].alignment, atol=1e-4)
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_alignment_rows_cover_each_token_and_the_final_eos(tiny_onnx, sources, beam):
+    hyps = generate(tiny_onnx, sources[:6], beam=beam, want_alignment=True)
+    for s, h in zip(sources[:6], hyps):
+        assert h.alignment.shape == (len(h.tokens) + 1, len(s)) and h.alignment.dtype == np.float32
+        np.testing.assert_allclose(h.alignment.sum(axis=1), 1.0, atol=1e-4)
+    assert all(h.alignment is None for h in generate(tiny_onnx, sources[:2], beam=beam))
+
+
+def test_batch_bookkeeping(tiny_onnx, sources):
+    batch = DecodeBatch.from_sources(tiny_onnx, sources[:3], ["a", "b", "c"], beam=2)
+    assert len(batch) == 6 and batch.n_sentences == 3 and batch.live_rows == 6 and batch.past_len == 0
+    assert batch.src_len == max(len(s) for s in sources[:3])
+    assert 0.0 <= batch.padding_ratio < 1.0
+    batch.step(tiny_onnx)
+    assert batch.past_len == 1 and batch.last_tokens() == {}  # beam search streams nothing
+    batch.filter(["c", "a", "zzz"])
+    assert batch.keys == ["a", "c"] and len(batch) == 4
+    assert batch.src_len == max(len(sources[0]), len(sources[2]))
+    greedy = DecodeBatch.from_sources(tiny_onnx, sources[:2], [0, 1])
+    greedy.step(tiny_onnx)
+    assert set(greedy.last_tokens()) == {0, 1}
+    with pytest.raises(ValueError, match="beam"):
+        DecodeBatch.concatenate([batch, greedy])
+    with pytest.raises(ValueError, match="unique"):
+        DecodeBatch.from_sources(tiny_onnx, sources[:2], [0, 0])
+    empty = DecodeBatch.from_sources(tiny_onnx, [], [], beam=2)
+    assert len(empty) == 0 and empty.step(tiny_onnx) == []
+
+
+def test_max_lens_override_and_forced_eos(tiny_onnx, sources):
+    batch = DecodeBatch.from_sources(tiny_onnx, sources[:4], [0, 1, 2, 3], beam=2, max_lens=[1, 2, 3, 1000])
+    results: dict = {}
+    run_to_end(tiny_onnx, batch, results)
+    assert len(results[0].tokens) == 0 and results[0].steps == 1
+    assert len(results[1].tokens) <= 1 and len(results[2].tokens) <= 2
+    assert len(results[3].tokens) < tiny_onnx.max_positions - 1
+
+
+def test_filter_drops_cache_entries_and_source_columns_no_row_uses(tiny_onnx, sources):
+    want = generate(tiny_onnx, [sources[2]], beam=2)[0]
+    a = DecodeBatch.from_sources(tiny_onnx, [sources[0], sources[1]], [0, 1], beam=2)
+    for _ in range(4):
+        a.step(tiny_onnx)
+    b = DecodeBatch.from_sources(tiny_onnx, [sources[2]], [2], beam=2)
+    b.step(tiny_onnx)
+    batch = DecodeBatch.concatenate([a, b])
+    assert batch.past_len == 4 and batch.past_mask[4:].sum() == 2  # b's rows: 1 real entry, 3 padding
+    batch.filter([2])
+    assert batch.past_len == 1 and batch.src_len == len(sources[2]) and batch.past_mask.all()
+    results: dict = {}
+    run_to_end(tiny_onnx, batch, results)
+    assert results[2].tokens == want.tokens and results[2].score == pytest.approx(want.score, abs=1e-4)

@@ -1,0 +1,95 @@
+"""manifest.json validation, checksums, and the torch-free serving imports."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from service.manifest import ExportMissing, ManifestError, load_manifest, resolve_onnx_dir
+
+
+@pytest.fixture()
+def export_copy(tiny_onnx_dir, tmp_path):
+    """A private copy of the fp32 export (manifest trimmed to it) that a test may damage."""
+    out = tmp_path / "onnx"
+    out.mkdir()
+    m = json.loads((tiny_onnx_dir / "manifest.json").read_text())
+    m["variants"] = {"fp32": m["variants"]["fp32"]}
+    for name in ("tokenizer.json", "encoder.fp32.onnx", "decoder.fp32.onnx"):
+        shutil.copyfile(tiny_onnx_dir / name, out / name)
+    (out / "manifest.json").write_text(json.dumps(m))
+    return out
+
+
+def test_load_and_resolve_from_a_model_dir(tiny_onnx_dir):
+    m = load_manifest(tiny_onnx_dir.parent, precision="int8")  # the model dir: its onnx/ subdir
+    assert resolve_onnx_dir(tiny_onnx_dir.parent) == tiny_onnx_dir
+    assert m.variant("int8").target == "cpu" and m.variant("fp16").target == "cuda"
+    assert m.name and m.version
+
+
+def test_checksum_mismatch_is_rejected(export_copy):
+    load_manifest(export_copy)
+    graph = export_copy / "decoder.fp32.onnx"
+    data = bytearray(graph.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    graph.write_bytes(bytes(data))
+    with pytest.raises(ManifestError, match="checksum mismatch for .*decoder.fp32.onnx"):
+        load_manifest(export_copy)
+    load_manifest(export_copy, verify_checksums=False)  # only when asked to skip
+
+
+def test_a_modified_tokenizer_is_rejected_too(export_copy):
+    (export_copy / "tokenizer.json").write_text((export_copy / "tokenizer.json").read_text() + " ")
+    with pytest.raises(ManifestError, match="tokenizer.json"):
+        load_manifest(export_copy)
+
+
+def test_missing_file_variant_or_export_fail_clearly(export_copy, tmp_path):
+    with pytest.raises(ExportMissing, match="'int8' was not exported .*mtserve export --precision int8"):
+        load_manifest(export_copy, precision="int8")
+    (export_copy / "encoder.fp32.onnx").unlink()
+    with pytest.raises(ManifestError, match="encoder.fp32.onnx is listed .* but missing"):
+        load_manifest(export_copy)
+    with pytest.raises(FileNotFoundError, match="mtserve export"):
+        load_manifest(tmp_path / "nowhere")
+
+
+@pytest.mark.parametrize("edit,match", [
+    (lambda m: m.pop("dims"), "dims"),
+    (lambda m: m["variants"]["fp32"].update(opset=11), "opset"),
+    (lambda m: m["variants"]["fp32"]["encoder"].update(sha256="abc"), "sha256"),
+    (lambda m: m.update(format_version=2), "format_version"),
+    (lambda m: m["dims"].update(d_k=3), "d_k"),
+])
+def test_malformed_manifests_are_rejected(export_copy, edit, match):
+    m = json.loads((export_copy / "manifest.json").read_text())
+    edit(m)
+    (export_copy / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(ManifestError, match=match):
+        load_manifest(export_copy)
+
+
+def test_serving_modules_do_not_import_torch():
+    code = ("import sys; import service.onnx_model, service.generator, service.manifest, service.translator, "
+            "service.evaluate; assert 'torch' not in sys.modules, 'torch imported'; print('ok')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+def test_evaluate_with_the_onnx_engine(tiny_onnx_dir, tmp_path, test_split):
+    de, en = test_split
+    (tmp_path / "s.de").write_text("\n".join(de[:12]) + "\n")
+    (tmp_path / "s.en").write_text("\n".join(en[:12]) + "\n")
+    base = [sys.executable, "-m", "service.cli", "evaluate", "--data", str(tmp_path), "--split", "s", "--json"]
+    for precision in ("fp32", "int8"):
+        out = subprocess.run(base + ["--model", str(tiny_onnx_dir.parent), "--engine", "onnx", "--precision", precision],
+                             capture_output=True, text=True, check=True)
+        result = json.loads(out.stdout.strip().splitlines()[-1])
+        assert result["sentences"] == 12 and result["engine"] == "onnx" and result["precision"] == precision
+    out = subprocess.run(base + ["--model", str(tmp_path / "none"), "--engine", "onnx"], capture_output=True, text=True)
+    assert out.returncode != 0 and "mtserve export" in out.stderr
