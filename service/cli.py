@@ -25,7 +25,7 @@ def _load(name: str):
     try:
         return importlib.import_module(module)
     except ModuleNotFoundError as e:
-        if e.name == "torch" or (e.name or "").startswith(("torch", "safetensors", "onnx")):
+        if (e.name or "").split(".")[0] in {"torch", "safetensors", "onnx", "onnxscript"}:
             sys.exit(f"mtserve {name}: needs the export extra ({e.name} is missing): pip install 'mtserve[export]'")
         raise
 

@@ -1,0 +1,110 @@
+"""Python client library for mtserve.
+
+    from service.client import Client
+    with Client("localhost:50051") as c:
+        print(c.translate(["Ein Hund rennt durch den Schnee."])[0].text)
+
+`target` may be one address, a list of addresses (client-side round robin over all of them),
+or a gRPC name such as `dns:///mtserve-headless.default.svc.cluster.local:50051`, which
+resolves to every replica (use a headless Service in Kubernetes).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Sequence
+
+import grpc
+import numpy as np
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from service.api.mtserve.v1 import translation_pb2 as pb
+from service.api.mtserve.v1 import translation_pb2_grpc as pb_grpc
+
+DEFAULT_SERVER = "localhost:50051"
+
+
+def channel_target(target: str | Sequence[str]) -> str:
+    """One address as is; several become an `ipv4:`/`ipv6:` list that round robin spreads over."""
+    if isinstance(target, str):
+        if "," not in target:
+            return target
+        target = [t.strip() for t in target.split(",") if t.strip()]
+    hosts = []
+    for addr in target:
+        host, _, port = addr.rpartition(":")
+        host = {"localhost": "127.0.0.1"}.get(host, host)
+        hosts.append(f"{host}:{port}")
+    scheme = "ipv6" if any(h.startswith("[") for h in hosts) else "ipv4"
+    return f"{scheme}:{','.join(hosts)}"
+
+
+def options(beam_size=0, max_output_tokens=0, length_penalty=None, return_scores=False, return_tokens=False,
+            return_alignment=False) -> pb.TranslationOptions:
+    opts = pb.TranslationOptions(beam_size=beam_size, max_output_tokens=max_output_tokens, return_scores=return_scores,
+                                 return_tokens=return_tokens, return_alignment=return_alignment)
+    if length_penalty is not None:
+        opts.length_penalty = length_penalty
+    return opts
+
+
+class Client:
+    def __init__(self, target: str | Sequence[str] = DEFAULT_SERVER, timeout: float | None = 60.0,
+                 credentials: grpc.ChannelCredentials | None = None, metadata: Sequence[tuple[str, str]] = ()):
+        opts = [("grpc.lb_policy_name", "round_robin"), ("grpc.max_receive_message_length", 64 * 1024 * 1024)]
+        t = channel_target(target)
+        self.channel = (grpc.secure_channel(t, credentials, options=opts) if credentials
+                        else grpc.insecure_channel(t, options=opts))
+        self.stub = pb_grpc.TranslationServiceStub(self.channel)
+        self.health_stub = health_pb2_grpc.HealthStub(self.channel)
+        self.timeout = timeout
+        self.metadata = list(metadata)
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.channel.close()
+
+    def wait_ready(self, timeout: float = 30.0) -> None:
+        grpc.channel_ready_future(self.channel).result(timeout=timeout)
+
+    def translate(self, texts: Sequence[str], **opts) -> list[pb.Translation]:
+        req = pb.TranslateRequest(texts=list(texts), options=options(**opts))
+        return list(self.stub.Translate(req, timeout=self.timeout, metadata=self.metadata).translations)
+
+    def translate_stream(self, text: str, **opts) -> Iterator[pb.TranslateStreamResponse]:
+        req = pb.TranslateStreamRequest(text=text, options=options(**opts))
+        return self.stub.TranslateStream(req, timeout=self.timeout, metadata=self.metadata)
+
+    def encode(self, texts: Sequence[str], return_token_embeddings: bool = False) -> list[dict]:
+        req = pb.EncodeRequest(texts=list(texts), return_token_embeddings=return_token_embeddings)
+        out = []
+        for e in self.stub.Encode(req, timeout=self.timeout, metadata=self.metadata).encodings:
+            item = {"pooled": np.asarray(e.pooled, dtype=np.float32), "tokens": list(e.tokens)}
+            if e.HasField("token_embeddings"):
+                item["token_embeddings"] = np.asarray(e.token_embeddings.data, dtype=np.float32).reshape(
+                    tuple(e.token_embeddings.shape))
+            out.append(item)
+        return out
+
+    def model_info(self) -> pb.ModelInfo:
+        return self.stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=self.timeout, metadata=self.metadata)
+
+    def health(self, service: str = "") -> str:
+        resp = self.health_stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=self.timeout)
+        return health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)
+
+
+def alignment_matrix(t: pb.Translation) -> np.ndarray:
+    a = t.alignment
+    return np.asarray(a.weights, dtype=np.float32).reshape(len(a.target_tokens), len(a.source_tokens))
+
+
+def to_json(t: pb.Translation) -> str:
+    from google.protobuf.json_format import MessageToDict
+
+    return json.dumps(MessageToDict(t), ensure_ascii=False)

@@ -1,0 +1,108 @@
+"""`mtserve translate` and `mtserve encode`: the command-line client."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+
+from service.client import DEFAULT_SERVER, Client
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("texts", nargs="*", help="texts to translate (or use --input)")
+    p.add_argument("--server", default=DEFAULT_SERVER, help="address, comma-separated addresses, or dns:///name")
+    p.add_argument("--input", help="file with one source sentence per line ('-' = stdin)")
+    p.add_argument("--output", help="write translations here, one per line (default stdout)")
+    p.add_argument("--concurrency", type=int, default=8, help="requests in flight with --input")
+    p.add_argument("--batch-size", type=int, default=16, help="lines per request with --input")
+    p.add_argument("--beam", type=int, default=0, help="beam size (0 = server default)")
+    p.add_argument("--max-output-tokens", type=int, default=0)
+    p.add_argument("--stream", action="store_true", help="print tokens as they are decoded")
+    p.add_argument("--json", action="store_true", help="print each result as JSON (scores, tokens)")
+    p.add_argument("--timeout", type=float, default=60.0)
+
+
+def _fail(e: grpc.RpcError) -> None:
+    sys.exit(f"mtserve: {e.code().name}: {e.details()}")
+
+
+def run(args: argparse.Namespace) -> None:
+    try:
+        with Client(args.server, timeout=args.timeout) as client:
+            if args.input:
+                _translate_file(client, args)
+            elif args.texts:
+                _translate_texts(client, args)
+            else:
+                sys.exit("mtserve translate: give texts or --input FILE")
+    except grpc.RpcError as e:
+        _fail(e)
+
+
+def _translate_texts(client: Client, args) -> None:
+    from service.client import to_json
+
+    if args.stream:
+        for text in args.texts:
+            for msg in client.translate_stream(text, beam_size=args.beam, max_output_tokens=args.max_output_tokens):
+                if msg.HasField("chunk"):
+                    print(msg.chunk.text, end="", flush=True)
+            print()
+        return
+    results = client.translate(args.texts, beam_size=args.beam, max_output_tokens=args.max_output_tokens,
+                               return_scores=args.json, return_tokens=args.json)
+    for r in results:
+        print(to_json(r) if args.json else r.text)
+
+
+def _translate_file(client: Client, args) -> None:
+    from tqdm import tqdm
+
+    src = sys.stdin if args.input == "-" else open(args.input, encoding="utf-8")
+    with src:
+        lines = [line.rstrip("\n") for line in src]
+    chunks = [lines[i:i + args.batch_size] for i in range(0, len(lines), args.batch_size)]
+
+    def work(chunk: list[str]) -> list[str]:
+        # Blank lines stay blank instead of being sent (the server rejects empty texts).
+        keep = [i for i, t in enumerate(chunk) if t.strip()]
+        out = [""] * len(chunk)
+        if keep:
+            for i, r in zip(keep, client.translate([chunk[i] for i in keep], beam_size=args.beam,
+                                                   max_output_tokens=args.max_output_tokens)):
+                out[i] = r.text
+        return out
+
+    results: list[list[str]] = []
+    with ThreadPoolExecutor(max(1, args.concurrency)) as pool, \
+            tqdm(total=len(lines), unit="sent", disable=not sys.stderr.isatty() and args.output is None) as bar:
+        for out in pool.map(work, chunks):
+            results.append(out)
+            bar.update(len(out))
+    dst = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
+    with dst if args.output else open(1, "w", closefd=False) as f:
+        for out in results:
+            f.writelines(t + "\n" for t in out)
+
+
+def add_encode_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("texts", nargs="+")
+    p.add_argument("--server", default=DEFAULT_SERVER)
+    p.add_argument("--tokens", action="store_true", help="also print per-token vectors")
+    p.add_argument("--timeout", type=float, default=60.0)
+
+
+def run_encode(args: argparse.Namespace) -> None:
+    try:
+        with Client(args.server, timeout=args.timeout) as client:
+            for text, e in zip(args.texts, client.encode(args.texts, return_token_embeddings=args.tokens)):
+                item = {"text": text, "tokens": e["tokens"], "pooled": [round(float(x), 6) for x in e["pooled"]]}
+                if args.tokens:
+                    item["token_embeddings"] = [[round(float(x), 6) for x in row] for row in e["token_embeddings"]]
+                print(json.dumps(item, ensure_ascii=False))
+    except grpc.RpcError as e:
+        _fail(e)

@@ -1,0 +1,53 @@
+"""One error hierarchy for everything a request can run into. Each class carries its gRPC status
+code; the error interceptor (service/interceptors.py) is the only place that turns them into
+statuses, so the batcher and the engine never know about gRPC."""
+
+from __future__ import annotations
+
+
+class ServiceError(Exception):
+    """Base class; `code` is a grpc.StatusCode name."""
+
+    code = "INTERNAL"
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.message = message
+
+
+class InvalidArgument(ServiceError):
+    """The request itself is wrong; the message names the field."""
+
+    code = "INVALID_ARGUMENT"
+
+    def __init__(self, field: str, problem: str):
+        super().__init__(f"{field}: {problem}")
+        self.field = field
+
+
+class ResourceExhausted(ServiceError):
+    code = "RESOURCE_EXHAUSTED"
+
+
+class DeadlineExceeded(ServiceError):
+    code = "DEADLINE_EXCEEDED"
+
+
+class Unavailable(ServiceError):
+    code = "UNAVAILABLE"
+
+
+class Cancelled(ServiceError):
+    code = "CANCELLED"
+
+
+class Unauthenticated(ServiceError):
+    code = "UNAUTHENTICATED"
+
+
+class Internal(ServiceError):
+    code = "INTERNAL"
+
+
+class ModelLoadError(Exception):
+    """Startup problems: a missing model dir, a corrupt graph, a checksum mismatch."""

@@ -1,0 +1,47 @@
+"""Prometheus metrics (prometheus-client), served on their own port. Names follow Prometheus
+conventions: base units, `_seconds`, `_total`. Documented in docs/metrics.md."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, start_http_server
+
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+STEP_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
+SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+TOKEN_BUCKETS = (1, 4, 8, 16, 32, 64, 128, 256, 512)
+
+
+class Metrics:
+    """All of the server's metrics, on one registry (a fresh one per server, so tests can run
+    several servers in one process)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None):
+        self.registry = r = registry or CollectorRegistry()
+        self.requests = Counter("mtserve_requests_total", "RPCs handled, by method and status code",
+                                ["method", "code"], registry=r)
+        self.request_latency = Histogram("mtserve_request_duration_seconds", "RPC latency, by method and status code",
+                                         ["method", "code"], buckets=LATENCY_BUCKETS, registry=r)
+        self.in_flight = Gauge("mtserve_requests_in_flight", "RPCs being handled", ["method"], registry=r)
+        self.queue_wait = Histogram("mtserve_queue_wait_seconds", "time a sentence waited before joining a batch",
+                                    buckets=LATENCY_BUCKETS, registry=r)
+        self.queue_depth = Gauge("mtserve_queue_depth", "sentences waiting for a batch", registry=r)
+        self.time_to_first_chunk = Histogram("mtserve_time_to_first_chunk_seconds",
+                                             "TranslateStream: time from request to the first chunk",
+                                             buckets=LATENCY_BUCKETS, registry=r)
+        self.batch_rows = Histogram("mtserve_decode_batch_rows", "rows (sentences x beams) in each decode step",
+                                    buckets=SIZE_BUCKETS, registry=r)
+        self.encoder_latency = Histogram("mtserve_encoder_duration_seconds", "one encoder run (a batch of sentences)",
+                                         buckets=STEP_BUCKETS, registry=r)
+        self.decoder_step_latency = Histogram("mtserve_decoder_step_duration_seconds", "one decoder step of a batch",
+                                              buckets=STEP_BUCKETS, registry=r)
+        self.input_tokens = Counter("mtserve_input_tokens_total", "source subword tokens accepted", registry=r)
+        self.generated_tokens = Counter("mtserve_generated_tokens_total", "target tokens generated (</s> included)",
+                                        registry=r)
+        self.padding_ratio = Histogram("mtserve_padding_ratio", "share of padding in each decoder step's source tensors",
+                                       buckets=(0.0, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 1.0), registry=r)
+        self.sentences = Counter("mtserve_sentences_total", "sentences finished, by outcome", ["outcome"], registry=r)
+        self.model_info = Info("mtserve_model", "the model being served", registry=r)
+
+    def serve(self, port: int, address: str = "0.0.0.0"):
+        """Start the /metrics HTTP endpoint; returns (server, thread)."""
+        return start_http_server(port, addr=address, registry=self.registry)

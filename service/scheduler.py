@@ -1,0 +1,307 @@
+"""Continuous (iteration-level) batching. Knows nothing of gRPC.
+
+Sentences wait in one bounded queue. Each decode worker is a thread that owns its own pair of
+ONNX Runtime sessions and a running `DecodeBatch` per decoding mode (beam width, length
+penalty). Between two decoder steps a worker admits waiting sentences: it runs their encoder
+pass and concatenates them into its running batch (the text-generation-inference
+`Seq2SeqLMBatch.concatenate` pattern); rows whose sentence finished, was cancelled or failed
+leave at once (`filter`) and are answered without waiting for the rest.
+
+Admission is length-aware: the oldest waiting sentence goes first, then those whose source
+length is closest to it, while the batch stays within `max_batch_sentences` rows and
+`max_batch_tokens` padded source tokens. ONNX Runtime runs in these worker threads, so the
+asyncio event loop keeps answering health checks and new requests while batches decode.
+
+Results travel back through `concurrent.futures.Future`s; a caller cancelling its future (a
+client cancel) makes the sentence leave its batch at the next step.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import itertools
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from service.errors import DeadlineExceeded, Internal, ResourceExhausted, Unavailable
+from service.generator import DecodeBatch, Finished
+from service.metrics import Metrics
+from service.settings import Settings
+
+log = logging.getLogger("mtserve.scheduler")
+_keys = itertools.count()
+
+
+@dataclass(eq=False)
+class Sentence:
+    """One source sentence to translate."""
+
+    src_ids: list[int]
+    beam: int
+    length_penalty: float
+    max_len: int  # tokens it may emit, </s> included
+    want_alignment: bool = False
+    deadline: float | None = None  # time.monotonic() after which it is dropped if still queued
+    on_tokens: Callable[[list[int]], None] | None = None  # streaming: called from a worker thread
+    future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
+    key: int = field(default_factory=lambda: next(_keys))
+    enqueued: float = field(default_factory=time.monotonic)
+
+    @property
+    def mode(self) -> tuple[int, float]:
+        return self.beam, self.length_penalty
+
+
+@dataclass(eq=False)
+class EncodeJob:
+    src_ids: list[int]
+    future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
+
+
+def _settle(future: concurrent.futures.Future, result=None, error: BaseException | None = None) -> None:
+    """Resolve a future unless its caller gave up on it already."""
+    if future.done():
+        return
+    try:
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)
+    except concurrent.futures.InvalidStateError:  # cancelled meanwhile
+        pass
+
+
+class Scheduler:
+    def __init__(self, models: list, settings: Settings, metrics: Metrics, max_len_a: float, max_len_b: int):
+        self.models = models  # one OnnxSeq2Seq per worker
+        self.settings = settings
+        self.metrics = metrics
+        self.max_len_a, self.max_len_b = max_len_a, max_len_b
+        self._queue: list[Sentence] = []
+        self._encode_queue: list[EncodeJob] = []
+        self._cond = threading.Condition()
+        self._accepting = True
+        self._stopping = False
+        self._threads: list[threading.Thread] = []
+        self._busy_rows = 0  # rows in running batches, all workers
+
+    # -- caller side (event loop thread) ------------------------------------------------
+
+    def start(self) -> None:
+        for i, model in enumerate(self.models):
+            t = threading.Thread(target=self._worker, args=(model,), name=f"decode-worker-{i}", daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    def submit(self, sentences: list[Sentence]) -> None:
+        """Queue all of them or none: RESOURCE_EXHAUSTED when the queue cannot take them all."""
+        with self._cond:
+            if not self._accepting:
+                raise Unavailable("server is draining; retry on another replica")
+            if len(self._queue) + len(sentences) > self.settings.max_queue_size:
+                raise ResourceExhausted(
+                    f"queue full: {len(self._queue)} sentences waiting, max_queue_size is {self.settings.max_queue_size}")
+            self._queue.extend(sentences)
+            self.metrics.queue_depth.set(len(self._queue))
+            self._cond.notify_all()
+
+    def submit_encode(self, jobs: list[EncodeJob]) -> None:
+        with self._cond:
+            if not self._accepting:
+                raise Unavailable("server is draining; retry on another replica")
+            if len(self._encode_queue) + len(jobs) > self.settings.max_queue_size:
+                raise ResourceExhausted(f"encode queue full (max_queue_size {self.settings.max_queue_size})")
+            self._encode_queue.extend(jobs)
+            self._cond.notify_all()
+
+    @property
+    def queue_depth(self) -> int:
+        return len(self._queue)
+
+    @property
+    def idle(self) -> bool:
+        with self._cond:
+            return not self._queue and not self._encode_queue and self._busy_rows == 0
+
+    def stop_accepting(self) -> None:
+        with self._cond:
+            self._accepting = False
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Block until every accepted sentence is answered (or the timeout passes)."""
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if self.idle:
+                return True
+            time.sleep(0.01)
+        return self.idle
+
+    def shutdown(self, timeout: float = 5.0) -> None:
+        """Stop the workers; whatever is still queued is answered UNAVAILABLE."""
+        with self._cond:
+            self._accepting = False
+            self._stopping = True
+            left, self._queue = self._queue, []
+            enc_left, self._encode_queue = self._encode_queue, []
+            self._cond.notify_all()
+        for s in left:
+            _settle(s.future, error=Unavailable("server shut down before this sentence was scheduled"))
+        for j in enc_left:
+            _settle(j.future, error=Unavailable("server shut down before this text was encoded"))
+        for t in self._threads:
+            t.join(timeout)
+
+    # -- worker side ---------------------------------------------------------------------
+
+    def _admit(self, running_rows: int, running_src_len: int, static: bool) -> list[Sentence]:
+        """Pop the sentences to join this worker's batches (called with the lock held)."""
+        now = time.monotonic()
+        live = []
+        for s in self._queue:  # drop the expired and the cancelled first
+            if s.future.cancelled():
+                self.metrics.sentences.labels("cancelled").inc()
+            elif s.deadline is not None and now > s.deadline:
+                self.metrics.sentences.labels("deadline_exceeded").inc()
+                _settle(s.future, error=DeadlineExceeded("deadline expired while queued"))
+            else:
+                live.append(s)
+        self._queue = live
+        if not live or (static and running_rows):
+            return []
+        st = self.settings
+        first = live[0]
+        ranked = sorted(live[1:], key=lambda s: abs(len(s.src_ids) - len(first.src_ids)))
+        chosen, rows, longest = [], running_rows, running_src_len
+        for s in [first, *ranked]:
+            new_rows, new_longest = rows + s.beam, max(longest, len(s.src_ids))
+            if chosen or running_rows:
+                if new_rows > st.max_batch_sentences or new_rows * new_longest > st.max_batch_tokens:
+                    if len(chosen) + running_rows >= st.max_batch_sentences:
+                        break
+                    continue
+            chosen.append(s)
+            rows, longest = new_rows, new_longest
+        taken = set(map(id, chosen))
+        self._queue = [s for s in live if id(s) not in taken]
+        self.metrics.queue_depth.set(len(self._queue))
+        for s in chosen:
+            self.metrics.queue_wait.observe(now - s.enqueued)
+        return chosen
+
+    def _worker(self, model) -> None:
+        batches: dict[tuple[int, float], tuple[DecodeBatch, dict[int, Sentence]]] = {}
+        static = not self.settings.continuous_batching
+        while True:
+            with self._cond:
+                while not batches and not self._queue and not self._encode_queue and not self._stopping:
+                    self._cond.wait()
+                if self._stopping and not batches:
+                    return
+                if not batches and self._queue and self.settings.max_queue_delay_s > 0 \
+                        and len(self._queue) < self.settings.max_batch_sentences:
+                    # An idle worker waits a moment for company, so that a burst shares one batch.
+                    self._cond.wait(self.settings.max_queue_delay_s)
+                rows = sum(len(b) for b, _ in batches.values())
+                src_len = max((b.src_len for b, _ in batches.values()), default=0)
+                admitted = self._admit(rows, src_len, static)
+                encode_jobs, self._encode_queue = self._encode_queue[: self.settings.max_batch_sentences], \
+                    self._encode_queue[self.settings.max_batch_sentences:]
+                self._busy_rows += sum(s.beam for s in admitted)
+            if encode_jobs:
+                self._run_encode(model, encode_jobs)
+            if admitted:
+                self._join(model, batches, admitted)
+            for mode in list(batches):
+                self._step(model, batches, mode)
+
+    def _join(self, model, batches, admitted: list[Sentence]) -> None:
+        by_mode: dict[tuple[int, float], list[Sentence]] = {}
+        for s in admitted:
+            by_mode.setdefault(s.mode, []).append(s)
+        for (beam, lp), group in by_mode.items():
+            try:
+                t0 = time.perf_counter()
+                new = DecodeBatch.from_sources(model, [s.src_ids for s in group], [s.key for s in group], beam=beam,
+                                               length_penalty=lp, max_len_a=self.max_len_a, max_len_b=self.max_len_b,
+                                               max_lens=[s.max_len for s in group],
+                                               want_alignment=any(s.want_alignment for s in group))
+                self.metrics.encoder_latency.observe(time.perf_counter() - t0)
+                self.metrics.input_tokens.inc(sum(len(s.src_ids) for s in group))
+            except Exception as exc:  # noqa: BLE001 - fail these sentences only, keep serving
+                log.exception("encoder pass failed for %d sentences", len(group))
+                self._fail(group, exc)
+                continue
+            if (beam, lp) in batches:
+                old, members = batches[(beam, lp)]
+                members.update({s.key: s for s in group})
+                batches[(beam, lp)] = (DecodeBatch.concatenate([old, new]), members)
+            else:
+                batches[(beam, lp)] = (new, {s.key: s for s in group})
+
+    def _step(self, model, batches, mode) -> None:
+        batch, members = batches[mode]
+        try:
+            t0 = time.perf_counter()
+            finished: list[Finished] = batch.step(model)
+            self.metrics.decoder_step_latency.observe(time.perf_counter() - t0)
+            self.metrics.batch_rows.observe(len(batch))
+            self.metrics.padding_ratio.observe(batch.padding_ratio)
+            self.metrics.generated_tokens.inc(batch.live_rows)
+        except Exception as exc:  # noqa: BLE001
+            log.exception("decoder step failed; failing the %d sentences of this batch", len(members))
+            self._fail(list(members.values()), exc)
+            del batches[mode]
+            return
+        for f in finished:
+            s = members.pop(f.key, None)
+            if s is not None:
+                self.metrics.sentences.labels("ok").inc()
+                _settle(s.future, result=f)
+        if mode[0] == 1:
+            for key, tokens in batch.last_tokens().items():
+                s = members.get(key)
+                if s is not None and s.on_tokens is not None and not s.future.done():
+                    s.on_tokens(tokens)
+        gone = [k for k, s in members.items() if s.future.cancelled()]
+        for k in gone:
+            self.metrics.sentences.labels("cancelled").inc()
+            del members[k]
+        with self._cond:
+            self._busy_rows -= sum(mode[0] for _ in finished) + mode[0] * len(gone)
+        if not members:
+            del batches[mode]
+        elif finished or gone:
+            batch.filter(list(members))
+
+    def _fail(self, sentences: list[Sentence], exc: BaseException) -> None:
+        for s in sentences:
+            self.metrics.sentences.labels("error").inc()
+            _settle(s.future, error=Internal(f"decoding failed: {type(exc).__name__}"))
+        with self._cond:
+            self._busy_rows -= sum(s.beam for s in sentences)
+
+    def _run_encode(self, model, jobs: list[EncodeJob]) -> None:
+        live = [j for j in jobs if not j.future.cancelled()]
+        if not live:
+            return
+        try:
+            S = max(len(j.src_ids) for j in live)
+            ids = np.zeros((len(live), S), dtype=np.int64)
+            mask = np.zeros((len(live), S), dtype=np.int64)
+            for i, j in enumerate(live):
+                ids[i, : len(j.src_ids)] = j.src_ids
+                mask[i, : len(j.src_ids)] = 1
+            t0 = time.perf_counter()
+            memory = model.encode(ids, mask)[0]  # (B, S, d_model)
+            self.metrics.encoder_latency.observe(time.perf_counter() - t0)
+            for i, j in enumerate(live):
+                _settle(j.future, result=np.array(memory[i, : len(j.src_ids)], dtype=np.float32))
+        except Exception as exc:  # noqa: BLE001
+            log.exception("encode batch failed")
+            for j in live:
+                _settle(j.future, error=Internal(f"encoding failed: {type(exc).__name__}"))

@@ -1,0 +1,164 @@
+"""`mtserve serve`: the grpc.aio server.
+
+Start-up: load and verify the export (manifest checksums), start one ONNX Runtime session pair
+per decode worker, warm up, then report SERVING on `grpc.health.v1`. SIGTERM/SIGINT: report
+NOT_SERVING, refuse new work with UNAVAILABLE, finish in-flight work within the grace period,
+exit 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from service.api.mtserve.v1 import translation_pb2, translation_pb2_grpc
+from service.engine import Engine, TranslateOptions
+from service.errors import ModelLoadError
+from service.interceptors import ErrorAndMetricsInterceptor
+from service.manifest import ManifestError, load_manifest
+from service.metrics import Metrics
+from service.onnx_model import OnnxSeq2Seq
+from service.scheduler import Scheduler
+from service.servicer import TranslationServicer
+from service.settings import Settings
+
+log = logging.getLogger("mtserve.server")
+SERVICE_NAME = translation_pb2.DESCRIPTOR.services_by_name["TranslationService"].full_name
+
+
+def load_models(settings: Settings) -> list[OnnxSeq2Seq]:
+    graphs = settings.graphs_dir
+    if not (graphs / "manifest.json").is_file():
+        raise ModelLoadError(f"no exported model at {graphs} (manifest.json missing): run "
+                             f"`mtserve export --model {settings.model_dir}`")
+    try:
+        return [OnnxSeq2Seq(graphs, precision=settings.precision, provider=settings.provider,
+                            intra_op_threads=settings.intra_op_threads, inter_op_threads=settings.inter_op_threads,
+                            strict=settings.strict_provider, verify_checksums=(i == 0))
+                for i in range(settings.decode_workers)]
+    except (ManifestError, FileNotFoundError, ValueError, RuntimeError) as e:
+        raise ModelLoadError(str(e)) from e
+    except Exception as e:  # onnxruntime raises its own types for corrupt graphs
+        raise ModelLoadError(f"{type(e).__name__}: {e}") from e
+
+
+class Server:
+    """The assembled server; `start()` / `drain()` for tests, `run()` for the CLI."""
+
+    def __init__(self, settings: Settings):
+        self.settings = settings
+        self.metrics = Metrics()
+        self.health = health.aio.HealthServicer() if hasattr(health, "aio") else health.HealthServicer()
+        self.server: grpc.aio.Server | None = None
+        self.port: int | None = None
+        self.metrics_port: int | None = None
+        self._metrics_http = None
+
+    async def start(self) -> None:
+        st = self.settings
+        models = load_models(st)
+        manifest = models[0].manifest
+        gen = manifest.generation
+        self.scheduler = Scheduler(models, st, self.metrics, gen.max_len_a, gen.max_len_b)
+        self.engine = Engine(st, manifest, models[0].tokenizer, self.scheduler, self.metrics, models[0].provider)
+        self.metrics.model_info.info({"name": manifest.name, "version": manifest.version,
+                                      "provider": models[0].provider, "precision": st.precision})
+
+        self.server = grpc.aio.server(
+            interceptors=[ErrorAndMetricsInterceptor(self.metrics)],
+            options=[("grpc.max_receive_message_length", st.max_receive_message_bytes),
+                     ("grpc.max_send_message_length", 64 * 1024 * 1024),
+                     ("grpc.so_reuseport", 0)])
+        translation_pb2_grpc.add_TranslationServiceServicer_to_server(TranslationServicer(self.engine), self.server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        reflection.enable_server_reflection(
+            [SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME],
+            self.server)
+        await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
+        self.port = self.server.add_insecure_port(st.address)
+        if self.port == 0:
+            raise ModelLoadError(f"cannot listen on {st.address}")
+        await self.server.start()
+        if st.metrics_port:
+            self._metrics_http, _ = self.metrics.serve(st.metrics_port, st.metrics_address)
+            self.metrics_port = self._metrics_http.server_port
+        self.scheduler.start()
+        await self._warm_up()
+        await self._set_health(health_pb2.HealthCheckResponse.SERVING)
+        log.info("serving %s on %s (%s, %s, %d decode workers x %d threads)%s", self.engine.model_name, st.address,
+                 models[0].provider, st.precision, st.decode_workers, st.intra_op_threads,
+                 f", metrics on :{self.metrics_port}" if self.metrics_port else "")
+
+    async def _set_health(self, status) -> None:
+        for name in ("", SERVICE_NAME):
+            result = self.health.set(name, status)
+            if asyncio.iscoroutine(result):
+                await result
+
+    async def _warm_up(self) -> None:
+        """One short translation per mode used by default, so the first request is not slow."""
+        opts = TranslateOptions(beam_size=1, max_output_tokens=4)
+        await self.engine.translate(["Hallo Welt ."] * max(1, self.settings.decode_workers), opts)
+        await self.engine.translate(["Hallo Welt ."], TranslateOptions(max_output_tokens=4))
+
+    async def drain(self) -> None:
+        """NOT_SERVING, refuse new work, finish what was accepted within the grace period, stop."""
+        grace = self.settings.grace_period_s
+        log.info("draining: finishing in-flight work (grace period %.1fs)", grace)
+        await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
+        self.scheduler.stop_accepting()
+        loop = asyncio.get_running_loop()
+        finished = await loop.run_in_executor(None, self.scheduler.wait_idle, grace)
+        if not finished:
+            log.warning("grace period over with work in flight; stopping anyway")
+        if self.server is not None:
+            await self.server.stop(grace=1.0 if finished else 0)
+        self.scheduler.shutdown()
+        if self._metrics_http is not None:
+            self._metrics_http.shutdown()
+        log.info("drained; exiting")
+
+    async def run(self) -> None:
+        await self.start()
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+        await self.drain()
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Every setting is a flag too; flags override MTSERVE_* environment variables."""
+    for name, f in Settings.model_fields.items():
+        flag = "--" + name.replace("_", "-")
+        if f.annotation is bool:
+            p.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=None, help=f.description)
+        else:
+            p.add_argument(flag, dest=name, default=None, help=f.description)
+
+
+def settings_from_args(args: argparse.Namespace) -> Settings:
+    overrides = {k: v for k, v in vars(args).items() if k in Settings.model_fields and v is not None}
+    return Settings(**overrides)
+
+
+def run(args: argparse.Namespace) -> None:
+    try:
+        settings = settings_from_args(args)
+    except Exception as e:  # pydantic ValidationError: one clear message
+        sys.exit(f"mtserve serve: invalid settings: {e}")
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        asyncio.run(Server(settings).run())
+    except ModelLoadError as e:
+        log.error("cannot start: %s", e)
+        sys.exit(2)

@@ -1,0 +1,76 @@
+"""Thin gRPC servicers: protobuf in, domain call, protobuf out. No logic lives here."""
+
+from __future__ import annotations
+
+import grpc
+
+from service.api.mtserve.v1 import translation_pb2 as pb
+from service.api.mtserve.v1 import translation_pb2_grpc as pb_grpc
+from service.engine import Engine, TranslateOptions, TranslationResult
+
+
+def _options(msg: pb.TranslationOptions) -> TranslateOptions:
+    return TranslateOptions(
+        beam_size=msg.beam_size,
+        max_output_tokens=msg.max_output_tokens,
+        length_penalty=msg.length_penalty if msg.HasField("length_penalty") else None,
+        return_scores=msg.return_scores,
+        return_tokens=msg.return_tokens,
+        return_alignment=msg.return_alignment,
+    )
+
+
+def _deadline(context: grpc.aio.ServicerContext) -> float | None:
+    remaining = context.time_remaining()
+    return remaining if remaining is not None and remaining < 1e8 else None
+
+
+def translation_pb(r: TranslationResult, opts: TranslateOptions) -> pb.Translation:
+    msg = pb.Translation(text=r.text, input_tokens=r.input_tokens, output_tokens=r.output_tokens)
+    if opts.return_scores:
+        msg.score = r.score
+    if opts.return_tokens:
+        msg.tokens.extend(r.tokens)
+        msg.token_ids.extend(r.token_ids)
+    if opts.return_alignment and r.alignment is not None:
+        msg.alignment.source_tokens.extend(r.alignment.source_tokens)
+        msg.alignment.target_tokens.extend(r.alignment.target_tokens)
+        msg.alignment.weights.extend(r.alignment.weights.ravel().tolist())
+    return msg
+
+
+class TranslationServicer(pb_grpc.TranslationServiceServicer):
+    def __init__(self, engine: Engine):
+        self.engine = engine
+
+    async def Translate(self, request: pb.TranslateRequest, context) -> pb.TranslateResponse:
+        opts = _options(request.options)
+        results = await self.engine.translate(list(request.texts), opts, timeout=_deadline(context))
+        return pb.TranslateResponse(translations=[translation_pb(r, opts) for r in results],
+                                    model=self.engine.model_name)
+
+    async def TranslateStream(self, request: pb.TranslateStreamRequest, context):
+        opts = _options(request.options)
+        async for event in self.engine.translate_stream(request.text, opts, timeout=_deadline(context)):
+            if isinstance(event, TranslationResult):
+                yield pb.TranslateStreamResponse(final=translation_pb(event, opts))
+            else:
+                yield pb.TranslateStreamResponse(chunk=pb.TranslationChunk(text=event.text, token_ids=event.token_ids))
+
+    async def Encode(self, request: pb.EncodeRequest, context) -> pb.EncodeResponse:
+        encodings = await self.engine.encode(list(request.texts), request.return_token_embeddings,
+                                             timeout=_deadline(context))
+        out = pb.EncodeResponse(model=self.engine.model_name)
+        for e in encodings:
+            msg = out.encodings.add(pooled=e.pooled.tolist(), tokens=e.tokens)
+            if e.token_embeddings is not None:
+                msg.token_embeddings.shape.extend(e.token_embeddings.shape)
+                msg.token_embeddings.data.extend(e.token_embeddings.ravel().tolist())
+        return out
+
+    async def GetModelInfo(self, request, context) -> pb.ModelInfo:
+        info = self.engine.model_info()
+        limits = info.pop("limits")
+        files = info.pop("files_sha256")
+        tools = info.pop("tool_versions")
+        return pb.ModelInfo(**info, limits=pb.Limits(**limits), files_sha256=files, tool_versions=tools)

@@ -1,0 +1,65 @@
+"""Typed server settings: environment variables with the `MTSERVE_` prefix (e.g.
+`MTSERVE_MAX_BATCH_SENTENCES=32`), overridden by `mtserve serve` flags. Every limit the server
+enforces is one of these fields."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="MTSERVE_", extra="ignore")
+
+    # Where and what
+    address: str = Field("0.0.0.0:50051", description="gRPC listen address host:port")
+    model_dir: Path = Field(Path("models/de-en"), description="model dir (config.json, tokenizer.json, onnx/)")
+    onnx_dir: Path | None = Field(None, description="exported graphs; default MODEL_DIR/onnx")
+    provider: Literal["auto", "cuda", "cpu"] = Field("auto", description="ONNX Runtime execution provider")
+    strict_provider: bool = Field(False, description="exit instead of falling back to CPU when CUDA is missing")
+    precision: Literal["fp32", "int8", "fp16"] = Field("fp32", description="graph variant to load")
+
+    # Thread layout: `decode_workers` independent ONNX Runtime session pairs, each with its own
+    # decode loop, each using `intra_op_threads` threads.
+    decode_workers: int = Field(2, ge=1, le=64)
+    intra_op_threads: int = Field(1, ge=1, le=256)
+    inter_op_threads: int = Field(1, ge=1, le=256)
+
+    # Batching
+    continuous_batching: bool = Field(True, description="admit new sentences between decode steps")
+    max_batch_sentences: int = Field(64, ge=1, description="rows of one decode batch (beam rows count each)")
+    max_batch_tokens: int = Field(4096, ge=16, description="padded source tokens of one decode batch")
+    max_queue_delay_ms: float = Field(2.0, ge=0, description="wait this long for company before starting an idle batch")
+    max_queue_size: int = Field(2048, ge=1, description="sentences waiting for a batch; beyond: RESOURCE_EXHAUSTED")
+
+    # Per-request limits
+    max_texts_per_request: int = Field(64, ge=1)
+    max_input_tokens: int = Field(200, ge=1, description="subword tokens of one source text")
+    max_output_tokens: int = Field(200, ge=1, description="generated tokens of one text")
+    max_text_bytes: int = Field(10_000, ge=1, description="UTF-8 bytes of one source text")
+    max_beam_size: int = Field(8, ge=1)
+    default_beam_size: int = Field(4, ge=1)
+    max_receive_message_bytes: int = Field(4 * 1024 * 1024, ge=1024)
+
+    # Lifecycle and observability
+    grace_period_s: float = Field(20.0, ge=0, description="time to finish in-flight work after SIGTERM")
+    metrics_port: int = Field(9090, ge=0, le=65535, description="Prometheus /metrics port; 0 = off")
+    metrics_address: str = Field("0.0.0.0")
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+    @model_validator(mode="after")
+    def _check(self) -> "Settings":
+        if self.default_beam_size > self.max_beam_size:
+            raise ValueError(f"default_beam_size ({self.default_beam_size}) exceeds max_beam_size ({self.max_beam_size})")
+        return self
+
+    @property
+    def graphs_dir(self) -> Path:
+        return self.onnx_dir or self.model_dir / "onnx"
+
+    @property
+    def max_queue_delay_s(self) -> float:
+        return self.max_queue_delay_ms / 1000.0

@@ -1,0 +1,316 @@
+"""The gRPC server, for real: grpc.aio on a loopback port, the tiny model exported to ONNX, the
+generated client stubs. Every RPC, batching behaviour, streaming, cancellation, deadlines,
+health, reflection and each INVALID_ARGUMENT case."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+import numpy as np
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
+
+from service.api.mtserve.v1 import translation_pb2 as pb
+from service.client import Client, alignment_matrix
+from service.server import Server
+from service.settings import Settings
+
+SENTENCES = ["Ein Hund rennt durch den Schnee.", "Zwei Männer sitzen auf einer Bank.",
+             "Eine Frau mit einem roten Hut spielt Gitarre auf der Straße vor vielen Menschen.", "Ein Kind lacht."]
+
+
+class RunningServer:
+    """A Server on its own event loop thread, as `mtserve serve` runs it."""
+
+    def __init__(self, settings: Settings):
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.server = Server(settings)
+        self.call(self.server.start(), timeout=120)
+        self.address = f"127.0.0.1:{self.server.port}"
+
+    def call(self, coro, timeout=60):
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def client(self, **kw) -> Client:
+        return Client(self.address, **kw)
+
+    def stop(self) -> None:
+        self.call(self.server.drain())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+
+@pytest.fixture(scope="module")
+def make_server(tiny_onnx_dir):
+    started = []
+
+    def make(**overrides) -> RunningServer:
+        fields = dict(address="127.0.0.1:0", model_dir=tiny_onnx_dir.parent, onnx_dir=tiny_onnx_dir,
+                      metrics_port=0, decode_workers=1, grace_period_s=5.0, max_queue_delay_ms=2.0)
+        s = RunningServer(Settings(**{**fields, **overrides}))
+        started.append(s)
+        return s
+
+    yield make
+    for s in started:
+        if s.server.scheduler._threads and s.thread.is_alive():
+            s.stop()
+
+
+@pytest.fixture(scope="module")
+def server(make_server):
+    return make_server(decode_workers=2)
+
+
+@pytest.fixture()
+def client(server):
+    with server.client(timeout=30) as c:
+        yield c
+
+
+def code_of(call) -> grpc.StatusCode:
+    with pytest.raises(grpc.RpcError) as e:
+        call()
+    return e.value.code(), e.value.details()
+
+
+# ----------------------------------------------------------------------------- every RPC
+
+
+def test_translate_many_texts_in_order(client):
+    single = [client.translate([s], beam_size=1)[0].text for s in SENTENCES]
+    together = [t.text for t in client.translate(SENTENCES, beam_size=1)]
+    assert together == single  # rows batched independently, reassembled in order
+    assert all(isinstance(t, str) and t for t in together)
+
+
+def test_translate_scores_tokens_and_alignment(client):
+    (t,) = client.translate([SENTENCES[0]], beam_size=2, return_scores=True, return_tokens=True,
+                            return_alignment=True)
+    assert t.score < 0
+    assert len(t.tokens) == len(t.token_ids) == t.output_tokens - 1
+    a = alignment_matrix(t)
+    assert a.shape == (len(t.tokens) + 1, t.input_tokens)
+    assert list(t.alignment.target_tokens[:-1]) == list(t.tokens)
+    np.testing.assert_allclose(a.sum(axis=1), 1.0, atol=1e-4)
+    (plain,) = client.translate([SENTENCES[0]], beam_size=2)
+    assert plain.text == t.text and plain.score == 0 and not plain.tokens and not plain.HasField("alignment")
+
+
+def test_stream_arrives_in_order_and_ends_with_the_full_result(client):
+    (expected,) = client.translate([SENTENCES[2]], beam_size=1, return_tokens=True)
+    msgs = list(client.translate_stream(SENTENCES[2], beam_size=1, return_tokens=True))
+    chunks, final = msgs[:-1], msgs[-1]
+    assert all(m.HasField("chunk") for m in chunks) and final.HasField("final")
+    assert len(chunks) >= 2
+    assert "".join(m.chunk.text for m in chunks).strip() == final.final.text == expected.text
+    assert [i for m in chunks for i in m.chunk.token_ids] == list(expected.token_ids)
+
+
+def test_stream_with_beam_search(client):
+    msgs = list(client.translate_stream(SENTENCES[0], beam_size=3))
+    (expected,) = client.translate([SENTENCES[0]], beam_size=3)
+    assert msgs[-1].final.text == expected.text
+    assert "".join(m.chunk.text for m in msgs[:-1]).strip() == expected.text
+
+
+def test_encode(client, server):
+    d_model = server.server.engine.manifest.dims.d_model
+    out = client.encode(SENTENCES[:2], return_token_embeddings=True)
+    assert len(out) == 2
+    for e in out:
+        assert e["pooled"].shape == (d_model,)
+        assert e["token_embeddings"].shape == (len(e["tokens"]), d_model)
+        np.testing.assert_allclose(e["pooled"], e["token_embeddings"].mean(axis=0), atol=1e-5)
+    alone = client.encode([SENTENCES[1]])[0]
+    np.testing.assert_allclose(alone["pooled"], out[1]["pooled"], atol=1e-4)  # padding changes nothing
+    assert "token_embeddings" not in alone
+
+
+def test_model_info(client, server):
+    info = client.model_info()
+    m = server.server.engine.manifest
+    assert info.name == m.name and info.source_language == "de" and info.target_language == "en"
+    assert info.d_model == m.dims.d_model and info.execution_provider == "cpu" and info.precision == "fp32"
+    assert info.limits.max_texts_per_request == 64 and info.limits.default_beam_size == 4
+    assert any(name.endswith(".onnx") for name in info.files_sha256)
+
+
+# ----------------------------------------------------------------------------- batching
+
+
+def test_concurrent_clients_share_batches_and_short_ones_return_first(make_server):
+    srv = make_server(decode_workers=1, max_queue_delay_ms=20)
+    long_text = " ".join(SENTENCES)
+    with srv.client(timeout=60) as c:
+        done_at = {}
+
+        def go(name, text, cap):
+            r = c.translate([text], beam_size=1, max_output_tokens=cap)[0]
+            done_at[name] = (time.perf_counter(), r.output_tokens)
+
+        with ThreadPoolExecutor(8) as pool:
+            futs = [pool.submit(go, "long", long_text, 0)]
+            futs += [pool.submit(go, f"short{i}", SENTENCES[3], 2) for i in range(6)]
+            for f in futs:
+                f.result()
+    rows = srv.server.metrics.batch_rows
+    samples = {s.name: s.value for s in rows.collect()[0].samples}
+    assert samples["mtserve_decode_batch_rows_count"] > 0
+    # Some decode step held more than one row: not every observation fell in the <=1 bucket.
+    le1 = next(s.value for s in rows.collect()[0].samples if s.name.endswith("_bucket") and s.labels["le"] == "1.0")
+    assert le1 < samples["mtserve_decode_batch_rows_count"]
+    assert done_at["long"][1] > 5
+    assert all(done_at[f"short{i}"][0] < done_at["long"][0] for i in range(6))
+
+
+def test_static_batching_setting_still_answers_everything(make_server):
+    srv = make_server(continuous_batching=False)
+    with srv.client() as c, ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(lambda s: c.translate([s], beam_size=1)[0].text, SENTENCES * 3))
+    assert len(results) == 12 and all(results)
+
+
+# ----------------------------------------------------------------------------- cancellation and deadlines
+
+
+def slow_down(srv: RunningServer, seconds: float):
+    """Make every decoder step of every worker slower (fault injection for timing tests)."""
+    for model in srv.server.scheduler.models:
+        original = model.step
+
+        def step(*a, _orig=original, **kw):
+            time.sleep(seconds)
+            return _orig(*a, **kw)
+
+        model.step = step
+
+
+def test_cancelled_stream_frees_its_rows(make_server):
+    srv = make_server()
+    slow_down(srv, 0.02)
+    with srv.client() as c:
+        call = c.translate_stream(" ".join(SENTENCES), beam_size=1)
+        next(call)  # the first chunk arrived: the sentence is in a batch
+        call.cancel()
+        deadline = time.time() + 5
+        while not srv.server.scheduler.idle and time.time() < deadline:
+            time.sleep(0.02)
+        assert srv.server.scheduler.idle
+        assert c.translate([SENTENCES[0]], beam_size=1)[0].text
+
+
+def test_deadline_expired_while_queued_is_dropped(make_server):
+    srv = make_server(max_batch_sentences=1)
+    slow_down(srv, 0.05)
+    with srv.client(timeout=30) as c, ThreadPoolExecutor(4) as pool:
+        blocker = pool.submit(c.translate, [" ".join(SENTENCES)], beam_size=1)
+        time.sleep(0.2)
+        with Client(srv.address, timeout=0.3) as hurried:
+            code, _ = code_of(lambda: hurried.translate([SENTENCES[0]], beam_size=1))
+        assert code == grpc.StatusCode.DEADLINE_EXCEEDED
+        blocker.result()
+        time.sleep(0.2)
+    outcomes = {s.labels.get("outcome"): s.value for s in srv.server.metrics.sentences.collect()[0].samples
+                if s.name.endswith("_total")}
+    assert outcomes.get("deadline_exceeded", 0) + outcomes.get("cancelled", 0) >= 1
+    assert srv.server.scheduler.idle
+
+
+def test_queue_full_is_resource_exhausted(make_server):
+    srv = make_server(max_batch_sentences=1, max_queue_size=2)
+    slow_down(srv, 0.05)
+    with srv.client(timeout=30) as c, ThreadPoolExecutor(4) as pool:
+        blocker = pool.submit(c.translate, [" ".join(SENTENCES)], beam_size=1)
+        time.sleep(0.2)
+        code, details = code_of(lambda: c.translate(SENTENCES[:3], beam_size=1))
+        assert code == grpc.StatusCode.RESOURCE_EXHAUSTED and "max_queue_size" in details
+        blocker.result()
+
+
+def test_unexpected_error_fails_only_that_step_and_server_keeps_serving(make_server):
+    srv = make_server()
+    model = srv.server.scheduler.models[0]
+    original, calls = model.step, []
+
+    def broken(*a, **kw):
+        if not calls:
+            calls.append(1)
+            raise RuntimeError("injected fault")
+        return original(*a, **kw)
+
+    model.step = broken
+    with srv.client() as c:
+        code, details = code_of(lambda: c.translate([SENTENCES[0]], beam_size=1))
+        assert code == grpc.StatusCode.INTERNAL and "decoding failed" in details
+        assert c.translate([SENTENCES[0]], beam_size=1)[0].text
+
+
+# ----------------------------------------------------------------------------- health and reflection
+
+
+def test_health_serving_then_not_serving_after_drain(make_server):
+    srv = make_server()
+    with grpc.insecure_channel(srv.address) as ch:
+        stub = health_pb2_grpc.HealthStub(ch)
+        for service in ("", "mtserve.v1.TranslationService"):
+            resp = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=5)
+            assert resp.status == health_pb2.HealthCheckResponse.SERVING
+        watch = stub.Watch(health_pb2.HealthCheckRequest(service=""), timeout=10)
+        assert next(watch).status == health_pb2.HealthCheckResponse.SERVING
+        threading.Thread(target=srv.stop, daemon=True).start()
+        assert next(watch).status == health_pb2.HealthCheckResponse.NOT_SERVING
+        watch.cancel()
+
+
+def test_reflection_lists_the_services(server):
+    with grpc.insecure_channel(server.address) as ch:
+        db = ProtoReflectionDescriptorDatabase(ch)
+        services = set(db.get_services())
+        assert {"mtserve.v1.TranslationService", "grpc.health.v1.Health"} <= services
+        desc = db.FindFileContainingSymbol("mtserve.v1.TranslationService")
+        assert desc.package == "mtserve.v1"
+
+
+# ----------------------------------------------------------------------------- INVALID_ARGUMENT
+
+
+@pytest.mark.parametrize("texts, opts, field", [
+    ([], {}, "texts"),
+    ([""], {}, "texts[0]"),
+    (["Hallo", "   "], {}, "texts[1]"),
+    (["Hallo"] * 65, {}, "texts"),
+    (["Hund " * 300], {}, "texts[0]"),
+    (["Hallo"], {"beam_size": -1}, "options.beam_size"),
+    (["Hallo"], {"beam_size": 9}, "options.beam_size"),
+    (["Hallo"], {"max_output_tokens": -5}, "options.max_output_tokens"),
+    (["Hallo"], {"max_output_tokens": 10**6}, "options.max_output_tokens"),
+    (["Hallo"], {"length_penalty": float("nan")}, "options.length_penalty"),
+    (["Hallo"], {"length_penalty": -1.0}, "options.length_penalty"),
+])
+def test_invalid_argument_names_the_field(client, texts, opts, field):
+    code, details = code_of(lambda: client.translate(texts, **opts))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT
+    assert details.startswith(field + ":"), details
+
+
+def test_invalid_stream_and_encode_requests(client):
+    code, details = code_of(lambda: list(client.translate_stream("")))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and details.startswith("text:")
+    code, details = code_of(lambda: client.encode([]))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and details.startswith("texts:")
+
+
+def test_server_still_serves_after_bad_requests(client):
+    for _ in range(3):
+        code_of(lambda: client.translate([""]))
+    assert client.translate([SENTENCES[0]], beam_size=1)[0].text
+    assert not math.isnan(client.translate([SENTENCES[0]], beam_size=2, return_scores=True)[0].score)
