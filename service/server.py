@@ -13,7 +13,6 @@ import asyncio
 import logging
 import signal
 import sys
-from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -23,7 +22,7 @@ from service.api.mtserve.v1 import translation_pb2, translation_pb2_grpc
 from service.engine import Engine, TranslateOptions
 from service.errors import ModelLoadError
 from service.interceptors import ErrorAndMetricsInterceptor
-from service.manifest import ManifestError, load_manifest
+from service.manifest import ManifestError
 from service.metrics import Metrics
 from service.onnx_model import OnnxSeq2Seq
 from service.scheduler import Scheduler

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
+import threading
 from pathlib import Path
 
 import pytest
@@ -77,3 +79,51 @@ def tiny_onnx(tiny_onnx_dir):
     from service.onnx_model import OnnxSeq2Seq
 
     return OnnxSeq2Seq(tiny_onnx_dir, precision="fp32")
+
+
+class RunningServer:
+    """A Server on its own event loop thread, as `mtserve serve` runs it."""
+
+    def __init__(self, settings):
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        from service.server import Server
+
+        self.server = Server(settings)
+        self.call(self.server.start(), timeout=120)
+        self.address = f"127.0.0.1:{self.server.port}"
+
+    def call(self, coro, timeout=60):
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def client(self, **kw):
+        from service.client import Client
+
+        return Client(self.address, **kw)
+
+    def stop(self) -> None:
+        self.call(self.server.drain())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+
+@pytest.fixture(scope="module")
+def make_server(tiny_onnx_dir):
+    """make_server(**settings_overrides) -> RunningServer on 127.0.0.1 (an ephemeral port), serving
+    the tiny fp32 export with metrics off; every server made is drained when the module ends."""
+    started = []
+
+    def make(**overrides) -> RunningServer:
+        fields = dict(address="127.0.0.1:0", model_dir=tiny_onnx_dir.parent, onnx_dir=tiny_onnx_dir,
+                      metrics_port=0, decode_workers=1, grace_period_s=5.0, max_queue_delay_ms=2.0)
+        from service.settings import Settings
+
+        s = RunningServer(Settings(**{**fields, **overrides}))
+        started.append(s)
+        return s
+
+    yield make
+    for s in started:
+        if s.server.scheduler._threads and s.thread.is_alive():
+            s.stop()

@@ -4,7 +4,6 @@ health, reflection and each INVALID_ARGUMENT case."""
 
 from __future__ import annotations
 
-import asyncio
 import math
 import threading
 import time
@@ -16,53 +15,10 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 
-from service.api.mtserve.v1 import translation_pb2 as pb
 from service.client import Client, alignment_matrix
-from service.server import Server
-from service.settings import Settings
 
 SENTENCES = ["Ein Hund rennt durch den Schnee.", "Zwei Männer sitzen auf einer Bank.",
              "Eine Frau mit einem roten Hut spielt Gitarre auf der Straße vor vielen Menschen.", "Ein Kind lacht."]
-
-
-class RunningServer:
-    """A Server on its own event loop thread, as `mtserve serve` runs it."""
-
-    def __init__(self, settings: Settings):
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
-        self.server = Server(settings)
-        self.call(self.server.start(), timeout=120)
-        self.address = f"127.0.0.1:{self.server.port}"
-
-    def call(self, coro, timeout=60):
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
-
-    def client(self, **kw) -> Client:
-        return Client(self.address, **kw)
-
-    def stop(self) -> None:
-        self.call(self.server.drain())
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
-
-
-@pytest.fixture(scope="module")
-def make_server(tiny_onnx_dir):
-    started = []
-
-    def make(**overrides) -> RunningServer:
-        fields = dict(address="127.0.0.1:0", model_dir=tiny_onnx_dir.parent, onnx_dir=tiny_onnx_dir,
-                      metrics_port=0, decode_workers=1, grace_period_s=5.0, max_queue_delay_ms=2.0)
-        s = RunningServer(Settings(**{**fields, **overrides}))
-        started.append(s)
-        return s
-
-    yield make
-    for s in started:
-        if s.server.scheduler._threads and s.thread.is_alive():
-            s.stop()
 
 
 @pytest.fixture(scope="module")
@@ -182,7 +138,7 @@ def test_static_batching_setting_still_answers_everything(make_server):
 # ----------------------------------------------------------------------------- cancellation and deadlines
 
 
-def slow_down(srv: RunningServer, seconds: float):
+def slow_down(srv, seconds: float):
     """Make every decoder step of every worker slower (fault injection for timing tests)."""
     for model in srv.server.scheduler.models:
         original = model.step
