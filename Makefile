@@ -8,7 +8,7 @@ MODEL ?= models/de-en
 ADDRESS ?= localhost:50051
 METRICS_PORT ?= 9090
 
-.PHONY: install serve export test test-slow clean
+.PHONY: install serve export test test-slow test-container fuzz soak overload bench bench-quick clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -30,7 +30,45 @@ test: $(STAMP)
 	$(PY) -m pytest -q -m "not slow"
 
 test-slow: $(STAMP)
-	$(PY) -m pytest -q -m slow
+	$(PY) -m pytest -q -m "slow and not container"
+
+# Build the Dockerfile's cpu image with podman on a local debootstrap base, run it, translate,
+# SIGTERM it (tests/deploy/test_container.py; root, about 5 minutes on 2 cores without a layer cache).
+test-container: $(STAMP)
+	$(PY) -m pytest -q -s -m container tests/deploy/test_container.py
+
+# Reliability (docs/security.md): property-based tests at FUZZ_SCALE times the default number of
+# cases, a soak of SOAK_MINUTES at concurrency 64 (random cancellations and deadlines), and a
+# flood of 512 clients against a small queue, each against a real `mtserve serve` on loopback.
+FUZZ_SCALE ?= 20
+SOAK_MINUTES ?= 10
+
+fuzz: $(STAMP)
+	MTSERVE_FUZZ_SCALE=$(FUZZ_SCALE) $(PY) -m pytest -q -p no:cacheprovider tests/service/test_fuzz.py
+
+soak: $(STAMP)
+	test -f $(MODEL)/onnx/manifest.json || $(PY) -m service.cli export --model $(MODEL) --precision all
+	$(PY) benchmarks/soak.py --model-dir $(MODEL) --minutes $(SOAK_MINUTES) --concurrency 64
+
+overload: $(STAMP)
+	test -f $(MODEL)/onnx/manifest.json || $(PY) -m service.cli export --model $(MODEL) --precision all
+	$(PY) benchmarks/soak.py --model-dir $(MODEL) --scenario overload --clients 512 --rounds 3
+
+# Benchmarks side by side (benchmarks/run.py, docs/benchmarks.md): offline engines (PyTorch with and
+# without a cache, ONNX Runtime, CTranslate2), the server under load, a thread-layout sweep.
+# bench-quick is the short mode (~3 minutes); both end with one JSON line of headline ratios.
+BENCH_ARGS ?=
+
+BENCH_DEPS = $(PY) -c "import ctranslate2, matplotlib" 2>/dev/null && test -x $(VENV)/bin/py-spy \
+	|| $(PY) -m pip install -q -e '.[bench]'
+
+bench: $(STAMP)
+	$(BENCH_DEPS)
+	$(PY) benchmarks/run.py --profile $(BENCH_ARGS)
+
+bench-quick: $(STAMP)
+	$(BENCH_DEPS)
+	$(PY) benchmarks/run.py --quick $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -7,12 +7,19 @@
 `target` may be one address, a list of addresses (client-side round robin over all of them),
 or a gRPC name such as `dns:///mtserve-headless.default.svc.cluster.local:50051`, which
 resolves to every replica (use a headless Service in Kubernetes).
+
+TLS and authentication (docs/security.md):
+
+    Client("mt.example.com:443", ca_cert="ca.pem")                        # TLS, server verified
+    Client(addr, ca_cert="ca.pem", client_cert="me.pem", client_key="me.key")   # mutual TLS
+    Client(addr, ca_cert="ca.pem", token=os.environ["MTSERVE_TOKEN"])    # + bearer token
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 
 import grpc
 import numpy as np
@@ -48,10 +55,34 @@ def options(beam_size=0, max_output_tokens=0, length_penalty=None, return_scores
     return opts
 
 
+def tls_credentials(ca_cert: str | Path | None = None, client_cert: str | Path | None = None,
+                    client_key: str | Path | None = None) -> grpc.ChannelCredentials:
+    """TLS channel credentials from PEM files. Without `ca_cert` the system's roots verify the
+    server; `client_cert` and `client_key` (together) present a client certificate (mutual TLS)."""
+    if (client_cert is None) != (client_key is None):
+        raise ValueError("client_cert and client_key go together")
+
+    def read(p):
+        return None if p is None else Path(p).read_bytes()
+
+    return grpc.ssl_channel_credentials(root_certificates=read(ca_cert), private_key=read(client_key),
+                                        certificate_chain=read(client_cert))
+
+
 class Client:
     def __init__(self, target: str | Sequence[str] = DEFAULT_SERVER, timeout: float | None = 60.0,
-                 credentials: grpc.ChannelCredentials | None = None, metadata: Sequence[tuple[str, str]] = ()):
+                 credentials: grpc.ChannelCredentials | None = None, metadata: Sequence[tuple[str, str]] = (), *,
+                 tls: bool = False, ca_cert: str | Path | None = None, client_cert: str | Path | None = None,
+                 client_key: str | Path | None = None, token: str | None = None, server_name: str | None = None):
+        """`tls` (implied by `ca_cert` or `client_cert`) uses TLS; `server_name` overrides the name
+        the server's certificate is checked against; `token` is sent as `authorization: Bearer`."""
         opts = [("grpc.lb_policy_name", "round_robin"), ("grpc.max_receive_message_length", 64 * 1024 * 1024)]
+        if credentials is None and (tls or ca_cert or client_cert or client_key):
+            credentials = tls_credentials(ca_cert, client_cert, client_key)
+        if server_name:
+            opts.append(("grpc.ssl_target_name_override", server_name))
+        if token:
+            metadata = [*metadata, ("authorization", f"Bearer {token}")]
         t = channel_target(target)
         self.channel = (grpc.secure_channel(t, credentials, options=opts) if credentials
                         else grpc.insecure_channel(t, options=opts))
@@ -95,7 +126,8 @@ class Client:
         return self.stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=self.timeout, metadata=self.metadata)
 
     def health(self, service: str = "") -> str:
-        resp = self.health_stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=self.timeout)
+        resp = self.health_stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=self.timeout,
+                                      metadata=self.metadata)
         return health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
@@ -12,9 +13,33 @@ import grpc
 from service.client import DEFAULT_SERVER, Client
 
 
+def add_security_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("TLS and authentication (docs/security.md)")
+    g.add_argument("--tls", action="store_true", help="use TLS, verifying the server with the system's roots")
+    g.add_argument("--ca-cert", help="PEM CA certificate(s) to verify the server with (implies --tls)")
+    g.add_argument("--client-cert", help="PEM client certificate for mutual TLS (with --client-key)")
+    g.add_argument("--client-key", help="PEM private key of --client-cert")
+    g.add_argument("--server-name", help="name to check the server certificate against (default: the host)")
+    g.add_argument("--token-file", help="file whose first line is the bearer token "
+                                        "(default: the MTSERVE_TOKEN environment variable)")
+    g.add_argument("--token", help="bearer token (visible in ps: prefer MTSERVE_TOKEN or --token-file)")
+
+
+def connect(args: argparse.Namespace) -> Client:
+    token = args.token or os.environ.get("MTSERVE_TOKEN") or None
+    if args.token_file:
+        with open(args.token_file, encoding="utf-8") as f:
+            token = f.readline().strip() or None
+    if bool(args.client_cert) != bool(args.client_key):
+        sys.exit("mtserve: --client-cert and --client-key go together")
+    return Client(args.server, timeout=args.timeout, tls=args.tls, ca_cert=args.ca_cert, client_cert=args.client_cert,
+                  client_key=args.client_key, token=token, server_name=args.server_name)
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("texts", nargs="*", help="texts to translate (or use --input)")
     p.add_argument("--server", default=DEFAULT_SERVER, help="address, comma-separated addresses, or dns:///name")
+    add_security_arguments(p)
     p.add_argument("--input", help="file with one source sentence per line ('-' = stdin)")
     p.add_argument("--output", help="write translations here, one per line (default stdout)")
     p.add_argument("--concurrency", type=int, default=8, help="requests in flight with --input")
@@ -23,6 +48,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-output-tokens", type=int, default=0)
     p.add_argument("--stream", action="store_true", help="print tokens as they are decoded")
     p.add_argument("--json", action="store_true", help="print each result as JSON (scores, tokens)")
+    p.add_argument("--alignment", metavar="PICTURE",
+                   help="also draw each translation's target x source attention into PICTURE (.png, .svg, .pdf; "
+                        "several texts: PICTURE-1.png, ...); needs the plot extra (matplotlib)")
     p.add_argument("--timeout", type=float, default=60.0)
 
 
@@ -32,7 +60,9 @@ def _fail(e: grpc.RpcError) -> None:
 
 def run(args: argparse.Namespace) -> None:
     try:
-        with Client(args.server, timeout=args.timeout) as client:
+        with connect(args) as client:
+            if args.alignment and (args.input or args.stream):
+                sys.exit("mtserve translate: --alignment works with texts given as arguments, without --stream")
             if args.input:
                 _translate_file(client, args)
             elif args.texts:
@@ -54,9 +84,24 @@ def _translate_texts(client: Client, args) -> None:
             print()
         return
     results = client.translate(args.texts, beam_size=args.beam, max_output_tokens=args.max_output_tokens,
-                               return_scores=args.json, return_tokens=args.json)
+                               return_scores=args.json, return_tokens=args.json,
+                               return_alignment=bool(args.alignment))
     for r in results:
         print(to_json(r) if args.json else r.text)
+    if args.alignment:
+        _draw_alignments(args.alignment, args.texts, results)
+
+
+def _draw_alignments(picture: str, texts: list[str], results) -> None:
+    from pathlib import Path
+
+    from service.alignment_plot import save_alignment
+
+    path = Path(picture)
+    for i, (text, r) in enumerate(zip(texts, results), start=1):
+        out = path if len(texts) == 1 else path.with_name(f"{path.stem}-{i}{path.suffix}")
+        save_alignment(r, out, source_text=text)
+        print(f"alignment: {out}", file=sys.stderr)
 
 
 def _translate_file(client: Client, args) -> None:
@@ -93,12 +138,13 @@ def add_encode_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("texts", nargs="+")
     p.add_argument("--server", default=DEFAULT_SERVER)
     p.add_argument("--tokens", action="store_true", help="also print per-token vectors")
+    add_security_arguments(p)
     p.add_argument("--timeout", type=float, default=60.0)
 
 
 def run_encode(args: argparse.Namespace) -> None:
     try:
-        with Client(args.server, timeout=args.timeout) as client:
+        with connect(args) as client:
             for text, e in zip(args.texts, client.encode(args.texts, return_token_embeddings=args.tokens)):
                 item = {"text": text, "tokens": e["tokens"], "pooled": [round(float(x), 6) for x in e["pooled"]]}
                 if args.tokens:

@@ -25,6 +25,12 @@ class InvalidArgument(ServiceError):
         self.field = field
 
 
+class NotFound(ServiceError):
+    """A model or version that is not served (KServe v2 `model_name`, `model_version`)."""
+
+    code = "NOT_FOUND"
+
+
 class ResourceExhausted(ServiceError):
     code = "RESOURCE_EXHAUSTED"
 
@@ -49,5 +55,10 @@ class Internal(ServiceError):
     code = "INTERNAL"
 
 
-class ModelLoadError(Exception):
+class StartupError(Exception):
+    """The server cannot start (bad TLS files, no tokens, no model...): `mtserve serve` prints
+    one line and exits non-zero."""
+
+
+class ModelLoadError(StartupError):
     """Startup problems: a missing model dir, a corrupt graph, a checksum mismatch."""

@@ -3,6 +3,7 @@ where every RPC is counted and timed."""
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import logging
 import time
@@ -11,7 +12,7 @@ import uuid
 import grpc
 from grpc.aio import AbortError
 
-from service.errors import ServiceError
+from service.errors import InvalidArgument, ServiceError
 from service.metrics import Metrics
 
 log = logging.getLogger("mtserve.rpc")
@@ -26,6 +27,33 @@ def request_id(context: grpc.aio.ServicerContext) -> str:
         if key == "x-request-id" and value:
             return str(value)[:64]
     return uuid.uuid4().hex[:16]
+
+
+class MalformedRequest:
+    """What the request deserializer returns for bytes that are not a valid message (corrupt wire
+    format, invalid UTF-8 in a string field): the handler then answers INVALID_ARGUMENT instead
+    of grpc's own UNKNOWN "Exception deserializing request"."""
+
+    def __init__(self, reason: str):
+        self.reason = reason
+
+
+def _tolerant(deserializer):
+    if deserializer is None:
+        return None
+
+    def parse(raw: bytes):
+        try:
+            return deserializer(raw)
+        except Exception as e:  # noqa: BLE001 - protobuf's DecodeError, or anything else a parser raises
+            return MalformedRequest(str(e) or type(e).__name__)
+
+    return parse
+
+
+def _check_parsed(request) -> None:
+    if isinstance(request, MalformedRequest):
+        raise InvalidArgument("request", f"not a valid protobuf message: {request.reason}")
 
 
 class ErrorAndMetricsInterceptor(grpc.aio.ServerInterceptor):
@@ -43,23 +71,54 @@ class ErrorAndMetricsInterceptor(grpc.aio.ServerInterceptor):
         if handler.unary_unary:
             return grpc.unary_unary_rpc_method_handler(
                 self._wrap_unary(method, handler.unary_unary),
-                request_deserializer=handler.request_deserializer, response_serializer=handler.response_serializer)
+                request_deserializer=_tolerant(handler.request_deserializer),
+                response_serializer=handler.response_serializer)
         if handler.unary_stream:
             return grpc.unary_stream_rpc_method_handler(
                 self._wrap_stream(method, handler.unary_stream),
+                request_deserializer=_tolerant(handler.request_deserializer),
+                response_serializer=handler.response_serializer)
+        # Client-streaming methods (reflection; the auth interceptor's refusals of it): the first
+        # argument is the request iterator, the wrappers pass it through unchanged.
+        if handler.stream_unary:
+            return grpc.stream_unary_rpc_method_handler(
+                self._wrap_unary(method, handler.stream_unary),
                 request_deserializer=handler.request_deserializer, response_serializer=handler.response_serializer)
-        return handler  # client-streaming methods (none of ours) pass through untouched
+        if handler.stream_stream:
+            return grpc.stream_stream_rpc_method_handler(
+                self._wrap_stream(method, handler.stream_stream),
+                request_deserializer=handler.request_deserializer, response_serializer=handler.response_serializer)
+        return handler
 
     async def _fail(self, context, method: str, exc: BaseException) -> None:
-        if isinstance(exc, ServiceError):
+        if isinstance(exc, ServiceError) and exc.code != "INTERNAL":
             await context.abort(getattr(grpc.StatusCode, exc.code), exc.message)
         rid = request_id(context)
+        if isinstance(exc, ServiceError):  # an Internal raised on purpose (the scheduler logged the traceback)
+            log.error("request %s: %s in %s", rid, exc.message, method)
+            await context.abort(grpc.StatusCode.INTERNAL, f"{exc.message} (request id {rid})")
         log.exception("request %s: unexpected error in %s", rid, method, exc_info=exc)
         await context.abort(grpc.StatusCode.INTERNAL, f"internal error (request id {rid})")
 
-    def _record(self, method: str, context, start: float) -> None:
-        code = context.code() if hasattr(context, "code") else None
-        name = code.name if isinstance(code, grpc.StatusCode) else "OK"
+    @staticmethod
+    def _code_name(context, cancelled: bool) -> str:
+        """The status the client saw. A handler cancelled by gRPC (client cancel, or the deadline
+        passing while it ran) never sets a code itself: tell the two apart by the deadline."""
+        if cancelled:
+            remaining = context.time_remaining()
+            return "DEADLINE_EXCEEDED" if remaining is not None and remaining <= 0 else "CANCELLED"
+        code = context.code()
+        if code is None:
+            return "OK"
+        if isinstance(code, grpc.StatusCode):
+            return code.name
+        for sc in grpc.StatusCode:  # some grpc versions hand back the integer code
+            if sc.value[0] == code:
+                return sc.name
+        return "UNKNOWN"
+
+    def _record(self, method: str, context, start: float, cancelled: bool = False) -> None:
+        name = self._code_name(context, cancelled)
         self.metrics.requests.labels(method, name).inc()
         self.metrics.request_latency.labels(method, name).observe(time.perf_counter() - start)
 
@@ -68,15 +127,20 @@ class ErrorAndMetricsInterceptor(grpc.aio.ServerInterceptor):
             start = time.perf_counter()
             gauge = self.metrics.in_flight.labels(method)
             gauge.inc()
+            cancelled = False
             try:
+                _check_parsed(request)
                 return await inner(request, context)
             except AbortError:
+                raise
+            except asyncio.CancelledError:
+                cancelled = True
                 raise
             except Exception as exc:  # noqa: BLE001 - the whole point: nothing escapes unmapped
                 await self._fail(context, method, exc)
             finally:
                 gauge.dec()
-                self._record(method, context, start)
+                self._record(method, context, start, cancelled)
 
         return behaviour
 
@@ -88,16 +152,21 @@ class ErrorAndMetricsInterceptor(grpc.aio.ServerInterceptor):
                 start = time.perf_counter()
                 gauge = self.metrics.in_flight.labels(method)
                 gauge.inc()
+                cancelled = False
                 try:
+                    _check_parsed(request)
                     async for message in inner(request, context):
                         yield message
                 except AbortError:
+                    raise
+                except (asyncio.CancelledError, GeneratorExit):  # client gone mid-stream
+                    cancelled = True
                     raise
                 except Exception as exc:  # noqa: BLE001
                     await self._fail(context, method, exc)
                 finally:
                     gauge.dec()
-                    self._record(method, context, start)
+                    self._record(method, context, start, cancelled)
 
             return behaviour
         return self._wrap_unary(method, inner)

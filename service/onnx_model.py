@@ -64,7 +64,16 @@ class OnnxSeq2Seq:
         providers = [PROVIDERS[self.provider]] + (["CPUExecutionProvider"] if self.provider == "cuda" else [])
         self.encoder = ort.InferenceSession(str(self.dir / variant.encoder.file), so, providers=providers)
         self.decoder = ort.InferenceSession(str(self.dir / variant.decoder.file), so, providers=providers)
+        if self.provider == "cuda" and PROVIDERS["cuda"] not in self.decoder.get_providers():
+            # Listed by onnxruntime-gpu, but the session could not start it (no driver, wrong
+            # CUDA or cuDNN): onnxruntime fell back to the CPU. Say so, or refuse when strict.
+            msg = "CUDA execution provider is installed but could not be initialised (driver, CUDA or cuDNN missing)"
+            if strict:
+                raise RuntimeError(msg)
+            log.warning("%s; running on the CPU", msg)
+            self.provider = "cpu"
         self.tokenizer = Tokenizer.from_file(str(self.dir / self.manifest.tokenizer.file))
+        self._check_tokenizer()
 
         d, ids = self.manifest.dims, self.manifest.special_ids
         self.n_layers, self.n_heads, self.d_k = d.n_decoder_layers, d.n_heads, d.d_k
@@ -76,6 +85,19 @@ class OnnxSeq2Seq:
         self._past_names = [(f"past_key_{i}", f"past_value_{i}") for i in range(L)]
         self._cross_names = [(f"cross_key_{i}", f"cross_value_{i}") for i in range(L)]
         self._check_io(variant)
+
+    def _check_tokenizer(self) -> None:
+        """The tokenizer must be the model's: same vocabulary size, special tokens at their ids.
+        (A wrong one would otherwise load fine and fail every request, or translate garbage.)"""
+        d, ids = self.manifest.dims, self.manifest.special_ids
+        got = self.tokenizer.get_vocab_size(with_added_tokens=True)
+        if got != d.vocab_size:
+            raise RuntimeError(f"wrong tokenizer: {self.dir / self.manifest.tokenizer.file} has {got} tokens, "
+                               f"the model {d.vocab_size}")
+        for name, want in (("<pad>", ids.pad_id), ("<s>", ids.bos_id), ("</s>", ids.eos_id), ("<unk>", ids.unk_id)):
+            if self.tokenizer.token_to_id(name) != want:
+                raise RuntimeError(f"wrong tokenizer: {name} has id {self.tokenizer.token_to_id(name)}, "
+                                   f"the model expects {want}")
 
     def _check_io(self, variant) -> None:
         for session, spec, what in ((self.encoder, variant.encoder, "encoder"), (self.decoder, variant.decoder, "decoder")):

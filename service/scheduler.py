@@ -89,6 +89,7 @@ class Scheduler:
         self._stopping = False
         self._threads: list[threading.Thread] = []
         self._busy_rows = 0  # rows in running batches, all workers
+        metrics.queue_capacity.set(settings.max_queue_size)
 
     # -- caller side (event loop thread) ------------------------------------------------
 
@@ -251,7 +252,7 @@ class Scheduler:
             self.metrics.decoder_step_latency.observe(time.perf_counter() - t0)
             self.metrics.batch_rows.observe(len(batch))
             self.metrics.padding_ratio.observe(batch.padding_ratio)
-            self.metrics.generated_tokens.inc(batch.live_rows)
+            self.metrics.decoded_rows.inc(len(batch))
         except Exception as exc:  # noqa: BLE001
             log.exception("decoder step failed; failing the %d sentences of this batch", len(members))
             self._fail(list(members.values()), exc)
@@ -261,6 +262,7 @@ class Scheduler:
             s = members.pop(f.key, None)
             if s is not None:
                 self.metrics.sentences.labels("ok").inc()
+                self.metrics.generated_tokens.inc(len(f.tokens) + 1)
                 _settle(s.future, result=f)
         if mode[0] == 1:
             for key, tokens in batch.last_tokens().items():

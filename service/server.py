@@ -18,14 +18,18 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from service.api.inference import grpc_service_pb2_grpc
 from service.api.mtserve.v1 import translation_pb2, translation_pb2_grpc
 from service.engine import Engine, TranslateOptions
-from service.errors import ModelLoadError
+from service.errors import ModelLoadError, StartupError
 from service.interceptors import ErrorAndMetricsInterceptor
+from service.kserve import KServeServicer
+from service.kserve import SERVICE_NAME as KSERVE_SERVICE_NAME
 from service.manifest import ManifestError
 from service.metrics import Metrics
 from service.onnx_model import OnnxSeq2Seq
 from service.scheduler import Scheduler
+from service.security import AuthInterceptor, load_tokens, server_credentials
 from service.servicer import TranslationServicer
 from service.settings import Settings
 
@@ -60,9 +64,12 @@ class Server:
         self.port: int | None = None
         self.metrics_port: int | None = None
         self._metrics_http = None
+        self.ready = False  # health SERVING: KServe ServerReady/ModelReady report it
 
     async def start(self) -> None:
         st = self.settings
+        credentials = server_credentials(st)  # bad TLS files or tokens fail before the slow model load
+        tokens = load_tokens(st)
         models = load_models(st)
         manifest = models[0].manifest
         gen = manifest.generation
@@ -72,17 +79,23 @@ class Server:
                                       "provider": models[0].provider, "precision": st.precision})
 
         self.server = grpc.aio.server(
-            interceptors=[ErrorAndMetricsInterceptor(self.metrics)],
+            # The error interceptor comes first (outermost) so that it maps the auth refusals too.
+            interceptors=[ErrorAndMetricsInterceptor(self.metrics)] + ([AuthInterceptor(tokens)] if tokens else []),
             options=[("grpc.max_receive_message_length", st.max_receive_message_bytes),
                      ("grpc.max_send_message_length", 64 * 1024 * 1024),
                      ("grpc.so_reuseport", 0)])
         translation_pb2_grpc.add_TranslationServiceServicer_to_server(TranslationServicer(self.engine), self.server)
+        grpc_service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(
+            KServeServicer(self.engine, ready=lambda: self.ready), self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         reflection.enable_server_reflection(
-            [SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME],
+            [SERVICE_NAME, KSERVE_SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+             reflection.SERVICE_NAME],
             self.server)
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
-        self.port = self.server.add_insecure_port(st.address)
+        self.port = (self.server.add_secure_port(st.address, credentials) if credentials is not None
+                     else self.server.add_insecure_port(st.address))
+        self.tls = credentials is not None
         if self.port == 0:
             raise ModelLoadError(f"cannot listen on {st.address}")
         await self.server.start()
@@ -92,11 +105,14 @@ class Server:
         self.scheduler.start()
         await self._warm_up()
         await self._set_health(health_pb2.HealthCheckResponse.SERVING)
-        log.info("serving %s on %s (%s, %s, %d decode workers x %d threads)%s", self.engine.model_name, st.address,
-                 models[0].provider, st.precision, st.decode_workers, st.intra_op_threads,
-                 f", metrics on :{self.metrics_port}" if self.metrics_port else "")
+        log.info("serving %s on %s (%s, %s, %d decode workers x %d threads)%s; %s, %s", self.engine.model_name,
+                 st.address, models[0].provider, st.precision, st.decode_workers, st.intra_op_threads,
+                 f", metrics on :{self.metrics_port}" if self.metrics_port else "",
+                 ("TLS with client certificates" if st.tls_client_ca_file else "TLS") if self.tls else "plaintext",
+                 f"bearer tokens required ({len(tokens)} accepted)" if tokens else "no authentication")
 
     async def _set_health(self, status) -> None:
+        self.ready = status == health_pb2.HealthCheckResponse.SERVING
         for name in ("", SERVICE_NAME):
             result = self.health.set(name, status)
             if asyncio.iscoroutine(result):
@@ -158,6 +174,6 @@ def run(args: argparse.Namespace) -> None:
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         asyncio.run(Server(settings).run())
-    except ModelLoadError as e:
+    except StartupError as e:  # ModelLoadError, bad TLS files, no tokens
         log.error("cannot start: %s", e)
         sys.exit(2)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -50,10 +50,23 @@ class Settings(BaseSettings):
     metrics_address: str = Field("0.0.0.0")
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 
+    # Security (docs/security.md): TLS, mutual TLS, bearer tokens. Off by default.
+    tls_cert_file: Path | None = Field(None, description="PEM server certificate (chain); with tls_key_file: serve TLS")
+    tls_key_file: Path | None = Field(None, description="PEM private key of tls_cert_file")
+    tls_client_ca_file: Path | None = Field(None, description="PEM CA bundle: require client certificates signed by it")
+    auth_tokens_file: Path | None = Field(None, description="accepted bearer tokens, one per line: require "
+                                                           "`authorization: Bearer TOKEN` (health stays open)")
+    auth_token: SecretStr | None = Field(None, description="one accepted bearer token (prefer auth_tokens_file: "
+                                                           "flags are visible in ps)")
+
     @model_validator(mode="after")
     def _check(self) -> "Settings":
         if self.default_beam_size > self.max_beam_size:
             raise ValueError(f"default_beam_size ({self.default_beam_size}) exceeds max_beam_size ({self.max_beam_size})")
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            raise ValueError("tls_cert_file and tls_key_file go together: give both or neither")
+        if self.tls_client_ca_file is not None and self.tls_cert_file is None:
+            raise ValueError("tls_client_ca_file (mutual TLS) needs tls_cert_file and tls_key_file")
         return self
 
     @property

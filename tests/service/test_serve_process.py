@@ -72,7 +72,12 @@ def test_sigterm_under_load_answers_every_accepted_request(tiny_onnx_dir):
     def call(i):
         try:
             with Client(address, timeout=60) as c:
-                r = c.translate([LONG, f"Ein Hund Nummer {i} rennt."], beam_size=4)
+                if i % 4 == 3:  # a quarter are streams: a half-sent stream must be finished too
+                    msgs = list(c.translate_stream(LONG, beam_size=1))
+                    assert msgs[-1].HasField("final") and msgs[-1].final.text
+                    r = [None, None]
+                else:
+                    r = c.translate([LONG, f"Ein Hund Nummer {i} rennt."], beam_size=4)
                 first_answer.append(1)
                 outcomes.append(("OK", len(r)))
         except grpc.RpcError as e:
@@ -83,10 +88,13 @@ def test_sigterm_under_load_answers_every_accepted_request(tiny_onnx_dir):
         while not first_answer:
             time.sleep(0.005)
         proc.send_signal(signal.SIGTERM)
+        signalled = time.perf_counter()
         for f in futs:
             f.result()
     rc = proc.wait(60)
+    exit_after = time.perf_counter() - signalled
     log = proc.stdout.read()
+    assert exit_after < 30 + 5, exit_after  # within the grace period (plus process teardown)
     codes = [o[0] for o in outcomes]
     assert rc == 0, log
     assert len(outcomes) == 64
@@ -109,25 +117,128 @@ def test_health_goes_not_serving_on_sigterm(tiny_onnx_dir):
     assert proc.wait(30) == 0
 
 
-@pytest.mark.parametrize("problem", ["missing_dir", "corrupt_graph", "bad_setting"])
+def _rewrite_checksum(onnx_dir, path) -> None:
+    """Make the manifest agree with a modified file, so that only the content is wrong."""
+    import hashlib
+
+    manifest = json.loads((onnx_dir / "manifest.json").read_text())
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    specs = [manifest["tokenizer"]] + [g for v in manifest["variants"].values() for g in (v["encoder"], v["decoder"])]
+    for spec in specs:
+        if spec["file"] == path.name:
+            spec["sha256"] = digest
+    (onnx_dir / "manifest.json").write_text(json.dumps(manifest))
+
+
+STARTUP_PROBLEMS = {  # problem -> what the one error line must say
+    "missing_dir": "manifest.json",
+    "corrupt_graph": "checksum",  # a truncated graph: the manifest's checksum catches it
+    "corrupt_graph_checksum_ok": "INVALID_PROTOBUF",  # truncated, manifest updated: ONNX Runtime catches it
+    "manifest_checksum_mismatch": "checksum mismatch for",  # one flipped byte in the encoder
+    "wrong_tokenizer": "wrong tokenizer",  # another tokenizer, manifest updated to match it
+    "cuda_strict": "CUDA execution provider requested but not available",
+    "bad_setting": "max_batch_sentences",
+}
+
+
+@pytest.mark.parametrize("problem", list(STARTUP_PROBLEMS))
 def test_startup_errors_exit_non_zero_with_one_clear_line(tiny_onnx_dir, tmp_path, problem):
     import shutil
 
+    broken = tmp_path / "onnx"
+    if problem not in ("missing_dir", "bad_setting", "cuda_strict"):
+        shutil.copytree(tiny_onnx_dir, broken)
     if problem == "missing_dir":
         proc, _ = start(tmp_path / "nothing" / "onnx")
-    elif problem == "corrupt_graph":
-        broken = tmp_path / "onnx"
-        shutil.copytree(tiny_onnx_dir, broken)
+    elif problem in ("corrupt_graph", "corrupt_graph_checksum_ok"):
         graph = next(broken.glob("decoder.fp32*.onnx"))
         graph.write_bytes(graph.read_bytes()[:1000])
+        if problem == "corrupt_graph_checksum_ok":
+            _rewrite_checksum(broken, graph)
         proc, _ = start(broken)
+    elif problem == "manifest_checksum_mismatch":
+        graph = next(broken.glob("encoder.fp32*.onnx"))
+        data = bytearray(graph.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        graph.write_bytes(bytes(data))
+        proc, _ = start(broken)
+    elif problem == "wrong_tokenizer":
+        from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+        other = Tokenizer(models.BPE(unk_token="<unk>"))
+        other.pre_tokenizer = pre_tokenizers.ByteLevel()
+        other.train_from_iterator(["ein ganz anderer Text mit anderen Wörtern"] * 10, trainers.BpeTrainer(
+            vocab_size=300, special_tokens=["<unk>", "<pad>", "</s>", "<s>"]))
+        other.save(str(broken / "tokenizer.json"))
+        _rewrite_checksum(broken, broken / "tokenizer.json")
+        proc, _ = start(broken)
+    elif problem == "cuda_strict":
+        proc, _ = start(tiny_onnx_dir, "--provider", "cuda", "--strict-provider")
     else:
         proc, _ = start(tiny_onnx_dir, "--max-batch-sentences", "0")
     rc = proc.wait(60)
     out = proc.stdout.read()
     assert rc != 0
     assert "Traceback" not in out, out
-    assert {"missing_dir": "manifest.json", "corrupt_graph": "checksum", "bad_setting": "max_batch_sentences"}[problem] in out
+    assert STARTUP_PROBLEMS[problem] in out, out
+    if problem != "bad_setting":  # pydantic lists the offending fields on their own lines
+        assert len([line for line in out.splitlines() if "cannot start" in line]) == 1, out
+
+
+def test_cuda_asked_for_but_missing_falls_back_to_cpu_with_a_warning(tiny_onnx_dir):
+    import onnxruntime as ort
+
+    if "CUDAExecutionProvider" in ort.get_available_providers():
+        pytest.skip("CUDA is available here: there is no fallback to see")
+    proc, address = start(tiny_onnx_dir, "--provider", "cuda", "--grace-period-s", "5")
+    try:
+        wait_serving(address, proc)
+        with Client(address, timeout=30) as c:
+            assert c.model_info().execution_provider == "cpu"
+            assert c.translate(["Ein Hund."], beam_size=1)[0].text
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        rc = proc.wait(30)
+    out = proc.stdout.read()
+    assert rc == 0
+    assert any("WARNING" in line and "falling back to the CPU" in line for line in out.splitlines()), out
+
+
+def test_sigkill_under_load_then_restart_serves(tiny_onnx_dir):
+    """SIGKILL is not survivable for in-flight work, but it must not hang clients, and a new
+    process on the same port serves at once."""
+    proc, address = start(tiny_onnx_dir)
+    wait_serving(address, proc)
+    outcomes = []
+
+    def call(i):
+        try:
+            with Client(address, timeout=30) as c:
+                c.translate([LONG, f"Ein Hund Nummer {i} rennt."], beam_size=4)
+                outcomes.append("OK")
+        except grpc.RpcError as e:
+            outcomes.append(e.code().name)
+
+    with ThreadPoolExecutor(16) as pool:
+        futs = [pool.submit(call, i) for i in range(32)]
+        time.sleep(0.3)
+        proc.kill()
+        assert proc.wait(10) == -signal.SIGKILL
+        for f in futs:
+            f.result(timeout=60)  # every client got an answer: no hang
+    assert len(outcomes) == 32 and set(outcomes) <= {"OK", "UNAVAILABLE"}, outcomes
+    port = address.rsplit(":", 1)[1]
+    again = subprocess.Popen(
+        [sys.executable, "-m", "service.cli", "serve", "--model-dir", str(tiny_onnx_dir.parent), "--onnx-dir",
+         str(tiny_onnx_dir), "--address", f"127.0.0.1:{port}", "--metrics-port", "0", "--decode-workers", "1"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_serving(address, again)
+        with Client(address, timeout=30) as c:
+            assert c.translate([LONG], beam_size=1)[0].text
+    finally:
+        again.send_signal(signal.SIGTERM)
+        assert again.wait(30) == 0
 
 
 def test_cli_translate_texts_file_and_encode(serving, tmp_path):

@@ -206,8 +206,53 @@ def test_unexpected_error_fails_only_that_step_and_server_keeps_serving(make_ser
     model.step = broken
     with srv.client() as c:
         code, details = code_of(lambda: c.translate([SENTENCES[0]], beam_size=1))
-        assert code == grpc.StatusCode.INTERNAL and "decoding failed" in details
+        assert code == grpc.StatusCode.INTERNAL and "decoding failed" in details and "request id" in details
         assert c.translate([SENTENCES[0]], beam_size=1)[0].text
+
+
+def test_a_failing_step_leaves_the_other_batches_and_requests_unaffected(make_server):
+    """One decode worker runs two batches side by side, greedy (a stream, then a second request
+    joining it) and beam 3. Only the beam batch's step fails: only its request gets INTERNAL; the
+    greedy rows, decoded in the same worker at the same time, finish with exactly the fault-free
+    output, and the scheduler goes on serving."""
+    srv = make_server(decode_workers=1)
+    long_text = " ".join(SENTENCES)
+    with srv.client(timeout=60) as c:
+        want_long = c.translate([long_text], beam_size=1)[0].text
+        want_short = c.translate([SENTENCES[1]], beam_size=1)[0].text
+        want_beam = c.translate([SENTENCES[0]], beam_size=3)[0].text
+        model = srv.server.scheduler.models[0]
+        original, failed, rows_seen = model.step, [], set()
+
+        def faulty(tokens, *a, **kw):
+            rows = int(np.asarray(tokens).shape[0])
+            rows_seen.add(rows)
+            time.sleep(0.01)  # keep the greedy stream running while the others arrive
+            if rows == 3 and not failed:  # the beam-3 batch: 1 sentence x 3 beams
+                failed.append(1)
+                raise RuntimeError("injected fault in one decode step")
+            return original(tokens, *a, **kw)
+
+        model.step = faulty
+        stream = c.translate_stream(long_text, beam_size=1)
+        first = next(stream)  # the greedy batch is decoding
+        with ThreadPoolExecutor(2) as pool:
+            beam = pool.submit(lambda: code_of(lambda: c.translate([SENTENCES[0]], beam_size=3)))
+            joiner = pool.submit(lambda: c.translate([SENTENCES[1]], beam_size=1)[0].text)
+            code, details = beam.result()
+            assert code == grpc.StatusCode.INTERNAL and "decoding failed" in details
+            assert joiner.result() == want_short
+        rest = list(stream)
+        assert failed and 3 in rows_seen
+        assert "".join(m.chunk.text for m in [first, *rest[:-1]]).strip() == rest[-1].final.text == want_long
+        assert c.translate([SENTENCES[0]], beam_size=3)[0].text == want_beam  # later requests succeed
+    outcomes = {s.labels.get("outcome"): s.value for s in srv.server.metrics.sentences.collect()[0].samples
+                if s.name.endswith("_total")}
+    assert outcomes.get("error") == 1
+    end = time.time() + 5  # the rows' bookkeeping ends just after the last answer is sent
+    while not srv.server.scheduler.idle and time.time() < end:
+        time.sleep(0.01)
+    assert srv.server.scheduler.idle
 
 
 # ----------------------------------------------------------------------------- health and reflection

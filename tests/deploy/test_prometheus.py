@@ -1,0 +1,222 @@
+"""deploy/prometheus and deploy/grafana against a real Prometheus (the Debian `prometheus`
+package): promtool checks the config and rules and runs the alert unit tests; then a Prometheus
+started on a loopback port scrapes a running server under load (1 s scrape interval) and every
+PromQL expression of the Grafana dashboard and of the alert rules is evaluated through the HTTP
+API and must return data."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import shutil
+import socket
+import subprocess
+import threading
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+PROM = DEPLOY / "prometheus"
+DASHBOARD = DEPLOY / "grafana" / "dashboards" / "mtserve.json"
+SENTENCES = ["Ein Hund rennt durch den Schnee.", "Zwei Männer sitzen auf einer Bank.",
+             "Eine Frau mit einem roten Hut spielt Gitarre auf der Straße vor vielen Menschen.", "Ein Kind lacht."]
+RATE_INTERVAL = "20s"  # what Grafana's $__rate_interval becomes here (scrape interval 1 s)
+
+
+def tool(name: str) -> str:
+    path = shutil.which(name)
+    if path is None:
+        pytest.skip(f"`{name}` not found: install the Debian package `prometheus` (apt-get install prometheus); "
+                    ".ci/run installs it")
+    return path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def dashboard_exprs() -> list[tuple[str, str]]:
+    dash = json.loads(DASHBOARD.read_text())
+    return [(p["title"], t["expr"].replace("$__rate_interval", RATE_INTERVAL))
+            for p in dash["panels"] for t in p["targets"]]
+
+
+def doc_exprs() -> list[tuple[str, str]]:
+    """The "Useful queries" table of docs/metrics.md: (what, PromQL)."""
+    text = (DEPLOY.parent / "docs" / "metrics.md").read_text().split("## Useful queries", 1)[1]
+    rows = [line for line in text.splitlines() if line.startswith("| ") and "`" in line]
+    out = []
+    for row in rows:
+        code = re.findall(r"`([^`]+)`", row.replace("\\|", "\x00"))[-1].replace("\x00", "|")
+        out.append((row.split("|")[1].strip(), code))
+    assert len(out) >= 5
+    return out
+
+
+def alert_rules() -> list[dict]:
+    return [r for g in yaml.safe_load((PROM / "alerts.yml").read_text())["groups"] for r in g["rules"]]
+
+
+def alert_query(expr: str) -> str:
+    """`<query> > 0.05` -> `<query>`: the threshold is what stays silent on a healthy server."""
+    m = re.fullmatch(r"(?s)\s*(.*\S)\s*(>|<|>=|<=|==|!=)\s*[-+0-9.e]+\s*", expr)
+    assert m, f"alert expression is not '<query> <op> <threshold>': {expr}"
+    return m.group(1)
+
+
+# ------------------------------------------------------------------------------ static checks
+
+
+def test_promtool_checks_config_and_rules():
+    promtool = tool("promtool")
+    for args in (["check", "config", str(PROM / "prometheus.yml")], ["check", "rules", str(PROM / "alerts.yml")]):
+        r = subprocess.run([promtool, *args], check=False, capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stdout + r.stderr
+    r = subprocess.run([promtool, "check", "rules", str(PROM / "alerts.yml")], check=False, capture_output=True, text=True)
+    assert "4 rules found" in r.stdout + r.stderr
+
+
+def test_alert_unit_tests_fire_and_stay_silent():
+    r = subprocess.run([tool("promtool"), "test", "rules", str(PROM / "alerts_test.yml")], check=False, capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    tested = set(re.findall(r"alertname: (\w+)", (PROM / "alerts_test.yml").read_text()))
+    assert tested == {r["alert"] for r in alert_rules()}
+
+
+def test_dashboard_has_the_panels_and_is_provisioned():
+    dash = json.loads(DASHBOARD.read_text())
+    titles = " | ".join(p["title"] for p in dash["panels"]).lower()
+    for needed in ("request rate", "error", "p50 / p95 / p99", "queue wait", "batch", "tokens per second",
+                   "in-flight", "padding"):
+        assert needed in titles, needed
+    ds = yaml.safe_load((DEPLOY / "grafana" / "provisioning" / "datasources" / "prometheus.yml").read_text())
+    uid = ds["datasources"][0]["uid"]
+    assert all(p["datasource"]["uid"] == uid and all(t["datasource"]["uid"] == uid for t in p["targets"])
+               for p in dash["panels"])
+    ids = [p["id"] for p in dash["panels"]]
+    assert len(ids) == len(set(ids))
+    compose = yaml.safe_load((DEPLOY / "compose.yaml").read_text())
+    mounts = " ".join(v for v in compose["services"]["grafana"]["volumes"])
+    assert "./grafana/dashboards" in mounts and "./grafana/provisioning" in mounts
+    prov = yaml.safe_load((DEPLOY / "grafana" / "provisioning" / "dashboards" / "mtserve.yml").read_text())
+    assert f"./grafana/dashboards:{prov['providers'][0]['options']['path']}" in mounts
+
+
+# ------------------------------------------------------------------------------ live Prometheus
+
+
+class Prometheus:
+    def __init__(self, binary: str, workdir: Path, target: str):
+        self.port = free_port()
+        config = workdir / "prometheus.yml"
+        config.write_text(yaml.safe_dump({
+            "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+            "rule_files": [str(PROM / "alerts.yml")],
+            "scrape_configs": [{"job_name": "mtserve", "static_configs": [{"targets": [target]}]}],
+        }))
+        self.log = open(workdir / "prometheus.log", "w")
+        self.proc = subprocess.Popen(
+            [binary, f"--config.file={config}", f"--storage.tsdb.path={workdir / 'data'}",
+             f"--web.listen-address=127.0.0.1:{self.port}", "--log.level=warn"],
+            stdout=self.log, stderr=subprocess.STDOUT)
+        self.wait(lambda: self.get("/-/ready", raw=True) is not None, 60, "Prometheus not ready")
+
+    def get(self, path: str, raw: bool = False, **params):
+        url = f"http://127.0.0.1:{self.port}{path}"
+        if params:
+            url += "?" + urllib.parse.urlencode(params)
+        try:
+            body = urllib.request.urlopen(url, timeout=10).read()
+        except OSError:
+            if raw:
+                return None
+            raise
+        return body if raw else json.loads(body)
+
+    def query(self, expr: str) -> list:
+        r = self.get("/api/v1/query", query=expr)
+        assert r["status"] == "success", (expr, r)
+        return r["data"]["result"]
+
+    def wait(self, cond, timeout: float, what: str) -> None:
+        end = time.time() + timeout
+        while time.time() < end:
+            assert self.proc.poll() is None, (self.log.flush(), Path(self.log.name).read_text())
+            if cond():
+                return
+            time.sleep(0.25)
+        raise TimeoutError(what)
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(30)
+        self.log.close()
+
+
+def finite(result: list) -> bool:
+    return any(math.isfinite(float(s["value"][1])) for s in result)
+
+
+def test_prometheus_scrapes_a_server_under_load_and_every_query_returns_data(make_server, tmp_path):
+    binary = tool("prometheus")
+    srv = make_server(metrics_port=free_port(), metrics_address="127.0.0.1", decode_workers=1)
+    prom = Prometheus(binary, tmp_path, f"127.0.0.1:{srv.server.metrics_port}")
+    stop = threading.Event()
+
+    def load(kind: int) -> None:
+        with srv.client(timeout=30) as c:
+            i = 0
+            while not stop.is_set():
+                i += 1
+                if kind == 0:
+                    c.translate(SENTENCES, beam_size=2)
+                elif kind == 1:
+                    list(c.translate_stream(SENTENCES[i % 4], beam_size=1))
+                else:
+                    c.translate([SENTENCES[i % 4]], beam_size=1)
+                    c.encode(SENTENCES[:2])
+                time.sleep(0.02)
+
+    threads = [threading.Thread(target=load, args=(k,), daemon=True) for k in (0, 1, 2)]
+    try:
+        for t in threads:
+            t.start()
+        prom.wait(lambda: [s for s in prom.query('up{job="mtserve"}') if s["value"][1] == "1"], 60, "target not up")
+        # Enough scrapes with traffic in between for rate() over the dashboard's window.
+        prom.wait(lambda: finite(prom.query(f'sum(rate(mtserve_generated_tokens_total[{RATE_INTERVAL}])) > 0')),
+                  60, "no token rate")
+        time.sleep(3)
+        missing = []
+        for title, expr in dashboard_exprs() + doc_exprs():
+            if not finite(prom.query(expr)):
+                missing.append((title, expr))
+        for rule in alert_rules():
+            if not finite(prom.query(alert_query(rule["expr"]))):
+                missing.append((rule["alert"], rule["expr"]))
+            prom.query(rule["expr"])  # the full expression parses and evaluates (empty: not firing)
+        assert not missing, missing
+        # Prometheus loaded and evaluated the rule file itself, without errors; nothing fires.
+        prom.wait(lambda: all(r.get("lastEvaluation", "").startswith("20") and not r["lastEvaluation"].startswith("0001")
+                              for g in prom.get("/api/v1/rules")["data"]["groups"] for r in g["rules"]),
+                  30, "rules not evaluated")
+        groups = prom.get("/api/v1/rules")["data"]["groups"]
+        rules = [r for g in groups for r in g["rules"]]
+        assert {r["name"] for r in rules} == {r["alert"] for r in alert_rules()}
+        assert all(r["health"] == "ok" and not r.get("lastError") for r in rules), rules
+        assert prom.get("/api/v1/alerts")["data"]["alerts"] == []
+        model = prom.query("mtserve_model_info")
+        assert model[0]["metric"]["provider"] == "cpu" and model[0]["metric"]["job"] == "mtserve"
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(30)
+        prom.stop()

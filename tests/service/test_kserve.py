@@ -1,0 +1,257 @@
+"""The Open Inference Protocol (KServe v2) endpoint, with tritonclient as the client: readiness,
+metadata, inference on both models (batched, with parameters), the same engine, limits, metrics
+and status codes as mtserve.v1, and INVALID_ARGUMENT naming the field for every malformed
+request. tritonclient runs in a child process (see kserve_calls.py); requests that tritonclient
+cannot build (contents instead of raw data, corrupt raw bytes) use the generated stubs here."""
+
+from __future__ import annotations
+
+import multiprocessing
+import struct
+import sys
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+from grpc_health.v1 import health_pb2
+from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
+
+from service.api.inference import grpc_service_pb2 as pb
+from service.api.inference import grpc_service_pb2_grpc as pb_grpc
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the child process imports kserve_calls by name
+import kserve_calls  # imports no tritonclient here
+
+SENTENCES = ["Ein Hund rennt durch den Schnee.", "Zwei Männer sitzen auf einer Bank.", "Ein Kind lacht."]
+
+
+@pytest.fixture(scope="module")
+def triton():
+    """Runs kserve_calls functions in a child process: triton(fn, *args, **kw)."""
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        yield lambda fn, *a, **kw: pool.submit(fn, *a, **kw).result(timeout=120)
+
+
+@pytest.fixture(scope="module")
+def server(make_server):
+    return make_server(max_texts_per_request=4)
+
+
+@pytest.fixture(scope="module")
+def names(server):
+    name = server.server.engine.manifest.name
+    return name, f"{name}-encoder"
+
+
+def text_input(*texts: str, **kw) -> list[dict]:
+    return [{"name": "TEXT", "datatype": "BYTES", "data": [t.encode() for t in texts], **kw}]
+
+
+def counter(metric, **labels) -> float:
+    return sum(s.value for s in metric.collect()[0].samples
+               if s.name.endswith("_total") and all(s.labels.get(k) == v for k, v in labels.items()))
+
+
+# ----------------------------------------------------------------------------- health and metadata
+
+
+def test_liveness_readiness_and_metadata(server, triton, names):
+    translator, encoder = names
+    version = server.server.engine.manifest.version
+    d_model = server.server.engine.manifest.dims.d_model
+    s = triton(kserve_calls.state, server.address, [translator, encoder, "no-such-model"])
+    assert s["live"] is True and s["ready"] is True
+    assert s["server"]["name"] == "mtserve" and "parameters" in s["server"]["extensions"]
+    assert s["model_ready"] == {translator: True, encoder: True, "no-such-model": False}
+    assert not any(s["model_ready_wrong_version"].values())
+
+    meta = s["metadata"][translator]
+    assert meta["name"] == translator and meta["versions"] == [version]
+    assert meta["inputs"] == [{"name": "TEXT", "datatype": "BYTES", "shape": ["-1"]}]
+    assert meta["outputs"] == [{"name": "TRANSLATION", "datatype": "BYTES", "shape": ["-1"]}]
+    meta = s["metadata"][encoder]
+    assert meta["inputs"] == [{"name": "TEXT", "datatype": "BYTES", "shape": ["-1"]}]
+    assert meta["outputs"] == [{"name": "EMBEDDING", "datatype": "FP32", "shape": ["-1", str(d_model)]}]
+    code, details = s["metadata"]["no-such-model"]["error"]
+    assert code == "NOT_FOUND" and details.startswith("name:") and translator in details
+
+
+def test_reflection_lists_the_inference_service(server):
+    with grpc.insecure_channel(server.address) as ch:
+        db = ProtoReflectionDescriptorDatabase(ch)
+        assert "inference.GRPCInferenceService" in set(db.get_services())
+        assert db.FindFileContainingSymbol("inference.GRPCInferenceService").package == "inference"
+
+
+# ----------------------------------------------------------------------------- inference
+
+
+def test_translate_batch_matches_the_v1_api(server, triton, names):
+    translator, _ = names
+    with server.client(timeout=60) as c:
+        expected = [t.text for t in c.translate(SENTENCES, beam_size=1)]
+        beam2 = [t.text for t in c.translate(SENTENCES, beam_size=2)]
+        capped = c.translate(SENTENCES[:1], beam_size=1, max_output_tokens=3)[0]
+        short = c.translate(SENTENCES[:1], beam_size=3, length_penalty=0.0)[0]
+    r = triton(kserve_calls.infer, server.address, translator, text_input(*SENTENCES), parameters={"beam_size": 1})
+    assert r["model_name"] == translator and r["model_version"] == server.server.engine.manifest.version
+    assert r["id"] == "req-1" and r["raw"] == 1  # tritonclient sent raw data: raw data came back
+    datatype, shape, data = r["outputs"]["TRANSLATION"]
+    assert datatype == "BYTES" and shape == [3] and data.shape == (3,)
+    assert [b.decode() for b in data] == expected
+
+    r = triton(kserve_calls.infer, server.address, translator, text_input(*SENTENCES), outputs=["TRANSLATION"],
+               parameters={"beam_size": 2})
+    assert [b.decode() for b in r["outputs"]["TRANSLATION"][2]] == beam2
+
+    r = triton(kserve_calls.infer, server.address, translator, text_input(SENTENCES[0]),
+               parameters={"beam_size": 1, "max_output_tokens": 3})
+    assert r["outputs"]["TRANSLATION"][2][0].decode() == capped.text
+    assert capped.output_tokens <= 3
+
+    r = triton(kserve_calls.infer, server.address, translator, text_input(SENTENCES[0]),
+               parameters={"beam_size": 3, "length_penalty": 0.0})
+    assert r["outputs"]["TRANSLATION"][2][0].decode() == short.text
+
+
+def test_encoder_returns_the_pooled_embedding(server, triton, names):
+    _, encoder = names
+    d_model = server.server.engine.manifest.dims.d_model
+    with server.client(timeout=60) as c:
+        expected = np.stack([e["pooled"] for e in c.encode(SENTENCES[:2])])
+    r = triton(kserve_calls.infer, server.address, encoder, text_input(*SENTENCES[:2]))
+    datatype, shape, data = r["outputs"]["EMBEDDING"]
+    assert datatype == "FP32" and shape == [2, d_model] and data.dtype == np.float32
+    np.testing.assert_allclose(data, expected, atol=1e-5)
+
+
+def infer_stub(server, request: pb.ModelInferRequest) -> pb.ModelInferResponse:
+    with grpc.insecure_channel(server.address) as ch:
+        return pb_grpc.GRPCInferenceServiceStub(ch).ModelInfer(request, timeout=60)
+
+
+def stub_code(server, request) -> tuple[grpc.StatusCode, str]:
+    with pytest.raises(grpc.RpcError) as e:
+        infer_stub(server, request)
+    return e.value.code(), e.value.details()
+
+
+def test_contents_in_contents_out(server, names):
+    translator, encoder = names
+    d_model = server.server.engine.manifest.dims.d_model
+    with server.client(timeout=60) as c:
+        expected = [t.text for t in c.translate(SENTENCES[:2], beam_size=1)]
+    req = pb.ModelInferRequest(model_name=translator, parameters={"beam_size": pb.InferParameter(int64_param=1)})
+    req.inputs.add(name="TEXT", datatype="BYTES", shape=[2]).contents.bytes_contents.extend(
+        [s.encode() for s in SENTENCES[:2]])
+    resp = infer_stub(server, req)
+    assert not resp.raw_output_contents
+    (out,) = resp.outputs
+    assert out.name == "TRANSLATION" and list(out.shape) == [2]
+    assert [b.decode() for b in out.contents.bytes_contents] == expected
+
+    req = pb.ModelInferRequest(model_name=encoder)
+    req.inputs.add(name="TEXT", datatype="BYTES", shape=[1]).contents.bytes_contents.append(SENTENCES[0].encode())
+    (out,) = infer_stub(server, req).outputs
+    assert out.datatype == "FP32" and list(out.shape) == [1, d_model] and len(out.contents.fp32_contents) == d_model
+
+
+def test_requests_share_the_scheduler_and_are_counted(server, triton, names):
+    translator, _ = names
+    m = server.server.metrics
+    ok_before = counter(m.requests, method="ModelInfer", code="OK")
+    bad_before = counter(m.requests, method="ModelInfer", code="INVALID_ARGUMENT")
+    sentences_before = counter(m.sentences, outcome="ok")
+    triton(kserve_calls.infer, server.address, translator, text_input(*SENTENCES), parameters={"beam_size": 1})
+    triton(kserve_calls.infer, server.address, translator, text_input(""))
+    assert counter(m.requests, method="ModelInfer", code="OK") == ok_before + 1
+    assert counter(m.requests, method="ModelInfer", code="INVALID_ARGUMENT") == bad_before + 1
+    assert counter(m.sentences, outcome="ok") == sentences_before + len(SENTENCES)
+
+
+def test_not_ready_and_unavailable_while_draining(make_server, triton, names):
+    translator, _ = names
+    srv = make_server()
+    # The first two steps of Server.drain(): NOT_SERVING, then refuse new work.
+    srv.call(srv.server._set_health(health_pb2.HealthCheckResponse.NOT_SERVING))
+    srv.server.scheduler.stop_accepting()
+    s = triton(kserve_calls.state, srv.address, [translator])
+    assert s["live"] is True and s["ready"] is False and s["model_ready"] == {translator: False}
+    r = triton(kserve_calls.infer, srv.address, translator, text_input(SENTENCES[0]))
+    assert r["error"][0] == "UNAVAILABLE"
+
+
+# ----------------------------------------------------------------------------- errors
+
+
+@pytest.mark.parametrize("case, kwargs, code, field", [
+    ("unknown model", dict(model="no-such-model"), "NOT_FOUND", "model_name"),
+    ("unknown version", dict(version="no-such-version"), "NOT_FOUND", "model_version"),
+    ("input name", dict(inputs=[{"name": "SOURCE", "datatype": "BYTES", "data": [b"Hallo"]}]),
+     "INVALID_ARGUMENT", "inputs[0].name"),
+    ("two inputs", dict(inputs=text_input("Hallo") * 2), "INVALID_ARGUMENT", "inputs"),
+    ("datatype", dict(inputs=[{"name": "TEXT", "datatype": "FP32", "data": [1.0]}]),
+     "INVALID_ARGUMENT", "inputs[0].datatype"),
+    ("rank", dict(inputs=[{"name": "TEXT", "datatype": "BYTES", "data": [[b"Hallo", b"Welt"]]}]),
+     "INVALID_ARGUMENT", "inputs[0].shape"),
+    ("shape vs data", dict(inputs=text_input("Hallo", "Welt"), reshape=[3]), "INVALID_ARGUMENT", "inputs[0].shape"),
+    ("output name", dict(outputs=["EMBEDDING"]), "INVALID_ARGUMENT", "outputs[0].name"),
+    ("unknown parameter", dict(parameters={"beam": 2}), "INVALID_ARGUMENT", "parameters.beam"),
+    ("parameter type", dict(parameters={"beam_size": "2"}), "INVALID_ARGUMENT", "parameters.beam_size"),
+    ("beam range", dict(parameters={"beam_size": 99}), "INVALID_ARGUMENT", "parameters.beam_size"),
+    ("output cap", dict(parameters={"max_output_tokens": 10**6}), "INVALID_ARGUMENT", "parameters.max_output_tokens"),
+    ("empty text", dict(inputs=text_input("Hallo", " ")), "INVALID_ARGUMENT", "inputs[0][1]"),
+    ("too many texts", dict(inputs=text_input(*["Hallo"] * 5)), "INVALID_ARGUMENT", "inputs[0]"),
+    ("too long", dict(inputs=text_input("Hund " * 300)), "INVALID_ARGUMENT", "inputs[0][0]"),
+])
+def test_invalid_requests_name_the_field(server, triton, names, case, kwargs, code, field):
+    translator, _ = names
+    kwargs = {"model": translator, "inputs": text_input("Hallo"), **kwargs}
+    r = triton(kserve_calls.infer, server.address, kwargs.pop("model"), kwargs.pop("inputs"), **kwargs)
+    assert r["error"][0] == code, r
+    assert r["error"][1].startswith(field + ":"), r
+
+
+def test_encoder_takes_no_translation_parameters(server, triton, names):
+    _, encoder = names
+    r = triton(kserve_calls.infer, server.address, encoder, text_input("Hallo"), parameters={"beam_size": 2})
+    assert r["error"][0] == "INVALID_ARGUMENT" and r["error"][1].startswith("parameters.beam_size:")
+
+
+def test_malformed_raw_and_contents(server, names):
+    translator, _ = names
+
+    def request(raw: bytes | None = None, contents: list[bytes] | None = None, shape=(1,)):
+        req = pb.ModelInferRequest(model_name=translator)
+        t = req.inputs.add(name="TEXT", datatype="BYTES", shape=list(shape))
+        if contents is not None:
+            t.contents.bytes_contents.extend(contents)
+        if raw is not None:
+            req.raw_input_contents.append(raw)
+        return req
+
+    ok = struct.pack("<I", 5) + b"Hallo"
+    code, details = stub_code(server, request(raw=ok[:-2]))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and details.startswith("raw_input_contents[0]:")
+    code, details = stub_code(server, request(raw=ok + b"\x01"))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and details.startswith("raw_input_contents[0]:")
+    code, details = stub_code(server, request(raw=ok, contents=[b"Hallo"]))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and details.startswith("inputs[0].contents:")
+    bad_utf8 = request(contents=[b"Hallo \xff"])
+    code, details = stub_code(server, bad_utf8)
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and details.startswith("inputs[0][0]:")
+    wrong_contents = request()
+    wrong_contents.inputs[0].contents.fp32_contents.append(1.0)
+    code, details = stub_code(server, wrong_contents)
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and details.startswith("inputs[0].contents:")
+    extra_raw = request(raw=ok)
+    extra_raw.raw_input_contents.append(ok)
+    code, details = stub_code(server, extra_raw)
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and details.startswith("raw_input_contents:")
+    # and the good raw request works, answering raw
+    resp = infer_stub(server, request(raw=ok))
+    assert len(resp.raw_output_contents) == 1 and not resp.outputs[0].HasField("contents")
+    (n,) = struct.unpack_from("<I", resp.raw_output_contents[0])
+    assert n == len(resp.raw_output_contents[0]) - 4 > 0
