@@ -1,0 +1,205 @@
+"""Online load against a real `mtserve serve` process on loopback: an async gRPC (grpc.aio) load
+generator at fixed concurrency levels, single-sentence Translate requests cycling through the
+test sentences.
+
+    python benchmarks/online.py --concurrency 1,8,32,64,128 --beam 4 [--no-continuous-batching]
+        [--server-arg=--decode-workers=1 ...] [--json out.json]
+
+For every level: requests, ok, errors (by status code), seconds, throughput (ok sentences/s and
+target tokens/s), latency p50/p95/p99/mean in ms, BLEU of the answers against the references.
+Each level starts with a warm-up of 2 x concurrency requests that is not counted. The client runs
+on the same machine as the server and uses CPU too (one Python process).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+import grpc
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from service.api.mtserve.v1 import translation_pb2 as pb  # noqa: E402
+from service.api.mtserve.v1 import translation_pb2_grpc as pb_grpc  # noqa: E402
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """`mtserve serve` in a subprocess on 127.0.0.1:<free port>, metrics off."""
+
+    def __init__(self, model_dir: str | Path, args: list[str] = (), env: dict | None = None):
+        self.address = f"127.0.0.1:{free_port()}"
+        self.log = tempfile.NamedTemporaryFile("w+", prefix="mtserve-bench-", suffix=".log", delete=False)
+        cmd = [sys.executable, "-m", "service.cli", "serve", "--address", self.address, "--metrics-port", "0",
+               "--model-dir", str(model_dir), "--log-level", "warning", *args]
+        self.cmd = cmd
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, cwd=REPO,
+                                     env={**os.environ, **(env or {})})
+        self.pid = self.proc.pid
+
+    def wait_ready(self, timeout: float = 120) -> None:
+        end = time.monotonic() + timeout
+        with grpc.insecure_channel(self.address) as ch:
+            stub = pb_grpc.TranslationServiceStub(ch)
+            while time.monotonic() < end:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"server exited with {self.proc.returncode}: {self.tail()}")
+                try:
+                    stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=1)
+                    return
+                except grpc.RpcError:
+                    time.sleep(0.2)
+        self.stop()
+        raise RuntimeError(f"server not ready after {timeout}s: {self.tail()}")
+
+    def tail(self, n: int = 20) -> str:
+        self.log.flush()
+        return "".join(Path(self.log.name).read_text(errors="replace").splitlines(True)[-n:])
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+    def __enter__(self) -> "Server":
+        self.wait_ready()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def percentile(sorted_xs: list[float], q: float) -> float:
+    if not sorted_xs:
+        return float("nan")
+    return sorted_xs[min(len(sorted_xs) - 1, int(q * len(sorted_xs)))]
+
+
+async def _load(address: str, texts: list[str], concurrency: int, n_requests: int, beam: int,
+                timeout: float, duration: float | None = None) -> dict:
+    opts = [("grpc.max_receive_message_length", 16 * 1024 * 1024)]
+    async with grpc.aio.insecure_channel(address, options=opts) as ch:
+        stub = pb_grpc.TranslationServiceStub(ch)
+        options = pb.TranslationOptions(beam_size=beam)
+
+        async def one(i: int):
+            req = pb.TranslateRequest(texts=[texts[i % len(texts)]], options=options)
+            t = time.perf_counter()
+            try:
+                resp = await stub.Translate(req, timeout=timeout)
+                return i, time.perf_counter() - t, "OK", resp.translations[0]
+            except grpc.aio.AioRpcError as e:
+                return i, time.perf_counter() - t, e.code().name, None
+
+        async def drive(start: int, count: int, until: float | None = None) -> list:
+            counter = iter(range(start, start + count))
+            results = []
+
+            async def worker():
+                for i in counter:
+                    results.append(await one(i))
+                    if until is not None and time.perf_counter() > until:
+                        break
+
+            await asyncio.gather(*(worker() for _ in range(concurrency)))
+            return results
+
+        await drive(0, 2 * concurrency)  # warm-up: connections, batches at this concurrency
+        t0 = time.perf_counter()
+        results = await drive(0, n_requests, None if duration is None else t0 + duration)
+        seconds = time.perf_counter() - t0
+    return {"results": results, "seconds": seconds}
+
+
+def run_level(address: str, texts: list[str], refs: list[str], concurrency: int, n_requests: int, beam: int,
+              timeout: float = 120.0, duration: float | None = None) -> dict:
+    """`n_requests` single-sentence requests, `concurrency` at a time (or fewer when `duration`
+    seconds pass first)."""
+    import sacrebleu
+
+    out = asyncio.run(_load(address, texts, concurrency, n_requests, beam, timeout, duration))
+    results, seconds = out["results"], out["seconds"]
+    ok = [r for r in results if r[2] == "OK"]
+    lat = sorted(r[1] for r in ok)
+    errors = Counter(r[2] for r in results if r[2] != "OK")
+    tokens = sum(r[3].output_tokens for r in ok)  # </s> included
+    bleu = None
+    if ok:
+        hyp = [r[3].text for r in ok]
+        ref = [refs[r[0] % len(refs)] for r in ok]
+        bleu = round(sacrebleu.corpus_bleu(hyp, [ref]).score, 2)
+    return {
+        "concurrency": concurrency, "beam": beam, "requests": len(results), "ok": len(ok),
+        "errors": dict(errors), "seconds": round(seconds, 3),
+        "sentences_per_s": round(len(ok) / seconds, 2), "target_tokens_per_s": round(tokens / seconds, 1),
+        "p50_ms": round(1000 * percentile(lat, 0.50), 2), "p95_ms": round(1000 * percentile(lat, 0.95), 2),
+        "p99_ms": round(1000 * percentile(lat, 0.99), 2),
+        "mean_ms": round(1000 * sum(lat) / len(lat), 2) if lat else None, "bleu": bleu,
+    }
+
+
+def requests_for(concurrency: int, base: int, rounds: int = 4) -> int:
+    """At least `base` requests, and at least `rounds` rounds of the concurrency."""
+    return max(base, rounds * concurrency)
+
+
+def run(model_dir: str | Path, texts: list[str], refs: list[str], levels: list[int], beam: int, base_requests: int,
+        server_args: list[str] = (), log=print, rounds: int = 4) -> dict:
+    with Server(model_dir, list(server_args)) as srv:
+        rows = []
+        for c in levels:
+            row = run_level(srv.address, texts, refs, c, requests_for(c, base_requests, rounds), beam)
+            log(f"  online c={c:<4} beam={beam} {row['sentences_per_s']:8.1f} sent/s  p50 {row['p50_ms']:8.1f} ms  "
+                f"p99 {row['p99_ms']:8.1f} ms  errors {row['errors'] or 0}")
+            rows.append(row)
+        rc = srv.stop()
+    return {"server_args": list(server_args), "levels": rows, "server_exit": rc}
+
+
+def main() -> None:
+    from export.data import DEFAULT_DATA_DIR, read_parallel
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default=str(REPO / "models" / "de-en"))
+    p.add_argument("--data", default=str(DEFAULT_DATA_DIR))
+    p.add_argument("--concurrency", default="1,8,32,64,128")
+    p.add_argument("--beam", type=int, default=4)
+    p.add_argument("--requests", type=int, default=1000, help="requests per level (at least 4 x concurrency)")
+    p.add_argument("--continuous-batching", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--server-arg", action="append", default=[], help="extra `mtserve serve` flag (repeatable)")
+    p.add_argument("--json", help="write the result here")
+    args = p.parse_args()
+    texts, refs = read_parallel(args.data, "test_2016_flickr")
+    extra = ["--continuous-batching" if args.continuous_batching else "--no-continuous-batching", *args.server_arg]
+    result = run(args.model, texts, refs, [int(c) for c in args.concurrency.split(",")], args.beam, args.requests, extra,
+                 log=lambda m: print(m, file=sys.stderr))
+    line = json.dumps(result)
+    if args.json:
+        Path(args.json).write_text(line + "\n")
+    print(line)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,479 @@
+"""The benchmark suite, side by side on one machine and one thread budget (`make bench`,
+`make bench-quick`):
+
+    python benchmarks/run.py            # everything, all 1,000 test sentences (15-30 minutes on 2 cores)
+    python benchmarks/run.py --quick    # short mode (about 3 minutes): subsets, fewer requests
+
+1. Offline (benchmarks/offline.py, one process per engine): PyTorch without a cache (the textbook
+   loop), PyTorch with the key/value cache, ONNX Runtime fp32 and int8 (service.generator),
+   CTranslate2 float32 and int8 (the same weights, converted by benchmarks/ct2_convert.py), greedy
+   and beam 4: sentences/s, target tokens/s, BLEU, single-sentence latency. Before timing, the
+   CTranslate2 greedy output is compared token for token with ours.
+2. Online (benchmarks/online.py): `mtserve serve` on loopback under an async gRPC load generator
+   at concurrency 1, 8, 32, 64, 128: throughput, p50/p95/p99 latency, errors; continuous batching
+   on and off.
+3. A sweep of the serving thread layout (decode workers x intra-op threads, inter-op threads,
+   precision) at concurrency 64 and 1.
+4. Optionally (`--profile`) a py-spy breakdown of the server at concurrency 64.
+
+Everything goes to benchmarks/results/MODE-DATE.json (and MODE-latest.json); the report (a
+Markdown table with machine, versions, settings and date) and the latency/throughput plot go to
+docs/benchmarks.md and docs/benchmarks.png for a full run, benchmarks/results/quick.md/.png for a
+quick one (`--docs` sends a quick run's to docs/ too). The last line printed is one JSON object
+with the headline ratios:
+
+  service_over_ct2_int8     service throughput at concurrency 64 (best layout) / CTranslate2 int8
+                            offline throughput (best layout), same beam
+  latency_c1_over_ct2       service p50 latency at concurrency 1 / CTranslate2's single-sentence
+                            p50 latency (the faster of float32 and int8), same beam
+  service_over_torch_eager  service throughput at concurrency 64 / the textbook PyTorch loop's
+                            offline throughput, same beam
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from benchmarks import online as online_mod  # noqa: E402
+
+RESULTS = REPO / "benchmarks" / "results"
+LEVELS = [1, 8, 32, 64, 128]
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+# ----------------------------------------------------------------------------- plan
+
+
+def plan(quick: bool) -> dict:
+    """Sentences, layouts and request counts of each mode."""
+    if quick:
+        return {
+            "limits": {"torch-eager": 12, "torch-cache": 64, "default": 200},
+            "beams": [1, 4], "online_beams": [4], "latency_n": 20, "online_requests": 100, "rounds": 2,
+            "offline_layouts": {"ct2": [(2, 32), (1, 32)], "ort": [(1, 64)], "torch": [(1, 64)]},
+            "sweep": [["--decode-workers", "1", "--intra-op-threads", "2"],
+                      ["--decode-workers", "2", "--intra-op-threads", "1", "--precision", "int8"]],
+            "sweep_levels": [1, 64], "profile_seconds": 8,
+        }
+    return {
+        "limits": {"default": 0},
+        "beams": [1, 4], "online_beams": [1, 4], "latency_n": 200, "online_requests": 1000, "rounds": 4,
+        "offline_layouts": {"ct2": [(2, 32), (1, 32), (2, 64), (1, 64)], "ort": [(1, 64), (2, 32)],
+                            "torch": [(1, 64)]},
+        "sweep": [[*w, *p] for p in (["--precision", "fp32"], ["--precision", "int8"])
+                  for w in (["--decode-workers", "1", "--intra-op-threads", "1"],
+                            ["--decode-workers", "1", "--intra-op-threads", "2"],
+                            ["--decode-workers", "2", "--intra-op-threads", "1"],
+                            ["--decode-workers", "4", "--intra-op-threads", "1"],
+                            ["--decode-workers", "2", "--intra-op-threads", "1", "--inter-op-threads", "2"])],
+        "sweep_levels": [1, 64], "profile_seconds": 20,
+    }
+
+
+# ----------------------------------------------------------------------------- offline
+
+
+def run_offline(p: dict, threads: int, model: str, tmp: Path) -> tuple[list[dict], dict]:
+    rows, hyps = [], {}
+    engines = ["torch-eager", "torch-cache", "ort-fp32", "ort-int8", "ct2-float32", "ct2-int8"]
+    for beam in p["beams"]:
+        for eng in engines:
+            family = eng.split("-")[0]
+            limit = p["limits"].get(eng, p["limits"]["default"])
+            for workers, batch in p["offline_layouts"][family]:
+                first = (workers, batch) == p["offline_layouts"][family][0]
+                out = tmp / f"{eng}-{beam}-{workers}-{batch}.ids.json"
+                cmd = [sys.executable, str(REPO / "benchmarks" / "offline.py"), "--engine", eng, "--beam", str(beam),
+                       "--threads", str(threads), "--workers", str(workers), "--batch-size", str(batch),
+                       "--limit", str(limit), "--model", model, "--hyps", str(out)]
+                if family in ("ort", "ct2") and workers == 1:
+                    cmd += ["--latency", str(p["latency_n"])]
+                proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
+                if proc.returncode != 0:
+                    log(f"  offline {eng} beam {beam}: FAILED\n{proc.stderr[-2000:]}")
+                    rows.append({"engine": eng, "beam": beam, "workers": workers, "batch_size": batch,
+                                 "error": proc.stderr[-500:]})
+                    continue
+                row = json.loads(proc.stdout.strip().splitlines()[-1])
+                rows.append(row)
+                if first:
+                    hyps[(eng, beam)] = json.loads(out.read_text())
+                lat = row.get("latency_single", {}).get("p50_ms")
+                log(f"  offline {eng:<12} beam {beam} {workers}x{max(1, threads // workers)} thr, batch {batch:<3} "
+                    f"n={row['sentences']:<5} {row['sentences_per_s']:9.1f} sent/s {row['target_tokens_per_s']:9.0f} tok/s"
+                    f"  BLEU {row['bleu']:5.2f}" + (f"  single p50 {lat:.1f} ms" if lat is not None else ""))
+    return rows, hyps
+
+
+def agreement(hyps: dict, a: tuple, b: tuple) -> dict | None:
+    if a not in hyps or b not in hyps:
+        return None
+    n = min(len(hyps[a]), len(hyps[b]))
+    same = sum(x == y for x, y in zip(hyps[a][:n], hyps[b][:n]))
+    return {"a": f"{a[0]} beam {a[1]}", "b": f"{b[0]} beam {b[1]}", "sentences": n, "identical": same}
+
+
+def ct2_greedy_check(model: str, limit: int) -> dict:
+    """CTranslate2 float32 greedy vs the ONNX Runtime fp32 generator (which `mtserve verify`
+    checks against the PyTorch reference), before any timing."""
+    from benchmarks.ct2_convert import Ct2Translator, convert
+    from export.data import DEFAULT_DATA_DIR, read_parallel
+    from service.generator import generate
+    from service.onnx_model import OnnxSeq2Seq
+
+    src, _ = read_parallel(DEFAULT_DATA_DIR, "test_2016_flickr")
+    if limit:
+        src = src[:limit]
+    m = OnnxSeq2Seq(model, "fp32", intra_op_threads=2)
+    ids = m.source_ids(src)
+    ours = [h.tokens for h in generate(m, ids, beam=1)]
+    with tempfile.TemporaryDirectory(prefix="mtserve-ct2-") as d:
+        convert(model, d)
+        theirs = Ct2Translator(d, model, "float32", 1, 2).translate_ids(ids, beam=1)
+    same = sum(a == b for a, b in zip(ours, theirs))
+    first_diff = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), None)
+    return {"sentences": len(ids), "identical": same, "first_difference": first_diff,
+            "against": "ort-fp32 greedy (service.generator)"}
+
+
+# ----------------------------------------------------------------------------- online
+
+
+def run_online(p: dict, model: str, texts, refs) -> dict:
+    out = {"levels": LEVELS, "runs": []}
+    for beam in p["online_beams"]:
+        for cb in (True, False):
+            args = ["--continuous-batching" if cb else "--no-continuous-batching"]
+            log(f"online: beam {beam}, continuous batching {'on' if cb else 'off'} (default layout)")
+            r = online_mod.run(model, texts, refs, LEVELS, beam, p["online_requests"], args, log=log,
+                               rounds=p["rounds"])
+            r.update({"beam": beam, "continuous_batching": cb})
+            out["runs"].append(r)
+    return out
+
+
+def run_sweep(p: dict, model: str, texts, refs, beam: int) -> list[dict]:
+    rows = []
+    for args in p["sweep"]:
+        log(f"sweep: {' '.join(args)} (beam {beam})")
+        r = online_mod.run(model, texts, refs, p["sweep_levels"], beam, p["online_requests"], args, log=log,
+                           rounds=p["rounds"])
+        r["beam"] = beam
+        rows.append(r)
+    return rows
+
+
+# ----------------------------------------------------------------------------- summary
+
+
+def best_offline(rows: list[dict], engine: str, beam: int) -> dict | None:
+    cand = [r for r in rows if r.get("engine") == engine and r.get("beam") == beam and "error" not in r]
+    return max(cand, key=lambda r: r["sentences_per_s"], default=None)
+
+
+def single_latency(rows: list[dict], engines: list[str], beam: int) -> float | None:
+    vals = [r["latency_single"]["p50_ms"] for r in rows
+            if r.get("engine") in engines and r.get("beam") == beam and "latency_single" in r]
+    return min(vals, default=None)
+
+
+def service_points(res: dict, beam: int) -> list[tuple[str, dict]]:
+    """(label, level row) of every online run at this beam: the main runs and the sweep."""
+    pts = []
+    for r in res.get("online", {}).get("runs", []) + res.get("sweep", []):
+        if r.get("beam") != beam:
+            continue
+        label = " ".join(r["server_args"])
+        for lv in r["levels"]:
+            pts.append((label, lv))
+    return pts
+
+
+def summarize(res: dict, beam: int) -> dict:
+    pts = service_points(res, beam)
+    c64 = [lv for _, lv in pts if lv["concurrency"] == 64 and not lv["errors"]]
+    c1 = [lv for _, lv in pts if lv["concurrency"] == 1 and not lv["errors"]]
+    svc64 = max((lv["sentences_per_s"] for lv in c64), default=None)
+    svc1 = min((lv["p50_ms"] for lv in c1), default=None)
+    ct2 = best_offline(res["offline"], "ct2-int8", beam)
+    eager = best_offline(res["offline"], "torch-eager", beam)
+    ct2_lat = single_latency(res["offline"], ["ct2-int8", "ct2-float32"], beam)
+
+    def ratio(a, b):
+        return None if a is None or not b else round(a / b, 3)
+
+    return {
+        "beam": beam,
+        "service_c64_sentences_per_s": svc64, "service_c1_p50_ms": svc1,
+        "ct2_int8_sentences_per_s": ct2 and ct2["sentences_per_s"],
+        "ct2_int8_layout": ct2 and f"{ct2['workers']}x{max(1, ct2['threads'] // ct2['workers'])} batch {ct2['batch_size']}",
+        "ct2_single_p50_ms": ct2_lat, "torch_eager_sentences_per_s": eager and eager["sentences_per_s"],
+        "service_over_ct2_int8": ratio(svc64, ct2 and ct2["sentences_per_s"]),
+        "latency_c1_over_ct2": ratio(svc1, ct2_lat),
+        "service_over_torch_eager": ratio(svc64, eager and eager["sentences_per_s"]),
+    }
+
+
+def environment(threads: int) -> dict:
+    import importlib.metadata as md
+
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else ""
+    mem = next((int(line.split()[1]) // 1024 // 1024 for line in Path("/proc/meminfo").read_text().splitlines()
+                if line.startswith("MemTotal")), None) if Path("/proc/meminfo").exists() else None
+    versions = {}
+    for pkg in ("torch", "onnxruntime", "ctranslate2", "numpy", "grpcio", "protobuf", "tokenizers", "sacrebleu"):
+        try:
+            versions[pkg] = md.version(pkg)
+        except md.PackageNotFoundError:
+            versions[pkg] = None
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                cwd=REPO).stdout.strip()
+    except OSError:
+        commit = ""
+    return {"date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "cpu": cpu,
+            "cores": os.cpu_count(), "memory_gib": mem, "python": platform.python_version(),
+            "platform": platform.platform(), "versions": versions, "thread_budget": threads, "commit": commit,
+            "load_average": os.getloadavg()}
+
+
+# ----------------------------------------------------------------------------- report
+
+
+def write_plot(res: dict, path: Path, beam: int) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(11, 5.5))
+    for label, rows in _online_series(res, beam).items():
+        xs = [lv["sentences_per_s"] for lv in rows]
+        ys = [lv["p50_ms"] for lv in rows]
+        ax.plot(xs, ys, marker="o", label=f"mtserve {label}")
+        for lv in rows:
+            ax.annotate(f"c{lv['concurrency']}", (lv["sentences_per_s"], lv["p50_ms"]), fontsize=7,
+                        textcoords="offset points", xytext=(3, 3))
+    engines = sorted({r["engine"] for r in res["offline"] if "error" not in r}, key=str)
+    for eng in engines:
+        # Per offline engine: one sentence at a time (its single-sentence layout), and whole batches
+        # at its best layout (latency = the time of one batch at the measured throughput).
+        best = best_offline(res["offline"], eng, beam)
+        single = next((r for r in res["offline"] if r.get("engine") == eng and r.get("beam") == beam
+                       and "latency_single" in r), None)
+        if best is None:
+            continue
+        xs, ys = [], []
+        if single:
+            lat1 = single["latency_single"]["p50_ms"]
+            xs.append(1000.0 / lat1)
+            ys.append(lat1)
+        xs.append(best["sentences_per_s"])
+        ys.append(1000.0 * min(best["batch_size"], best["sentences"]) / best["sentences_per_s"])
+        ax.plot(xs, ys, marker="s" if single else "x", linestyle="--", label=f"{eng} offline")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("throughput (sentences/s)")
+    ax.set_ylabel("latency p50 (ms)")
+    ax.set_title(f"Latency against throughput, beam {beam} ({res['mode']} run, {res['environment']['date']})")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _online_series(res: dict, beam: int) -> dict[str, list[dict]]:
+    series = {}
+    for r in res.get("online", {}).get("runs", []) + res.get("sweep", []):
+        if r.get("beam") == beam:
+            series[" ".join(r["server_args"]).replace("--", "")] = r["levels"]
+    return series
+
+
+def write_markdown(res: dict, path: Path, plot_name: str) -> None:
+    env = res["environment"]
+    L = [f"# Benchmarks ({res['mode']} run)", "",
+         "Generated by `benchmarks/run.py` (`make bench`; `make bench-quick` for the short mode). Do not edit by hand: "
+         "rerun it.", ""]
+    if res.get("note"):
+        L += [f"> **{res['note']}**", ""]
+    L += ["## What is measured", "",
+          "- **Offline** (one process per engine, `benchmarks/offline.py`): the test sentences sorted by length into "
+          "batches, timed after a warm-up. `torch-eager` is the textbook loop without a cache (every step runs "
+          "`Transformer.decode` over the whole prefix); `torch-cache` is the reference search of `export/generate.py`; "
+          "`ort-*` is `service.generator.generate` over the ONNX graphs (what the server runs, without the server); "
+          "`ct2-*` is CTranslate2 over the same weights (`benchmarks/ct2_convert.py`). Layout `W x T`: W decode loops "
+          "(CTranslate2: `inter_threads`) of T threads each. Single-sentence latency: one sentence per call.",
+          "- **Online** (`benchmarks/online.py`): `mtserve serve` on loopback, a grpc.aio client keeps N single-sentence "
+          "`Translate` requests in flight; warm-up of 2N requests not counted; the client shares the cores.",
+          "- **Target tokens**: generated subword tokens, `</s>` included.", ""]
+    L += ["## Machine and settings", "",
+          f"- date: {env['date']}, commit `{env['commit']}`",
+          f"- CPU: {env['cpu']}, {env['cores']} cores, {env['memory_gib']} GiB; load average at start "
+          f"{', '.join(f'{x:.1f}' for x in env['load_average'])}",
+          f"- Python {env['python']}; " + ", ".join(f"{k} {v}" for k, v in env["versions"].items() if v),
+          f"- thread budget: {env['thread_budget']} threads for every engine; test set test_2016_flickr "
+          f"(Multi30k), model models/de-en (fp32 weights; int8 = dynamic quantisation at export/load)",
+          f"- sentences per offline engine: {json.dumps(res['plan']['limits'])} (0 = all 1,000)", ""]
+    chk = res.get("ct2_check")
+    if chk:
+        L += [f"CTranslate2 conversion check (greedy, token for token against {chk['against']}): "
+              f"**{chk['identical']} / {chk['sentences']} identical**.", ""]
+    for a in res.get("agreement", []):
+        if a:
+            L.append(f"- agreement {a['a']} vs {a['b']}: {a['identical']} / {a['sentences']} identical")
+    L += ["", "## Offline", "",
+          "| engine | beam | layout (loops x threads) | batch | sentences | sent/s | target tok/s | BLEU | single-sentence p50 ms |",
+          "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in res["offline"]:
+        if "error" in r:
+            L.append(f"| {r['engine']} | {r['beam']} | {r['workers']} | {r['batch_size']} | failed | | | | |")
+            continue
+        lat = r.get("latency_single", {}).get("p50_ms", "")
+        L.append(f"| {r['engine']} | {r['beam']} | {r['workers']}x{max(1, r['threads'] // r['workers'])} | "
+                 f"{r['batch_size']} | {r['sentences']} | {r['sentences_per_s']:.1f} | {r['target_tokens_per_s']:.0f} | "
+                 f"{r['bleu']:.2f} | {lat} |")
+    L += ["", "BLEU is sacreBLEU (13a, cased) over the sentences translated; it is comparable between rows only "
+          "when they translated the same sentences.", "",
+          "## Online (mtserve serve on loopback, async gRPC client, one sentence per request)", "",
+          "| beam | server flags | concurrency | requests | errors | sent/s | target tok/s | p50 ms | p95 ms | p99 ms | BLEU |",
+          "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in res.get("online", {}).get("runs", []) + [dict(s, sweep=True) for s in res.get("sweep", [])]:
+        flags = " ".join(r["server_args"]) + (" (sweep)" if r.get("sweep") else "")
+        for lv in r["levels"]:
+            L.append(f"| {r['beam']} | `{flags}` | {lv['concurrency']} | {lv['requests']} | "
+                     f"{sum(lv['errors'].values()) if lv['errors'] else 0} | {lv['sentences_per_s']:.1f} | "
+                     f"{lv['target_tokens_per_s']:.0f} | {lv['p50_ms']:.1f} | {lv['p95_ms']:.1f} | {lv['p99_ms']:.1f} | "
+                     f"{lv['bleu']} |")
+    L += ["", "Default server layout: 2 decode workers x 1 intra-op thread, fp32 graphs, max batch 64 rows, "
+          "2 ms queue delay. The load generator runs on the same cores as the server.", ""]
+    if res.get("profile"):
+        pr = res["profile"]
+        L += ["## Where the server's time goes", "",
+              f"py-spy, {pr['seconds']} s at concurrency {pr['concurrency']}, beam {pr['beam']}, "
+              f"{pr['samples']} busy samples (all threads):", "",
+              "| bucket | share |", "| --- | --- |"]
+        L += [f"| {k} | {100 * v:.1f}% |" for k, v in pr["share"].items()]
+        L.append("")
+    L += ["## Headline ratios", "", "| beam | service c64 sent/s | CT2 int8 sent/s | service / CT2 int8 | "
+          "service c1 p50 ms | CT2 single p50 ms | c1 latency / CT2 | service / torch eager |",
+          "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for s in res["summary_by_beam"]:
+        L.append(f"| {s['beam']} | {s['service_c64_sentences_per_s']} | {s['ct2_int8_sentences_per_s']} "
+                 f"({s['ct2_int8_layout']}) | {s['service_over_ct2_int8']} | {s['service_c1_p50_ms']} | "
+                 f"{s['ct2_single_p50_ms']} | {s['latency_c1_over_ct2']} | {s['service_over_torch_eager']} |")
+    L += ["", "Targets of issue #6: service / CT2 int8 >= 1.0, c1 latency / CT2 <= 1.5, service / torch eager >= 30.",
+          "", f"![latency against throughput]({plot_name})", ""]
+    path.write_text("\n".join(L))
+
+
+# ----------------------------------------------------------------------------- main
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="short mode (about 3 minutes)")
+    ap.add_argument("--model", default="models/de-en")
+    ap.add_argument("--threads", type=int, default=2, help="thread budget of every engine")
+    ap.add_argument("--skip", default="", help="comma-separated parts to skip: offline,online,sweep")
+    ap.add_argument("--profile", action="store_true", help="also profile the server with py-spy at concurrency 64")
+    ap.add_argument("--docs", action="store_true", help="write docs/benchmarks.md and .png even for --quick")
+    ap.add_argument("--note", default="", help="a line for the top of the report (e.g. the machine was busy)")
+    ap.add_argument("--report", metavar="RESULTS_JSON",
+                    help="only write the report and plot again from an earlier results file (with --docs: to docs/)")
+    args = ap.parse_args()
+    if args.report:
+        res = json.loads(Path(args.report).read_text())
+        if args.note:
+            res["note"] = args.note
+        md = REPO / "docs" / "benchmarks.md" if res["mode"] == "full" or args.docs else RESULTS / f"{res['mode']}.md"
+        write_plot(res, md.with_suffix(".png"), res["plan"]["online_beams"][-1])
+        write_markdown(res, md, md.with_suffix(".png").name)
+        log(f"wrote {md} and {md.with_suffix('.png')}")
+        return
+    t_start = time.time()
+    mode = "quick" if args.quick else "full"
+    p = plan(args.quick)
+    skip = set(filter(None, args.skip.split(",")))
+    model = str((REPO / args.model).resolve()) if not Path(args.model).is_absolute() else args.model
+    if not (Path(model) / "onnx" / "manifest.json").exists():
+        log("exporting the ONNX graphs first (mtserve export --precision all)")
+        subprocess.run([sys.executable, "-m", "service.cli", "export", "--model", model, "--precision", "all"],
+                       check=True, cwd=REPO)
+
+    from export.data import DEFAULT_DATA_DIR, read_parallel
+
+    texts, refs = read_parallel(DEFAULT_DATA_DIR, "test_2016_flickr")
+    res: dict = {"mode": mode, "note": args.note, "environment": environment(args.threads),
+                 "plan": {k: v for k, v in p.items()}, "offline": [], "agreement": []}
+    limit = p["limits"]["default"]
+    log(f"CTranslate2 conversion check on {limit or 'all'} sentences")
+    res["ct2_check"] = ct2_greedy_check(model, limit)
+    log(f"  CT2 float32 greedy identical to ours: {res['ct2_check']['identical']} / {res['ct2_check']['sentences']}")
+
+    with tempfile.TemporaryDirectory(prefix="mtserve-bench-") as tmp:
+        if "offline" not in skip:
+            log("offline")
+            res["offline"], hyps = run_offline(p, args.threads, model, Path(tmp))
+            for beam in p["beams"]:
+                res["agreement"] += [agreement(hyps, ("ct2-float32", beam), ("ort-fp32", beam)),
+                                     agreement(hyps, ("ort-fp32", beam), ("torch-cache", beam)),
+                                     agreement(hyps, ("torch-eager", beam), ("torch-cache", beam)),
+                                     agreement(hyps, ("ct2-int8", beam), ("ort-int8", beam))]
+    if "online" not in skip:
+        res["online"] = run_online(p, model, texts, refs)
+    if "sweep" not in skip:
+        res["sweep"] = run_sweep(p, model, texts, refs, beam=p["online_beams"][-1])
+    if args.profile:
+        from benchmarks.profile_server import profile
+
+        log(f"profile: py-spy {p['profile_seconds']} s at concurrency 64")
+        try:
+            res["profile"] = profile(model, texts, refs, 64, p["profile_seconds"], p["online_beams"][-1], [])
+            log("  " + json.dumps(res["profile"]["share"]))
+        except RuntimeError as e:
+            log(f"  profile failed: {e}")
+    res["summary_by_beam"] = [summarize(res, b) for b in p["online_beams"]]
+    res["seconds"] = round(time.time() - t_start, 1)
+
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    blob = json.dumps(res, indent=1, default=str)
+    (RESULTS / f"{mode}-{stamp}.json").write_text(blob)
+    (RESULTS / f"{mode}-latest.json").write_text(blob)
+    to_docs = mode == "full" or args.docs
+    md = REPO / "docs" / "benchmarks.md" if to_docs else RESULTS / "quick.md"
+    png = md.with_suffix(".png")
+    head_beam = p["online_beams"][-1]
+    try:
+        write_plot(res, png, head_beam)
+    except ImportError:
+        log("matplotlib missing: no plot (pip install -e '.[bench]')")
+    write_markdown(res, md, png.name)
+    log(f"wrote {RESULTS / f'{mode}-{stamp}.json'}, {md}, {png} in {res['seconds']} s")
+    head = next(s for s in res["summary_by_beam"] if s["beam"] == head_beam)
+    print(json.dumps({"mode": mode, "beam": head_beam, **{k: head[k] for k in (
+        "service_over_ct2_int8", "latency_c1_over_ct2", "service_over_torch_eager", "service_c64_sentences_per_s",
+        "ct2_int8_sentences_per_s", "service_c1_p50_ms", "ct2_single_p50_ms", "torch_eager_sentences_per_s")},
+        "ct2_greedy_identical": f"{res['ct2_check']['identical']}/{res['ct2_check']['sentences']}"}))
+
+
+if __name__ == "__main__":
+    main()
