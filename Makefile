@@ -10,7 +10,7 @@ METRICS_PORT ?= 9090
 
 .PHONY: install serve export test test-slow test-container fuzz soak overload bench bench-quick clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml setup.py $(wildcard protos/*/*.proto protos/*/*/*.proto)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[export,test]'
