@@ -56,6 +56,18 @@ def test_split(data_dir):
     return read_parallel(data_dir, "test_2016_flickr")
 
 
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """The PyTorch reference on one thread (use with pytest.mark.usefixtures): tiny matrices,
+    and on a busy machine torch's spinning worker threads are very slow."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="session")
 def make_train_args():
     """Arguments of a tiny training run: make_train_args(out_dir, data_dir, *extra_flags)."""
@@ -101,6 +113,17 @@ class RunningServer:
         from service.client import Client
 
         return Client(self.address, **kw)
+
+    def slow_down(self, seconds: float) -> None:
+        """Fault injection for timing tests: every decoder step of every worker sleeps first."""
+        import time
+
+        for model in self.server.scheduler.models:
+            def step(*a, _orig=model.step, **kw):
+                time.sleep(seconds)
+                return _orig(*a, **kw)
+
+            model.step = step
 
     def stop(self) -> None:
         self.call(self.server.drain())

@@ -17,16 +17,7 @@ from service.onnx_model import OnnxSeq2Seq
 PRECISIONS = ["fp32", "int8", "fp16"]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    """The PyTorch reference on one thread: tiny matrices, and a busy machine makes torch's
-    spinning worker threads very slow."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def random_batch(rng: np.random.Generator, B: int, S: int, vocab: int, lengths=None):

@@ -17,21 +17,10 @@ from service.api.mtserve.v1 import translation_pb2_grpc as pb_grpc
 SENTENCE = "Zwei Männer sitzen auf einer Bank und reden über das Wetter."
 
 
-def slow_down(srv, seconds: float):
-    for model in srv.server.scheduler.models:
-        original = model.step
-
-        def step(*a, _orig=original, **kw):
-            time.sleep(seconds)
-            return _orig(*a, **kw)
-
-        model.step = step
-
-
 def test_overload_refuses_the_excess_quickly_and_answers_every_accepted_request(make_server):
     queue, rows, clients = 8, 4, 200
     srv = make_server(max_queue_size=queue, max_batch_sentences=rows, max_queue_delay_ms=0.0)
-    slow_down(srv, 0.01)  # each accepted sentence takes >= 0.1 s to decode: the queue fills up
+    srv.slow_down(0.01)  # each accepted sentence takes >= 0.1 s to decode: the queue fills up
     outcomes: list[tuple[str, float, int]] = []  # (code, latency, translations)
     lock, all_done = threading.Lock(), threading.Event()
     with grpc.insecure_channel(srv.address) as ch:
@@ -75,7 +64,7 @@ def test_overload_refuses_the_excess_quickly_and_answers_every_accepted_request(
 
 def test_cancellations_and_deadlines_under_load_leave_the_queue_empty(make_server):
     srv = make_server(decode_workers=1, max_batch_sentences=8)
-    slow_down(srv, 0.005)
+    srv.slow_down(0.005)
     results: dict[str, int] = {}
     with grpc.insecure_channel(srv.address) as ch:
         stub = pb_grpc.TranslationServiceStub(ch)

@@ -11,16 +11,7 @@ from service.generator import DecodeBatch, Finished, generate, max_output_len
 N_SENTENCES = 40
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    """The PyTorch reference on one thread: tiny matrices, and a busy machine makes torch's
-    spinning worker threads very slow."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

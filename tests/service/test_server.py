@@ -138,21 +138,9 @@ def test_static_batching_setting_still_answers_everything(make_server):
 # ----------------------------------------------------------------------------- cancellation and deadlines
 
 
-def slow_down(srv, seconds: float):
-    """Make every decoder step of every worker slower (fault injection for timing tests)."""
-    for model in srv.server.scheduler.models:
-        original = model.step
-
-        def step(*a, _orig=original, **kw):
-            time.sleep(seconds)
-            return _orig(*a, **kw)
-
-        model.step = step
-
-
 def test_cancelled_stream_frees_its_rows(make_server):
     srv = make_server()
-    slow_down(srv, 0.02)
+    srv.slow_down(0.02)
     with srv.client() as c:
         call = c.translate_stream(" ".join(SENTENCES), beam_size=1)
         next(call)  # the first chunk arrived: the sentence is in a batch
@@ -166,7 +154,7 @@ def test_cancelled_stream_frees_its_rows(make_server):
 
 def test_deadline_expired_while_queued_is_dropped(make_server):
     srv = make_server(max_batch_sentences=1)
-    slow_down(srv, 0.05)
+    srv.slow_down(0.05)
     with srv.client(timeout=30) as c, ThreadPoolExecutor(4) as pool:
         blocker = pool.submit(c.translate, [" ".join(SENTENCES)], beam_size=1)
         time.sleep(0.2)
@@ -183,7 +171,7 @@ def test_deadline_expired_while_queued_is_dropped(make_server):
 
 def test_queue_full_is_resource_exhausted(make_server):
     srv = make_server(max_batch_sentences=1, max_queue_size=2)
-    slow_down(srv, 0.05)
+    srv.slow_down(0.05)
     with srv.client(timeout=30) as c, ThreadPoolExecutor(4) as pool:
         blocker = pool.submit(c.translate, [" ".join(SENTENCES)], beam_size=1)
         time.sleep(0.2)
