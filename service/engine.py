@@ -121,14 +121,15 @@ class Engine:
 
     def _result(self, src: list[int], finished, opts: TranslateOptions) -> TranslationResult:
         ids = list(finished.tokens)
+        # Token strings only when the caller asked for them: this runs for every sentence.
+        tokens = [self.tokenizer.id_to_token(i) for i in ids] if opts.return_tokens or opts.return_alignment else []
         result = TranslationResult(
             text=self.tokenizer.decode(ids, skip_special_tokens=True).strip(), score=float(finished.score),
-            tokens=[self.tokenizer.id_to_token(i) for i in ids], token_ids=ids,
-            input_tokens=len(src), output_tokens=len(ids) + 1)
+            tokens=tokens, token_ids=ids, input_tokens=len(src), output_tokens=len(ids) + 1)
         if opts.return_alignment and finished.alignment is not None:
             result.alignment = Alignment(
                 source_tokens=[self.tokenizer.id_to_token(i) for i in src],
-                target_tokens=[self.tokenizer.id_to_token(i) for i in ids] + ["</s>"],
+                target_tokens=tokens + ["</s>"],
                 weights=np.asarray(finished.alignment, dtype=np.float32)[: len(ids) + 1, : len(src)])
         return result
 
