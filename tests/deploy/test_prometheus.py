@@ -111,6 +111,35 @@ def test_dashboard_has_the_panels_and_is_provisioned():
     assert f"./grafana/dashboards:{prov['providers'][0]['options']['path']}" in mounts
 
 
+def test_compose_wires_the_service_prometheus_and_grafana():
+    """Names and ports line up across compose.yaml, prometheus.yml and the Grafana data source:
+    Prometheus scrapes the service by its compose name on its metrics port, loads the mounted
+    rule file, and Grafana reads from Prometheus by its compose name."""
+    compose = yaml.safe_load((DEPLOY / "compose.yaml").read_text())
+    services = compose["services"]
+    assert {"mtserve", "prometheus", "grafana"} <= set(services)
+    svc = services["mtserve"]
+    container_ports = {p.split(":")[-1] for p in svc["ports"]}
+    assert {"50051", "9090"} <= container_ports
+    grace = float(svc["environment"]["MTSERVE_GRACE_PERIOD_S"])
+    assert svc["stop_signal"] == "SIGTERM" and float(svc["stop_grace_period"].rstrip("s")) > grace
+
+    prom = services["prometheus"]
+    prom_yml = yaml.safe_load((PROM / "prometheus.yml").read_text())
+    mounted = {v.split(":")[1]: v.split(":")[0] for v in prom["volumes"] if v.startswith("./")}
+    config_flag = next(a for a in prom["command"] if a.startswith("--config.file="))
+    assert config_flag.split("=", 1)[1] in mounted
+    for rule in prom_yml["rule_files"]:
+        assert f"/etc/prometheus/{rule}" in mounted and (DEPLOY / mounted[f"/etc/prometheus/{rule}"]).is_file()
+    (job,) = [j for j in prom_yml["scrape_configs"] if j["job_name"] == "mtserve"]
+    assert job["static_configs"][0]["targets"] == ["mtserve:9090"]
+    assert "mtserve" in prom.get("depends_on", [])
+
+    ds = yaml.safe_load((DEPLOY / "grafana" / "provisioning" / "datasources" / "prometheus.yml").read_text())
+    assert ds["datasources"][0]["url"] == "http://prometheus:9090"  # Prometheus's own port inside the network
+    assert "prometheus" in services["grafana"].get("depends_on", [])
+
+
 # ------------------------------------------------------------------------------ live Prometheus
 
 
