@@ -36,89 +36,6 @@ sys.path.insert(0, str(REPO))
 ENGINES = ["torch-eager", "torch-cache", "ort-fp32", "ort-int8", "ct2-float32", "ct2-int8"]
 
 
-# ----------------------------------------------------------------------------- the textbook loop
-
-
-def eager_search(model, src: list[list[int]], beam: int = 4, length_penalty: float = 1.0, a: float = 1.5,
-                 b: int = 10) -> list[list[int]]:
-    """Greedy (beam 1) or beam search without a cache: every step calls Transformer.decode on the
-    whole prefix (<s> + everything emitted so far), keeps the last position's logits and throws
-    the rest away. Same rules as export.generate (max length, forced </s>, 2K candidates,
-    length-normalised finished hypotheses)."""
-    import torch
-
-    from export.generate import max_output_len, pad_batch
-
-    cfg = model.cfg
-    B, K, V = len(src), beam, cfg.vocab_size
-    with torch.no_grad():
-        src_ids, src_mask = pad_batch(src, cfg.pad_id)
-        memory = model.encode(src_ids, src_mask)
-        max_len = [max_output_len(len(s), a, b, cfg.max_positions) for s in src]
-        if K == 1:
-            tgt = torch.full((B, 1), cfg.bos_id, dtype=torch.long)
-            done = torch.zeros(B, dtype=torch.bool)
-            limit = torch.tensor(max_len)
-            for step in range(max(max_len)):
-                logits, _ = model.decode(tgt, memory, src_mask)
-                lp = torch.log_softmax(logits[:, -1].float(), dim=-1)
-                force = step >= limit - 1
-                lp[force] = torch.where(torch.arange(V) == cfg.eos_id, lp[force], torch.tensor(float("-inf")))
-                nxt = lp.argmax(dim=-1)
-                nxt = torch.where(done, torch.full_like(nxt, cfg.pad_id), nxt)
-                tgt = torch.cat([tgt, nxt[:, None]], dim=1)
-                done |= nxt == cfg.eos_id
-                if bool(done.all()):
-                    break
-            return [[t for t in row[1:].tolist() if t not in (cfg.eos_id, cfg.pad_id)] for row in tgt]
-
-        memory = memory.repeat_interleave(K, dim=0)
-        mask = src_mask.repeat_interleave(K, dim=0)
-        tgt = torch.full((B * K, 1), cfg.bos_id, dtype=torch.long)
-        scores = torch.full((B, K), float("-inf"))
-        scores[:, 0] = 0.0
-        finished: list[list[tuple[float, list[int]]]] = [[] for _ in range(B)]
-        active = [True] * B
-        for step in range(max(max_len)):
-            logits, _ = model.decode(tgt, memory, mask)
-            lp = torch.log_softmax(logits[:, -1].float(), dim=-1).view(B, K, V)
-            for i in range(B):
-                if step >= max_len[i] - 1:
-                    eos = lp[i, :, cfg.eos_id].clone()
-                    lp[i] = float("-inf")
-                    lp[i, :, cfg.eos_id] = eos
-            top_s, top_i = (scores[:, :, None] + lp).view(B, K * V).topk(2 * K, dim=1)
-            ts, bi, ti = top_s.tolist(), (top_i // V).tolist(), (top_i % V).tolist()
-            new_scores = torch.full((B, K), float("-inf"))
-            new_src = torch.zeros(B, K, dtype=torch.long)
-            new_tok = torch.full((B, K), cfg.pad_id, dtype=torch.long)
-            for i in range(B):
-                if not active[i]:
-                    continue
-                kept = 0
-                for r in range(2 * K):
-                    s = ts[i][r]
-                    if s == float("-inf"):
-                        break
-                    if ti[i][r] == cfg.eos_id:
-                        if r < K:
-                            toks = tgt[i * K + bi[i][r], 1:].tolist()
-                            finished[i].append((s / (len(toks) + 1) ** length_penalty, toks))
-                        continue
-                    if kept < K:
-                        new_scores[i, kept], new_src[i, kept], new_tok[i, kept] = s, bi[i][r], ti[i][r]
-                        kept += 1
-                if len(finished[i]) >= K or step >= max_len[i] - 1 or kept == 0:
-                    active[i] = False
-                    new_scores[i] = float("-inf")
-            if not any(active):
-                break
-            rows = (torch.arange(B)[:, None] * K + new_src).view(-1)
-            scores = new_scores
-            tgt = torch.cat([tgt[rows], new_tok.view(-1, 1)], dim=1)
-        return [max(f, key=lambda h: h[0])[1] for f in finished]
-
-
 # ----------------------------------------------------------------------------- engines
 
 
@@ -175,8 +92,8 @@ class Engine:
 
             for idx in chunks:
                 part = [src[i] for i in idx]
-                res = (eager_search(self.model, part, beam) if self.name == "torch-eager"
-                       else [h.tokens for h in beam_search(self.model, part, beam)])
+                hyps = beam_search(self.model, part, beam, use_cache=self.name != "torch-eager")
+                res = [h.tokens for h in hyps]
                 for i, toks in zip(idx, res):
                     out[i] = toks
             return out

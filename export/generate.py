@@ -10,6 +10,10 @@ Semantics that every other generator of this project must reproduce exactly:
   finished; at each step the `2 * beam` best candidates are taken, those ending in `</s>` finish
   (when ranked within the first `beam`), the best `beam` of the rest go on;
 - `beam == 1` is greedy search.
+
+`use_cache=False` is the textbook loop: each step runs `Transformer.decode` over the whole prefix
+(`<s>` + everything emitted) and keeps the last position, instead of one `decode_step` with the
+key/value cache. Same results, quadratic work; the benchmarks time it.
 """
 
 from __future__ import annotations
@@ -41,6 +45,13 @@ def pad_batch(seqs: list[list[int]], pad_id: int, device=None) -> tuple[torch.Te
     return ids.to(device), mask.to(device)
 
 
+def _prefix_log_probs(model: Transformer, emitted: torch.Tensor, memory, src_mask) -> torch.Tensor:
+    """No cache: decode `<s> + emitted` (B, t+1) in full; log-probabilities of the next token (B, V)."""
+    bos = torch.full((emitted.shape[0], 1), model.cfg.bos_id, dtype=torch.long, device=emitted.device)
+    logits, _ = model.decode(torch.cat([bos, emitted], dim=1), memory, src_mask)
+    return torch.log_softmax(logits[:, -1].float(), dim=-1)
+
+
 def _empty_cache(model: Transformer, B: int, device) -> list[tuple[torch.Tensor, torch.Tensor]]:
     cfg = model.cfg
     z = torch.zeros(B, cfg.n_heads, 0, cfg.d_k, device=device)
@@ -48,7 +59,8 @@ def _empty_cache(model: Transformer, B: int, device) -> list[tuple[torch.Tensor,
 
 
 @torch.no_grad()
-def greedy_search(model: Transformer, src: list[list[int]], a: float = 1.5, b: int = 10) -> list[Hypothesis]:
+def greedy_search(model: Transformer, src: list[list[int]], a: float = 1.5, b: int = 10,
+                  use_cache: bool = True) -> list[Hypothesis]:
     """src: source ids each ending with </s>."""
     cfg, device = model.cfg, next(model.parameters()).device
     src_ids, src_mask = pad_batch(src, cfg.pad_id, device)
@@ -63,8 +75,11 @@ def greedy_search(model: Transformer, src: list[list[int]], a: float = 1.5, b: i
     log_prob = torch.zeros(B, device=device)
     done = torch.zeros(B, dtype=torch.bool, device=device)
     for step in range(int(max_len.max())):
-        positions = torch.full((B,), step, dtype=torch.long, device=device)
-        lp, new_kv, _ = model.decode_step(tokens, positions, past, past_mask, cross, src_mask)
+        if use_cache:
+            positions = torch.full((B,), step, dtype=torch.long, device=device)
+            lp, new_kv, _ = model.decode_step(tokens, positions, past, past_mask, cross, src_mask)
+        else:
+            lp = _prefix_log_probs(model, out, memory, src_mask)
         force = step >= max_len - 1  # (B,) last allowed step: </s>
         lp = torch.where(force[:, None], _eos_only(lp, cfg.eos_id), lp)
         best_lp, nxt = lp.max(dim=-1)
@@ -74,9 +89,10 @@ def greedy_search(model: Transformer, src: list[list[int]], a: float = 1.5, b: i
         done |= nxt == cfg.eos_id
         if bool(done.all()):
             break
-        past = [(torch.cat([pk, k], 2), torch.cat([pv, v], 2)) for (pk, pv), (k, v) in zip(past, new_kv)]
-        past_mask = torch.cat([past_mask, torch.ones(B, 1, device=device)], dim=1)
-        tokens = nxt[:, None]
+        if use_cache:
+            past = [(torch.cat([pk, k], 2), torch.cat([pv, v], 2)) for (pk, pv), (k, v) in zip(past, new_kv)]
+            past_mask = torch.cat([past_mask, torch.ones(B, 1, device=device)], dim=1)
+            tokens = nxt[:, None]
     hyps = []
     for i in range(B):
         toks = [t for t in out[i].tolist() if t not in (cfg.eos_id, cfg.pad_id)]
@@ -92,16 +108,19 @@ def _eos_only(lp: torch.Tensor, eos_id: int) -> torch.Tensor:
 
 @torch.no_grad()
 def beam_search(model: Transformer, src: list[list[int]], beam: int = 4, length_penalty: float = 1.0,
-                a: float = 1.5, b: int = 10) -> list[Hypothesis]:
+                a: float = 1.5, b: int = 10, use_cache: bool = True) -> list[Hypothesis]:
     if beam == 1:
-        return greedy_search(model, src, a, b)
+        return greedy_search(model, src, a, b, use_cache)
     cfg, device = model.cfg, next(model.parameters()).device
     B, K, V = len(src), beam, cfg.vocab_size
     src_ids, src_mask = pad_batch(src, cfg.pad_id, device)
     memory = model.encode(src_ids, src_mask)
     # Every sentence is repeated K times: row b*K + k is beam k of sentence b.
     src_mask = src_mask.repeat_interleave(K, dim=0)
-    cross = [(k.repeat_interleave(K, 0), v.repeat_interleave(K, 0)) for k, v in model.cross_kv(memory)]
+    if use_cache:
+        cross = [(k.repeat_interleave(K, 0), v.repeat_interleave(K, 0)) for k, v in model.cross_kv(memory)]
+    else:
+        memory = memory.repeat_interleave(K, dim=0)
     max_len = [max_output_len(len(s), a, b, cfg.max_positions) for s in src]
     past = _empty_cache(model, B * K, device)
     tokens = torch.full((B * K, 1), cfg.bos_id, dtype=torch.long, device=device)
@@ -111,9 +130,12 @@ def beam_search(model: Transformer, src: list[list[int]], beam: int = 4, length_
     finished: list[list[Hypothesis]] = [[] for _ in range(B)]
     active = [True] * B
     for step in range(max(max_len)):
-        positions = torch.full((B * K,), step, dtype=torch.long, device=device)
-        past_mask = torch.ones(B * K, step, device=device)
-        lp, new_kv, _ = model.decode_step(tokens, positions, past, past_mask, cross, src_mask)
+        if use_cache:
+            positions = torch.full((B * K,), step, dtype=torch.long, device=device)
+            past_mask = torch.ones(B * K, step, device=device)
+            lp, new_kv, _ = model.decode_step(tokens, positions, past, past_mask, cross, src_mask)
+        else:
+            lp = _prefix_log_probs(model, history, memory, src_mask)
         lp = lp.view(B, K, V)
         for i in range(B):
             if step >= max_len[i] - 1:
@@ -151,7 +173,8 @@ def beam_search(model: Transformer, src: list[list[int]], beam: int = 4, length_
         rows = (torch.arange(B, device=device)[:, None] * K + new_src).view(-1)  # (B*K,)
         scores = new_scores
         history = torch.cat([history[rows], new_tok.view(-1, 1)], dim=1)
-        past = [(torch.cat([pk[rows], k[rows]], 2), torch.cat([pv[rows], v[rows]], 2))
-                for (pk, pv), (k, v) in zip(past, new_kv)]
-        tokens = new_tok.view(-1, 1)
+        if use_cache:
+            past = [(torch.cat([pk[rows], k[rows]], 2), torch.cat([pv[rows], v[rows]], 2))
+                    for (pk, pv), (k, v) in zip(past, new_kv)]
+            tokens = new_tok.view(-1, 1)
     return [max(f, key=lambda h: h.score) for f in finished]

@@ -167,3 +167,13 @@ def test_max_length_rule(tiny_model):
     src = [[10, 11, 12, model.cfg.eos_id]]
     for h in greedy_search(model, src, a=0.0, b=2) + beam_search(model, src, beam=3, a=0.0, b=2):
         assert len(h.tokens) <= 1  # at most 2 emitted tokens, the last of which is </s>
+
+
+@pytest.mark.parametrize("beam", [1, 3])
+def test_textbook_loop_without_cache_gives_the_same_hypotheses(tiny_model, beam):
+    model = tiny_model
+    src = [[(3 * i + j) % (model.cfg.vocab_size - 4) + 4 for j in range(2 + i)] + [model.cfg.eos_id] for i in range(5)]
+    cached = beam_search(model, src, beam=beam)
+    textbook = beam_search(model, src, beam=beam, use_cache=False)
+    assert [h.tokens for h in textbook] == [h.tokens for h in cached]
+    assert all(abs(a.score - b.score) < 1e-4 for a, b in zip(textbook, cached))
