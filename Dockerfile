@@ -116,7 +116,7 @@ COPY --from=runtime-venv /opt/venv/ /opt/venv/
 COPY --from=export --chown=root:root /out/onnx/ /models/de-en/onnx/
 ENV PATH=/opt/venv/bin:$PATH PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 \
     MTSERVE_MODEL_DIR=/models/de-en MTSERVE_ADDRESS=0.0.0.0:50051 MTSERVE_METRICS_PORT=9090 \
-    MTSERVE_PROVIDER=cpu MTSERVE_PRECISION=fp32
+    MTSERVE_PROVIDER=cpu MTSERVE_PRECISION=int8
 USER 10001:10001
 WORKDIR /home
 EXPOSE 50051 9090

@@ -56,7 +56,10 @@ class Engine:
             self.model = load_model(model_dir)
             self.workers = 1
         elif name.startswith("ort"):
+            from service.memory import keep_freed_memory
             from service.onnx_model import OnnxSeq2Seq
+
+            keep_freed_memory()  # as `mtserve serve` does
 
             self.models = [OnnxSeq2Seq(model_dir, precision=name.split("-")[1], intra_op_threads=intra)
                            for _ in range(workers)]

@@ -165,14 +165,30 @@ def requests_for(concurrency: int, base: int, rounds: int = 4) -> int:
     return max(base, rounds * concurrency)
 
 
+def process_cpu_s(pid: int | None = None) -> float:
+    """CPU seconds (user + system) used so far by process `pid` (None: this one), all threads."""
+    if pid is None:
+        t = os.times()
+        return t.user + t.system
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def run(model_dir: str | Path, texts: list[str], refs: list[str], levels: list[int], beam: int, base_requests: int,
         server_args: list[str] = (), log=print, rounds: int = 4) -> dict:
     with Server(model_dir, list(server_args)) as srv:
         rows = []
         for c in levels:
+            cpu0, t0 = (process_cpu_s(srv.pid), process_cpu_s()), time.perf_counter()
             row = run_level(srv.address, texts, refs, c, requests_for(c, base_requests, rounds), beam)
+            # CPU used during the level (warm-up included) by the server and by this load generator,
+            # in cores: both share the machine.
+            wall = time.perf_counter() - t0
+            row["server_cpu_cores"] = round((process_cpu_s(srv.pid) - cpu0[0]) / wall, 2)
+            row["client_cpu_cores"] = round((process_cpu_s() - cpu0[1]) / wall, 2)
             log(f"  online c={c:<4} beam={beam} {row['sentences_per_s']:8.1f} sent/s  p50 {row['p50_ms']:8.1f} ms  "
-                f"p99 {row['p99_ms']:8.1f} ms  errors {row['errors'] or 0}")
+                f"p99 {row['p99_ms']:8.1f} ms  errors {row['errors'] or 0}  cpu: server {row['server_cpu_cores']:.2f} "
+                f"client {row['client_cpu_cores']:.2f} cores")
             rows.append(row)
         rc = srv.stop()
     return {"server_args": list(server_args), "levels": rows, "server_exit": rc}

@@ -5,7 +5,7 @@ in one bucket by the innermost frame that decides it:
   onnxruntime      inside InferenceSession.run (encoder and decoder graphs)
   tokenization     tokenizers encode/decode (source_ids, detokenize)
   numpy cache      DecodeBatch bookkeeping of the key/value cache and rows: from_sources outside
-                   the encoder, concatenate, filter, _extend_cache
+                   the encoder, concatenate, filter, _advance_cache
   numpy search     DecodeBatch.step outside the graph: greedy/beam selection, finished hypotheses
   scheduler        service/scheduler.py (admission, futures, locks)
   grpc/protobuf    grpc, protobuf, asyncio event loop, servicer/engine/interceptors
@@ -37,7 +37,7 @@ sys.path.insert(0, str(REPO))
 from benchmarks.online import Server, run_level  # noqa: E402
 
 BUCKETS = ["onnxruntime", "tokenization", "numpy cache", "numpy search", "scheduler", "grpc/protobuf", "other"]
-_CACHE_FUNCS = {"concatenate", "filter", "_extend_cache", "from_sources", "stack", "empty_past", "_empty_state"}
+_CACHE_FUNCS = {"concatenate", "filter", "_advance_cache", "from_sources", "stack", "empty_past", "_empty_state"}
 _SEARCH_FUNCS = {"step", "_greedy", "_beam", "_walk", "hypothesis", "active_keys", "last_tokens"}
 
 

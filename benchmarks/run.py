@@ -64,16 +64,16 @@ def plan(quick: bool) -> dict:
     if quick:
         return {
             "limits": {"torch-eager": 12, "torch-cache": 64, "default": 200},
-            "beams": [1, 4], "online_beams": [4], "latency_n": 20, "online_requests": 100, "rounds": 2,
-            "offline_layouts": {"ct2": [(2, 32), (1, 32)], "ort": [(1, 64)], "torch": [(1, 64)]},
+            "beams": [1, 4], "online_beams": [1, 4], "latency_n": 20, "online_requests": 200, "rounds": 2,
+            "offline_layouts": {"ct2": [(2, 32), (1, 32)], "ort": [(1, 32), (2, 32)], "torch": [(1, 64)]},
             "sweep": [["--decode-workers", "1", "--intra-op-threads", "2"],
-                      ["--decode-workers", "2", "--intra-op-threads", "1", "--precision", "int8"]],
+                      ["--decode-workers", "2", "--intra-op-threads", "1", "--precision", "fp32"]],
             "sweep_levels": [1, 64], "profile_seconds": 8,
         }
     return {
         "limits": {"default": 0},
         "beams": [1, 4], "online_beams": [1, 4], "latency_n": 200, "online_requests": 1000, "rounds": 4,
-        "offline_layouts": {"ct2": [(2, 32), (1, 32), (2, 64), (1, 64)], "ort": [(1, 64), (2, 32)],
+        "offline_layouts": {"ct2": [(2, 32), (1, 32), (2, 64), (1, 64)], "ort": [(1, 32), (2, 32), (2, 64)],
                             "torch": [(1, 64)]},
         "sweep": [[*w, *p] for p in (["--precision", "fp32"], ["--precision", "int8"])
                   for w in (["--decode-workers", "1", "--intra-op-threads", "1"],
@@ -229,6 +229,17 @@ def summarize(res: dict, beam: int) -> dict:
     }
 
 
+def server_defaults() -> str:
+    """The serving settings that shape throughput, as `mtserve serve` starts without flags."""
+    from service.settings import Settings
+
+    d = Settings()
+    return (f"{d.precision} graphs, {d.decode_workers} decode workers x {d.intra_op_threads} intra-op thread(s), "
+            f"continuous batching {'on' if d.continuous_batching else 'off'}, max batch {d.max_batch_sentences} rows / "
+            f"{d.max_batch_tokens} source tokens, admit at {d.admit_fraction:g} of the batch or after "
+            f"{d.admit_delay_ms:g} ms, compact at {d.compact_fraction:g}, idle-batch delay {d.max_queue_delay_ms:g} ms")
+
+
 def environment(threads: int) -> dict:
     import importlib.metadata as md
 
@@ -299,6 +310,14 @@ def write_plot(res: dict, path: Path, beam: int) -> None:
     plt.close(fig)
 
 
+def write_plots(res: dict, md: Path) -> None:
+    """One latency/throughput plot per online beam: MD.png for the last (the default beam 4),
+    MD-beamN.png for the others."""
+    beams = res["plan"]["online_beams"]
+    for b in beams:
+        write_plot(res, md.with_suffix(".png") if b == beams[-1] else md.with_name(f"{md.stem}-beam{b}.png"), b)
+
+
 def _online_series(res: dict, beam: int) -> dict[str, list[dict]]:
     series = {}
     for r in res.get("online", {}).get("runs", []) + res.get("sweep", []):
@@ -353,17 +372,18 @@ def write_markdown(res: dict, path: Path, plot_name: str) -> None:
     L += ["", "BLEU is sacreBLEU (13a, cased) over the sentences translated; it is comparable between rows only "
           "when they translated the same sentences.", "",
           "## Online (mtserve serve on loopback, async gRPC client, one sentence per request)", "",
-          "| beam | server flags | concurrency | requests | errors | sent/s | target tok/s | p50 ms | p95 ms | p99 ms | BLEU |",
-          "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+          "| beam | server flags | concurrency | requests | errors | sent/s | target tok/s | p50 ms | p95 ms | p99 ms | BLEU "
+          "| CPU cores: server / client |",
+          "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in res.get("online", {}).get("runs", []) + [dict(s, sweep=True) for s in res.get("sweep", [])]:
         flags = " ".join(r["server_args"]) + (" (sweep)" if r.get("sweep") else "")
         for lv in r["levels"]:
             L.append(f"| {r['beam']} | `{flags}` | {lv['concurrency']} | {lv['requests']} | "
                      f"{sum(lv['errors'].values()) if lv['errors'] else 0} | {lv['sentences_per_s']:.1f} | "
                      f"{lv['target_tokens_per_s']:.0f} | {lv['p50_ms']:.1f} | {lv['p95_ms']:.1f} | {lv['p99_ms']:.1f} | "
-                     f"{lv['bleu']} |")
-    L += ["", "Default server layout: 2 decode workers x 1 intra-op thread, fp32 graphs, max batch 64 rows, "
-          "2 ms queue delay. The load generator runs on the same cores as the server.", ""]
+                     f"{lv['bleu']} | {lv.get('server_cpu_cores', '')} / {lv.get('client_cpu_cores', '')} |")
+    L += ["", f"Server defaults (flags not listed): {res.get('server_defaults', '')}. The load generator runs on "
+          "the same cores as the server; the last column is the CPU each process used during the level.", ""]
     if res.get("profile"):
         pr = res["profile"]
         L += ["## Where the server's time goes", "",
@@ -380,7 +400,9 @@ def write_markdown(res: dict, path: Path, plot_name: str) -> None:
                  f"({s['ct2_int8_layout']}) | {s['service_over_ct2_int8']} | {s['service_c1_p50_ms']} | "
                  f"{s['ct2_single_p50_ms']} | {s['latency_c1_over_ct2']} | {s['service_over_torch_eager']} |")
     L += ["", "Targets of issue #6: service / CT2 int8 >= 1.0, c1 latency / CT2 <= 1.5, service / torch eager >= 30.",
-          "", f"![latency against throughput]({plot_name})", ""]
+          "", f"![latency against throughput, beam 4]({plot_name})", ""]
+    for b in res["plan"]["online_beams"][:-1]:
+        L += [f"![latency against throughput, beam {b}]({Path(plot_name).stem}-beam{b}.png)", ""]
     path.write_text("\n".join(L))
 
 
@@ -404,7 +426,7 @@ def main() -> None:
         if args.note:
             res["note"] = args.note
         md = REPO / "docs" / "benchmarks.md" if res["mode"] == "full" or args.docs else RESULTS / f"{res['mode']}.md"
-        write_plot(res, md.with_suffix(".png"), res["plan"]["online_beams"][-1])
+        write_plots(res, md)
         write_markdown(res, md, md.with_suffix(".png").name)
         log(f"wrote {md} and {md.with_suffix('.png')}")
         return
@@ -451,6 +473,7 @@ def main() -> None:
         except RuntimeError as e:
             log(f"  profile failed: {e}")
     res["summary_by_beam"] = [summarize(res, b) for b in p["online_beams"]]
+    res["server_defaults"] = server_defaults()
     res["seconds"] = round(time.time() - t_start, 1)
 
     RESULTS.mkdir(parents=True, exist_ok=True)
@@ -461,18 +484,19 @@ def main() -> None:
     to_docs = mode == "full" or args.docs
     md = REPO / "docs" / "benchmarks.md" if to_docs else RESULTS / "quick.md"
     png = md.with_suffix(".png")
-    head_beam = p["online_beams"][-1]
+    head_beam = p["online_beams"][-1]  # the service's default beam (4)
     try:
-        write_plot(res, png, head_beam)
+        write_plots(res, md)
     except ImportError:
         log("matplotlib missing: no plot (pip install -e '.[bench]')")
     write_markdown(res, md, png.name)
     log(f"wrote {RESULTS / f'{mode}-{stamp}.json'}, {md}, {png} in {res['seconds']} s")
+    keys = ("service_over_ct2_int8", "latency_c1_over_ct2", "service_over_torch_eager", "service_c64_sentences_per_s",
+            "ct2_int8_sentences_per_s", "service_c1_p50_ms", "ct2_single_p50_ms", "torch_eager_sentences_per_s")
     head = next(s for s in res["summary_by_beam"] if s["beam"] == head_beam)
-    print(json.dumps({"mode": mode, "beam": head_beam, **{k: head[k] for k in (
-        "service_over_ct2_int8", "latency_c1_over_ct2", "service_over_torch_eager", "service_c64_sentences_per_s",
-        "ct2_int8_sentences_per_s", "service_c1_p50_ms", "ct2_single_p50_ms", "torch_eager_sentences_per_s")},
-        "ct2_greedy_identical": f"{res['ct2_check']['identical']}/{res['ct2_check']['sentences']}"}))
+    print(json.dumps({"mode": mode, "beam": head_beam, **{k: head[k] for k in keys},
+                      "by_beam": {str(s["beam"]): {k: s[k] for k in keys[:3]} for s in res["summary_by_beam"]},
+                      "ct2_greedy_identical": f"{res['ct2_check']['identical']}/{res['ct2_check']['sentences']}"}))
 
 
 if __name__ == "__main__":

@@ -305,6 +305,14 @@ class Transformer(nn.Module):
         Returns log-probabilities (B, vocab), this step's (k, v) per layer, each (B, H, 1, d_k),
         and, when asked, the last layer's cross-attention weights (B, S).
         """
+        h, new_kv, weights = self.decode_step_hidden(tokens, positions, past_kv, past_mask, cross_kv, src_mask,
+                                                     need_weights)
+        log_probs = torch.log_softmax(self.logits(h).float(), dim=-1)  # (B, vocab)
+        return log_probs, new_kv, weights
+
+    def decode_step_hidden(self, tokens, positions, past_kv, past_mask, cross_kv, src_mask, need_weights=False):
+        """`decode_step` up to the output projection: the final decoder state (B, d_model), this
+        step's (k, v) per layer and the cross-attention weights (or None)."""
         x = self.embed_tokens(tokens, positions[:, None])  # (B, 1, d_model)
         B = tokens.shape[0]
         ones = torch.ones(B, 1, dtype=torch.float32, device=tokens.device)
@@ -314,9 +322,8 @@ class Transformer(nn.Module):
         for layer, past, (ck, cv) in zip(self.decoder_layers, past_kv, cross_kv):
             x, kv, weights = layer(x, self_bias, ck, cv, src_bias, past_kv=past, need_weights=need_weights)
             new_kv.append(kv)
-        logits = self.logits(self.decoder_norm(x))[:, 0]  # (B, vocab)
-        log_probs = torch.log_softmax(logits.float(), dim=-1)
-        return log_probs, new_kv, (weights[:, 0] if weights is not None else None)
+        h = self.decoder_norm(x)[:, 0]  # (B, d_model)
+        return h, new_kv, (weights[:, 0] if weights is not None else None)
 
 
 def count_parameters(model: nn.Module) -> int:

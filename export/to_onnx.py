@@ -5,9 +5,15 @@ Two graphs per precision, cut where the serving loop needs them:
                 cross-attention keys/values cross_key_{i} / cross_value_{i} (B, H, S, d_k);
 - decoder step: one incremental step of `Transformer.decode_step` with an explicit key/value
                 cache: tokens (B, 1), positions (B,), past_key_{i} / past_value_{i} (B, H, P, d_k),
-                past_mask (B, P), cross_key_{i} / cross_value_{i}, src_mask (B, S) -> log_probs
-                (B, V), new_key_{i} / new_value_{i} (B, H, 1, d_k) and cross_attention (B, S),
-                the last layer's cross-attention averaged over heads.
+                past_mask (B, P), cross_key_{i} / cross_value_{i}, src_mask (B, S), top_k (1,)
+                -> log_probs (B, V); the search's inputs computed in the graph, so that the
+                serving loop never scans the vocabulary in numpy: top_log_probs / top_ids (B, k),
+                the k best tokens of each row best first, and eos_log_prob (B,); present_key_{i} /
+                present_value_{i} (B, H, P + 1, d_k), the cache with this step appended (the
+                attention builds it anyway; returning it spares the host a copy per step); and
+                cross_attention (B, S), the last layer's cross-attention averaged over heads.
+                The output projection has its own copy of the (tied) embedding matrix, so that
+                int8 quantisation reaches it: at batch 32 it is a third of a decoder step.
 Axes batch, src_len and past_len are dynamic (past_len may be 0, the first step); rows of a call
 may be at different positions, their past padded and masked by past_mask.
 
@@ -101,10 +107,15 @@ def decoder_io(cfg: ModelConfig) -> tuple[list[TensorSpec], list[TensorSpec]]:
         inputs += [TensorSpec(name=f"cross_key_{i}", dtype="float32", shape=cross),
                    TensorSpec(name=f"cross_value_{i}", dtype="float32", shape=cross)]
     inputs.append(TensorSpec(name="src_mask", dtype="int64", shape=["batch", "src_len"]))
-    outputs = [TensorSpec(name="log_probs", dtype="float32", shape=["batch", cfg.vocab_size])]
+    inputs.append(TensorSpec(name="top_k", dtype="int64", shape=[1]))
+    outputs = [TensorSpec(name="log_probs", dtype="float32", shape=["batch", cfg.vocab_size]),
+               TensorSpec(name="top_log_probs", dtype="float32", shape=["batch", "top_k"]),
+               TensorSpec(name="top_ids", dtype="int64", shape=["batch", "top_k"]),
+               TensorSpec(name="eos_log_prob", dtype="float32", shape=["batch"])]
+    present = ["batch", H, "present_len", dk]
     for i in range(L):
-        outputs += [TensorSpec(name=f"new_key_{i}", dtype="float32", shape=["batch", H, 1, dk]),
-                    TensorSpec(name=f"new_value_{i}", dtype="float32", shape=["batch", H, 1, dk])]
+        outputs += [TensorSpec(name=f"present_key_{i}", dtype="float32", shape=present),
+                    TensorSpec(name=f"present_value_{i}", dtype="float32", shape=present)]
     outputs.append(TensorSpec(name="cross_attention", dtype="float32", shape=["batch", "src_len"]))
     return inputs, outputs
 
@@ -130,22 +141,58 @@ class EncoderGraph(nn.Module):
 class DecoderStepGraph(nn.Module):
     """One `decode_step` with flat cache tensors. `past` and `cross` are flat tuples
     (key_0, value_0, key_1, value_1, ...), flattened by the exporter into graph inputs in order:
-    tokens, positions, past_key_0, past_value_0, ..., past_mask, cross_key_0, ..., src_mask."""
+    tokens, positions, past_key_0, past_value_0, ..., past_mask, cross_key_0, ..., src_mask.
+    Returns log_probs, present (k, v) per layer and the cross-attention; `add_search_outputs`
+    adds top_k and its outputs to the exported graph afterwards (a data-dependent k does not
+    go through torch.export).
+
+    The output projection multiplies by its own copy of the embedding matrix, stored transposed
+    (d_model, V): shared with the embedding lookup, the weight reaches the MatMul through a
+    Transpose and dynamic quantisation leaves that MatMul in fp32."""
 
     def __init__(self, model: Transformer):
         super().__init__()
         self.model = model
+        w = model.generator.weight if model.generator is not None else model.embed.weight  # (V, d_model)
+        self.register_buffer("out_proj", w.detach().t().contiguous().clone())  # (d_model, V)
 
     def forward(self, tokens, positions, past, past_mask, cross, src_mask):
         L = len(self.model.decoder_layers)
         past_kv = [(past[2 * i], past[2 * i + 1]) for i in range(L)]
         cross_kv = [(cross[2 * i], cross[2 * i + 1]) for i in range(L)]
-        log_probs, new_kv, weights = self.model.decode_step(tokens, positions, past_kv, past_mask, cross_kv,
-                                                            src_mask, need_weights=True)
+        h, new_kv, weights = self.model.decode_step_hidden(tokens, positions, past_kv, past_mask, cross_kv,
+                                                           src_mask, need_weights=True)  # h: (B, d_model)
+        log_probs = torch.log_softmax(torch.matmul(h, self.out_proj).float(), dim=-1)  # (B, V)
         out = [log_probs]
-        for k, v in new_kv:
-            out += [k, v]
+        for (pk, pv), (k, v) in zip(past_kv, new_kv):  # the attention's own concatenation (ORT's CSE merges them)
+            out += [torch.cat([pk, k], dim=2), torch.cat([pv, v], dim=2)]  # (B, H, P + 1, d_k)
         return (*out, weights)
+
+
+def add_search_outputs(path: Path, eos_id: int) -> None:
+    """Add to an exported decoder-step graph the input top_k (1,) int64 and the outputs
+    top_log_probs / top_ids (B, top_k) (TopK of log_probs, best first, ties to the lower id) and
+    eos_log_prob (B,), in the order of `decoder_io`."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    model = onnx.load(str(path))
+    g = model.graph
+    g.input.append(helper.make_tensor_value_info("top_k", TensorProto.INT64, [1]))
+    g.initializer.append(helper.make_tensor("search_eos_id", TensorProto.INT64, [], [eos_id]))
+    g.node.extend([
+        helper.make_node("TopK", ["log_probs", "top_k"], ["top_log_probs", "top_ids"], name="search_top_k",
+                         axis=-1, largest=1, sorted=1),
+        helper.make_node("Gather", ["log_probs", "search_eos_id"], ["eos_log_prob"], name="search_eos_log_prob", axis=1),
+    ])
+    outputs = list(g.output)
+    new = [helper.make_tensor_value_info("top_log_probs", TensorProto.FLOAT, ["batch", "top_k"]),
+           helper.make_tensor_value_info("top_ids", TensorProto.INT64, ["batch", "top_k"]),
+           helper.make_tensor_value_info("eos_log_prob", TensorProto.FLOAT, ["batch"])]
+    del g.output[:]
+    g.output.extend(outputs[:1] + new + outputs[1:])
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
 
 
 def example_inputs(cfg: ModelConfig, B: int = 3, S: int = 5, P: int = 4, seed: int = 0):
@@ -211,7 +258,11 @@ def export_raw(model: Transformer, out_dir: Path, exporter: str = "dynamo") -> t
                   {0: batch, 1: src_len})
     with torch.no_grad():
         _export_graph(EncoderGraph(model), enc_args, *encoder_io(cfg), enc_path, exporter, enc_ds)
-        _export_graph(DecoderStepGraph(model), dec_args, *decoder_io(cfg), dec_path, exporter, dec_ds)
+        dec_in, dec_out = decoder_io(cfg)
+        _export_graph(DecoderStepGraph(model), dec_args, [t for t in dec_in if t.name != "top_k"],
+                      [t for t in dec_out if t.name not in ("top_log_probs", "top_ids", "eos_log_prob")],
+                      dec_path, exporter, dec_ds)
+    add_search_outputs(dec_path, cfg.eos_id)
     return enc_path, dec_path
 
 
@@ -385,7 +436,9 @@ def parity_check(model: Transformer, enc_path: Path, dec_path: Path, seed: int =
     lengths = torch.tensor([7, 3, 1, 5])
     src_mask = (torch.arange(S)[None, :] < lengths[:, None]).long()
     src_ids = torch.randint(4, cfg.vocab_size, (B, S), generator=g) * src_mask
-    diffs = {"encoder_memory": 0.0, "log_probs": 0.0, "new_kv": 0.0, "cross_attention": 0.0}
+    diffs = {"encoder_memory": 0.0, "log_probs": 0.0, "present_kv": 0.0, "cross_attention": 0.0}
+    k = 2 * 4
+    out_names = [o.name for o in dec.get_outputs()]
     with torch.no_grad():
         memory = model.encode(src_ids, src_mask)
         cross = model.cross_kv(memory)
@@ -401,17 +454,28 @@ def parity_check(model: Transformer, enc_path: Path, dec_path: Path, seed: int =
                 past_mask[1, 1:] = 0
             lp, new_kv, w = model.decode_step(tokens, positions, past, past_mask, cross, src_mask, need_weights=True)
             feed = {"tokens": tokens.numpy(), "positions": positions.numpy(), "past_mask": past_mask.numpy(),
-                    "src_mask": src_mask.numpy()}
+                    "src_mask": src_mask.numpy(), "top_k": np.array([k], dtype=np.int64)}
             for i in range(L):
                 feed[f"past_key_{i}"], feed[f"past_value_{i}"] = past[i][0].numpy(), past[i][1].numpy()
                 feed[f"cross_key_{i}"], feed[f"cross_value_{i}"] = eo[1 + 2 * i], eo[2 + 2 * i]
-            do = dec.run(None, feed)
-            if not all(np.isfinite(x).all() for x in do):
+            do = dict(zip(out_names, dec.run(None, feed)))
+            if not all(np.isfinite(x).all() for x in do.values()):
                 raise RuntimeError(f"{dec_path.name}: non-finite outputs")
-            diffs["log_probs"] = max(diffs["log_probs"], float(np.abs(do[0] - lp.numpy()).max()))
-            diffs["new_kv"] = max(diffs["new_kv"], max(float(np.abs(do[1 + 2 * i] - new_kv[i][0].numpy()).max())
-                                                       for i in range(L)))
-            diffs["cross_attention"] = max(diffs["cross_attention"], float(np.abs(do[-1] - w.numpy()).max()))
+            lp_ort = do["log_probs"]
+            diffs["log_probs"] = max(diffs["log_probs"], float(np.abs(lp_ort - lp.numpy()).max()))
+            # The search outputs are exact functions of the graph's own log_probs.
+            want_top = -np.sort(-lp_ort, axis=1)[:, :k]
+            if (do["top_ids"].shape != (B, k) or not np.array_equal(do["top_log_probs"], want_top)
+                    or not np.array_equal(np.take_along_axis(lp_ort, do["top_ids"], axis=1), want_top)
+                    or not np.array_equal(do["eos_log_prob"], lp_ort[:, cfg.eos_id])):
+                raise RuntimeError(f"{dec_path.name}: top_k / eos_log_prob disagree with log_probs")
+            for i in range(L):
+                for j, name in enumerate(("key", "value")):
+                    present = torch.cat([past[i][j], new_kv[i][j]], dim=2).numpy()
+                    diffs["present_kv"] = max(diffs["present_kv"],
+                                              float(np.abs(do[f"present_{name}_{i}"] - present).max()))
+            diffs["cross_attention"] = max(diffs["cross_attention"],
+                                           float(np.abs(do["cross_attention"] - w.numpy()).max()))
     return diffs
 
 

@@ -51,12 +51,11 @@ def log_prob_parity(tmodel, omodel, sources: list[list[int]], batches: int = 4, 
         tokens = np.full((B, 1), omodel.bos_id, dtype=np.int64)
         for p in range(steps):
             pos = np.full(B, p, dtype=np.int64)
-            lp, nk, nv, _ = omodel.step(tokens, pos, pk, pv, pm, ck, cv, mask)
+            out = omodel.step(tokens, pos, pk, pv, pm, ck, cv, mask, log_probs=True)
             with torch.no_grad():
                 tlp, tnew, _ = tmodel.decode_step(t(tokens), t(pos), tpast, t(pm), tcross, t(mask))
-            worst = max(worst, float(np.abs(lp - tlp.numpy()).max()))
-            pk = [np.concatenate([a, b], 2) for a, b in zip(pk, nk)]
-            pv = [np.concatenate([a, b], 2) for a, b in zip(pv, nv)]
+            worst = max(worst, float(np.abs(out.log_probs - tlp.numpy()).max()))
+            pk, pv = out.present_k, out.present_v
             tpast = [(torch.cat([a, k], 2), torch.cat([b, v], 2)) for (a, b), (k, v) in zip(tpast, tnew)]
             pm = np.ones((B, p + 1), dtype=np.float32)
             tokens = tlp.argmax(-1, keepdim=True).numpy()

@@ -237,26 +237,30 @@ class DecodeBatch:
         if len(self) == 0:
             return []
         live_before = ~self.done
-        lp, new_k, new_v, att = model.step(self.tokens, self.positions, self.past_k, self.past_v, self.past_mask,
-                                           self.cross_k, self.cross_v, self.src_mask)
         K = self.beam
+        # The graph ranks the vocabulary: the best token of a row (greedy), or its 2K best (beam:
+        # a sentence's 2K best candidates over K rows x V tokens are among its rows' 2K best).
+        k_row = 1 if K == 1 else min(2 * K, model.vocab_size)
+        out = model.step(self.tokens, self.positions, self.past_k, self.past_v, self.past_mask,
+                         self.cross_k, self.cross_v, self.src_mask, top_k=k_row)
+        top_lp, top_ids, att = out.top_log_probs, out.top_ids, out.cross_attention
         force = self.positions >= np.repeat(self.max_len, K) - 1  # (R,) last allowed step: </s> only
         if force.any():
-            eos_lp = lp[force, self.eos_id]
-            lp[force] = NEG_INF
-            lp[force, self.eos_id] = eos_lp
+            top_lp, top_ids = top_lp.copy(), top_ids.copy()
+            top_lp[force] = NEG_INF
+            top_lp[force, 0] = out.eos_log_prob[force]
+            top_ids[force] = self.pad_id
+            top_ids[force, 0] = self.eos_id
         if K == 1:
-            finished, rows = self._greedy(lp, att), None
+            finished, rows = self._greedy(top_lp[:, 0], top_ids[:, 0], att), None
         else:
-            finished, rows = self._beam(lp, att, force)
-        self._extend_cache(new_k, new_v, rows)
+            finished, rows = self._beam(top_lp, top_ids, att, force)
+        self._advance_cache(out.present_k, out.present_v, rows)
         self.steps[live_before] += 1
         return finished
 
-    def _greedy(self, lp: np.ndarray, att: np.ndarray) -> list[Finished]:
-        R = len(self)
-        nxt = lp.argmax(axis=1)
-        best = lp[np.arange(R), nxt]
+    def _greedy(self, best: np.ndarray, nxt: np.ndarray, att: np.ndarray) -> list[Finished]:
+        """best, nxt: (R,) each row's best log-probability and token."""
         live = ~self.done
         self.scores = self.scores + np.where(live, best, np.float32(0)).astype(np.float32)
         finished = []
@@ -279,17 +283,17 @@ class DecodeBatch:
         self.tokens = nxt.astype(np.int64, copy=False)
         return finished
 
-    def _beam(self, lp: np.ndarray, att: np.ndarray, force: np.ndarray) -> tuple[list[Finished], np.ndarray]:
-        n, K, V = self.n_sentences, self.beam, lp.shape[1]
+    def _beam(self, top_lp: np.ndarray, top_ids: np.ndarray, att: np.ndarray,
+              force: np.ndarray) -> tuple[list[Finished], np.ndarray]:
+        """top_lp, top_ids: (R, k) each row's k best log-probabilities and tokens, best first."""
+        n, K, k_row = self.n_sentences, self.beam, top_lp.shape[1]
         eos, pad = self.eos_id, self.pad_id
-        cand = (self.scores[:, None] + lp).reshape(n, K * V)
+        cand = (self.scores[:, None] + top_lp).reshape(n, K * k_row)  # candidates by (beam, rank)
         k2 = 2 * K
-        part = np.argpartition(cand, K * V - k2, axis=1)[:, -k2:]  # the 2K best, unordered
-        vals = np.take_along_axis(cand, part, axis=1)
-        order = np.argsort(-vals, axis=1, kind="stable")
-        top_idx = np.take_along_axis(part, order, axis=1)  # (n, 2K), best first
-        top_s = np.take_along_axis(vals, order, axis=1)
-        beam_idx, tok = top_idx // V, top_idx % V
+        top_idx = np.argsort(-cand, axis=1, kind="stable")[:, :k2]  # (n, 2K), best first
+        top_s = np.take_along_axis(cand, top_idx, axis=1)
+        beam_idx = top_idx // k_row
+        tok = np.take_along_axis(top_ids.reshape(n, K * k_row), top_idx, axis=1)
         finite = top_s > NEG_INF
         is_eos = tok == eos
         live = ~self.done
@@ -341,17 +345,23 @@ class DecodeBatch:
         self.tokens = tok_flat.astype(np.int64, copy=False)
         return finished, rows
 
-    def _extend_cache(self, new_k: list[np.ndarray], new_v: list[np.ndarray], rows: np.ndarray | None) -> None:
+    def _advance_cache(self, present_k: list[np.ndarray], present_v: list[np.ndarray],
+                       rows: np.ndarray | None) -> None:
+        """The graph's present cache (past + this step) becomes the past, rows reordered to follow
+        their beams (`rows[r]`: the row whose history row r continues; None: unchanged)."""
         R = len(self)
         if rows is not None and np.array_equal(rows, np.arange(R)):
             rows = None
-        for i in range(len(self.past_k)):
-            k = np.concatenate([self.past_k[i], new_k[i]], axis=2)
-            v = np.concatenate([self.past_v[i], new_v[i]], axis=2)
-            self.past_k[i], self.past_v[i] = (k, v) if rows is None else (k[rows], v[rows])
+        if rows is None:
+            self.past_k, self.past_v = list(present_k), list(present_v)
+        else:
+            self.past_k = [k[rows] for k in present_k]
+            self.past_v = [v[rows] for v in present_v]
         mask = np.concatenate([self.past_mask, np.ones((R, 1), dtype=np.float32)], axis=1)
         self.past_mask = mask if rows is None else mask[rows]
-        self.positions = self.positions + 1
+        # Rows of finished sentences may ride along until the next filter(): they stay at their
+        # last position, which is within the position table (the next ones may not be).
+        self.positions = self.positions + np.repeat(~self.done, self.beam)
 
     # -- batch surgery --------------------------------------------------------
 

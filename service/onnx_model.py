@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import onnxruntime as ort
@@ -38,6 +39,18 @@ def choose_provider(provider: str, strict: bool = False) -> str:
     return provider
 
 
+class StepOutput(NamedTuple):
+    """One decoder step's results for B rows (float32 whatever the graphs' precision)."""
+
+    top_log_probs: np.ndarray  # (B, top_k) the best log-probabilities of each row, best first
+    top_ids: np.ndarray  # (B, top_k) int64, their token ids (ties: the lower id first)
+    eos_log_prob: np.ndarray  # (B,) log p(</s>), for rows forced to end
+    present_k: list[np.ndarray]  # per layer (B, H, P + 1, d_k): the past with this step appended
+    present_v: list[np.ndarray]
+    cross_attention: np.ndarray  # (B, S) the last layer's cross-attention, averaged over heads
+    log_probs: np.ndarray | None  # (B, V) when asked for
+
+
 class OnnxSeq2Seq:
     """An ONNX export dir (or a model dir with an `onnx/` subdir) loaded for inference.
 
@@ -55,6 +68,9 @@ class OnnxSeq2Seq:
         self.provider = choose_provider(provider, strict)
         if variant.target == "cuda" and self.provider == "cpu":
             log.warning("the %s graphs are meant for CUDA; on the CPU they run, slowly", precision)
+        if variant.target == "cpu" and self.provider == "cuda" and precision != "fp32":
+            log.warning("the %s graphs are meant for the CPU; on CUDA their quantised MatMuls fall back to "
+                        "the CPU (serve fp16 there)", precision)
 
         so = ort.SessionOptions()
         so.intra_op_num_threads = intra_op_threads
@@ -81,8 +97,10 @@ class OnnxSeq2Seq:
         self.pad_id, self.bos_id, self.eos_id, self.unk_id = ids.pad_id, ids.bos_id, ids.eos_id, ids.unk_id
         L = self.n_layers
         self._enc_out = [o.name for o in variant.encoder.outputs]
-        self._dec_out = [o.name for o in variant.decoder.outputs]
         self._past_names = [(f"past_key_{i}", f"past_value_{i}") for i in range(L)]
+        self._step_out = ["top_log_probs", "top_ids", "eos_log_prob"] + [
+            f"present_{kv}_{i}" for i in range(L) for kv in ("key", "value")] + ["cross_attention"]
+        self._step_out_lp = self._step_out + ["log_probs"]
         self._cross_names = [(f"cross_key_{i}", f"cross_value_{i}") for i in range(L)]
         self._check_io(variant)
 
@@ -130,20 +148,26 @@ class OnnxSeq2Seq:
         return out[0], out[1::2], out[2::2]
 
     def step(self, tokens: np.ndarray, positions: np.ndarray, past_k: list[np.ndarray], past_v: list[np.ndarray],
-             past_mask: np.ndarray, cross_k: list[np.ndarray], cross_v: list[np.ndarray], src_mask: np.ndarray):
+             past_mask: np.ndarray, cross_k: list[np.ndarray], cross_v: list[np.ndarray], src_mask: np.ndarray,
+             top_k: int = 1, log_probs: bool = False) -> StepOutput:
         """One decoder step. tokens (B, 1) or (B,), positions (B,) int64; past_k/past_v per layer
         (B, H, P, d_k) float32, P may be 0; past_mask (B, P) float32 (1 valid, 0 padding); cross_k/v
-        per layer (B, H, S, d_k); src_mask (B, S) int64. Returns log_probs (B, V), new_k and new_v
-        per layer (B, H, 1, d_k), and the last layer's cross-attention averaged over heads (B, S)."""
+        per layer (B, H, S, d_k); src_mask (B, S) int64; top_k: candidates per row (<= vocab).
+        The full (B, V) log-probabilities come back only when `log_probs` is asked for."""
         tokens = np.asarray(tokens, dtype=np.int64)
         feed = {"tokens": tokens.reshape(-1, 1), "positions": np.asarray(positions, dtype=np.int64),
-                "past_mask": np.asarray(past_mask, dtype=np.float32), "src_mask": np.asarray(src_mask, dtype=np.int64)}
+                "past_mask": np.asarray(past_mask, dtype=np.float32), "src_mask": np.asarray(src_mask, dtype=np.int64),
+                "top_k": np.array([top_k], dtype=np.int64)}
         for (kn, vn), k, v in zip(self._past_names, past_k, past_v):
             feed[kn], feed[vn] = k, v
         for (kn, vn), k, v in zip(self._cross_names, cross_k, cross_v):
             feed[kn], feed[vn] = k, v
-        out = self.decoder.run(self._dec_out, feed)
-        return out[0], out[1:-1:2], out[2:-1:2], out[-1]
+        names = self._step_out_lp if log_probs else self._step_out
+        out = self.decoder.run(names, feed)
+        L = self.n_layers
+        return StepOutput(top_log_probs=out[0], top_ids=out[1], eos_log_prob=out[2],
+                          present_k=out[3:3 + 2 * L:2], present_v=out[4:4 + 2 * L:2],
+                          cross_attention=out[3 + 2 * L], log_probs=out[4 + 2 * L] if log_probs else None)
 
     def empty_past(self, batch: int) -> tuple[list[np.ndarray], list[np.ndarray], np.ndarray]:
         """A zero-length cache: per layer (batch, H, 0, d_k), and past_mask (batch, 0)."""

@@ -7,6 +7,13 @@ pass and concatenates them into its running batch (the text-generation-inference
 `Seq2SeqLMBatch.concatenate` pattern); rows whose sentence finished, was cancelled or failed
 leave at once (`filter`) and are answered without waiting for the rest.
 
+Admission and compaction each copy every row's cache, so a running batch does them in bulk:
+it admits once the waiting sentences number `admit_fraction` of its own (or the oldest has
+waited `admit_delay_ms`), and drops the rows of finished sentences once they are
+`compact_fraction` of its rows (or when it admits); until then those rows ride along unanswered
+for nothing, which costs less than copying the cache at every step. A sentence is answered at
+the step it finishes either way.
+
 Admission is length-aware: the oldest waiting sentence goes first, then those whose source
 length is closest to it, while the batch stays within `max_batch_sentences` rows and
 `max_batch_tokens` padded source tokens. ONNX Runtime runs in these worker threads, so the
@@ -194,6 +201,17 @@ class Scheduler:
             self.metrics.queue_wait.observe(now - s.enqueued)
         return chosen
 
+    def _admission_due(self, running: int) -> bool:
+        """Whether a worker with `running` sentences in its batches admits now (lock held)."""
+        if not self._queue:
+            return False
+        if running == 0:
+            return True
+        if not self.settings.continuous_batching:
+            return False
+        return (len(self._queue) >= self.settings.admit_fraction * running
+                or time.monotonic() - self._queue[0].enqueued >= self.settings.admit_delay_s)
+
     def _worker(self, model) -> None:
         batches: dict[tuple[int, float], tuple[DecodeBatch, dict[int, Sentence]]] = {}
         static = not self.settings.continuous_batching
@@ -207,9 +225,11 @@ class Scheduler:
                         and len(self._queue) < self.settings.max_batch_sentences:
                     # An idle worker waits a moment for company, so that a burst shares one batch.
                     self._cond.wait(self.settings.max_queue_delay_s)
-                rows = sum(len(b) for b, _ in batches.values())
-                src_len = max((b.src_len for b, _ in batches.values()), default=0)
-                admitted = self._admit(rows, src_len, static)
+                admitted = []
+                if self._admission_due(sum(len(m) for _, m in batches.values())):
+                    rows = sum(len(b) for b, _ in batches.values())
+                    src_len = max((b.src_len for b, _ in batches.values()), default=0)
+                    admitted = self._admit(rows, src_len, static)
                 encode_jobs, self._encode_queue = self._encode_queue[: self.settings.max_batch_sentences], \
                     self._encode_queue[self.settings.max_batch_sentences:]
                 self._busy_rows += sum(s.beam for s in admitted)
@@ -239,6 +259,7 @@ class Scheduler:
                 continue
             if (beam, lp) in batches:
                 old, members = batches[(beam, lp)]
+                old.filter(list(members))  # the finished rows go before the copy, not after it
                 members.update({s.key: s for s in group})
                 batches[(beam, lp)] = (DecodeBatch.concatenate([old, new]), members)
             else:
@@ -258,9 +279,11 @@ class Scheduler:
             self._fail(list(members.values()), exc)
             del batches[mode]
             return
+        answered = 0
         for f in finished:
             s = members.pop(f.key, None)
-            if s is not None:
+            if s is not None:  # None: cancelled earlier, its rows still in the batch
+                answered += 1
                 self.metrics.sentences.labels("ok").inc()
                 self.metrics.generated_tokens.inc(len(f.tokens) + 1)
                 _settle(s.future, result=f)
@@ -273,11 +296,12 @@ class Scheduler:
         for k in gone:
             self.metrics.sentences.labels("cancelled").inc()
             del members[k]
-        with self._cond:
-            self._busy_rows -= sum(mode[0] for _ in finished) + mode[0] * len(gone)
+        if answered or gone:
+            with self._cond:
+                self._busy_rows -= mode[0] * (answered + len(gone))
         if not members:
             del batches[mode]
-        elif finished or gone:
+        elif batch.n_sentences - len(members) >= self.settings.compact_fraction * batch.n_sentences:
             batch.filter(list(members))
 
     def _fail(self, sentences: list[Sentence], exc: BaseException) -> None:

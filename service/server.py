@@ -26,6 +26,7 @@ from service.interceptors import ErrorAndMetricsInterceptor
 from service.kserve import KServeServicer
 from service.kserve import SERVICE_NAME as KSERVE_SERVICE_NAME
 from service.manifest import ManifestError
+from service.memory import keep_freed_memory
 from service.metrics import Metrics
 from service.onnx_model import OnnxSeq2Seq
 from service.scheduler import Scheduler
@@ -172,6 +173,7 @@ def run(args: argparse.Namespace) -> None:
     except Exception as e:  # pydantic ValidationError: one clear message
         sys.exit(f"mtserve serve: invalid settings: {e}")
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    keep_freed_memory()
     try:
         asyncio.run(Server(settings).run())
     except StartupError as e:  # ModelLoadError, bad TLS files, no tokens

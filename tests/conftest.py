@@ -139,7 +139,8 @@ def make_server(tiny_onnx_dir):
 
     def make(**overrides) -> RunningServer:
         fields = dict(address="127.0.0.1:0", model_dir=tiny_onnx_dir.parent, onnx_dir=tiny_onnx_dir,
-                      metrics_port=0, decode_workers=1, grace_period_s=5.0, max_queue_delay_ms=2.0)
+                      metrics_port=0, decode_workers=1, grace_period_s=5.0, max_queue_delay_ms=2.0,
+                      precision="fp32")
         from service.settings import Settings
 
         s = RunningServer(Settings(**{**fields, **overrides}))

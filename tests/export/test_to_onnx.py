@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from export.to_onnx import OPSET, decoder_io, encoder_io, export_model
-from service.manifest import load_manifest
+from service.manifest import FORMAT_VERSION, load_manifest
 from service.onnx_model import OnnxSeq2Seq
 
 PRECISIONS = ["fp32", "int8", "fp16"]
@@ -43,7 +43,9 @@ def torch_step(model, tokens, positions, past_k, past_v, past_mask, cross_k, cro
         lp, new, w = model.decode_step(t(tokens.reshape(-1, 1)), t(positions), list(zip(map(t, past_k), map(t, past_v))),
                                        t(past_mask), list(zip(map(t, cross_k), map(t, cross_v))), t(src_mask),
                                        need_weights=True)
-    return lp.numpy(), [k.numpy() for k, _ in new], [v.numpy() for _, v in new], w.numpy()
+    present_k = [np.concatenate([a, k.numpy()], 2) for a, (k, _) in zip(past_k, new)]
+    present_v = [np.concatenate([a, v.numpy()], 2) for a, (_, v) in zip(past_v, new)]
+    return lp.numpy(), present_k, present_v, w.numpy()
 
 
 def random_past(rng, B, H, P, dk, L):
@@ -88,6 +90,9 @@ def test_shipped_graphs_pass_the_full_checker_with_dynamic_axes(tiny_onnx_dir, p
         assert max(o.version for o in model.opset_import if o.domain in ("", "ai.onnx")) >= 17
         for value in list(model.graph.input) + list(model.graph.output):
             dims = [d.dim_param or d.dim_value for d in value.type.tensor_type.shape.dim]
+            if value.name == "top_k":
+                assert dims == [1]
+                continue
             assert dims[0] == "batch", (value.name, dims)
             assert value.type.tensor_type.elem_type in (onnx.TensorProto.INT64, onnx.TensorProto.FLOAT)
         names = {v.name: [d.dim_param for d in v.type.tensor_type.shape.dim] for v in model.graph.input}
@@ -113,13 +118,20 @@ def test_dynamic_shapes_match_pytorch(tiny_onnx, tiny_model, B, S):
         positions = np.full(B, P, dtype=np.int64)
         pk, pv = random_past(rng, B, cfg.n_heads, P, cfg.d_k, cfg.n_decoder_layers)
         pm = np.ones((B, P), dtype=np.float32)
-        out = tiny_onnx.step(tokens, positions, pk, pv, pm, ck, cv, mask)
+        out = tiny_onnx.step(tokens, positions, pk, pv, pm, ck, cv, mask, top_k=3, log_probs=True)
         ref = torch_step(tiny_model, tokens, positions, pk, pv, pm, ck, cv, mask)
-        assert out[0].shape == (B, cfg.vocab_size) and out[1][0].shape == (B, cfg.n_heads, 1, cfg.d_k)
-        assert out[3].shape == (B, S)
-        assert np.abs(out[0] - ref[0]).max() < 1e-4
-        assert max(np.abs(a - b).max() for a, b in zip(out[1] + out[2], ref[1] + ref[2])) < 1e-4
-        assert np.abs(out[3] - ref[3]).max() < 1e-5
+        assert out.log_probs.shape == (B, cfg.vocab_size)
+        assert out.present_k[0].shape == (B, cfg.n_heads, P + 1, cfg.d_k)
+        assert out.cross_attention.shape == (B, S)
+        assert np.abs(out.log_probs - ref[0]).max() < 1e-4
+        assert max(np.abs(a - b).max() for a, b in zip(out.present_k + out.present_v, ref[1] + ref[2])) < 1e-4
+        assert np.abs(out.cross_attention - ref[3]).max() < 1e-5
+        # the search outputs: each row's 3 best tokens, best first, and log p(</s>)
+        assert out.top_ids.shape == out.top_log_probs.shape == (B, 3) and out.top_ids.dtype == np.int64
+        np.testing.assert_array_equal(out.top_log_probs, -np.sort(-out.log_probs, axis=1)[:, :3])
+        np.testing.assert_array_equal(np.take_along_axis(out.log_probs, out.top_ids, 1), out.top_log_probs)
+        np.testing.assert_array_equal(out.top_ids[:, 0], out.log_probs.argmax(1))
+        np.testing.assert_array_equal(out.eos_log_prob, out.log_probs[:, cfg.eos_id])
 
 
 def test_padding_does_not_change_results(tiny_onnx, tiny_model):
@@ -130,16 +142,17 @@ def test_padding_does_not_change_results(tiny_onnx, tiny_model):
     tokens = rng.integers(4, cfg.vocab_size, size=(5, 1)).astype(np.int64)
     P = 3
     pk, pv = random_past(rng, 5, cfg.n_heads, P, cfg.d_k, cfg.n_decoder_layers)
-    batched = tiny_onnx.step(tokens, np.full(5, P), pk, pv, np.ones((5, P), np.float32), ck, cv, mask)
+    batched = tiny_onnx.step(tokens, np.full(5, P), pk, pv, np.ones((5, P), np.float32), ck, cv, mask,
+                             log_probs=True)
     for i, n in enumerate([4, 11, 7, 1, 9]):
         m1, ck1, cv1 = tiny_onnx.encode(ids[i:i + 1, :n], mask[i:i + 1, :n])
         np.testing.assert_allclose(mem[i, :n], m1[0], atol=1e-5)
         alone = tiny_onnx.step(tokens[i:i + 1], np.array([P]), [k[i:i + 1] for k in pk], [v[i:i + 1] for v in pv],
-                               np.ones((1, P), np.float32), ck1, cv1, mask[i:i + 1, :n])
-        np.testing.assert_allclose(batched[0][i], alone[0][0], atol=1e-5)
-        np.testing.assert_allclose(batched[1][0][i], alone[1][0][0], atol=1e-5)
-        np.testing.assert_allclose(batched[3][i, :n], alone[3][0], atol=1e-6)
-        assert np.all(batched[3][i, n:] == 0.0)  # no attention on source padding
+                               np.ones((1, P), np.float32), ck1, cv1, mask[i:i + 1, :n], log_probs=True)
+        np.testing.assert_allclose(batched.log_probs[i], alone.log_probs[0], atol=1e-5)
+        np.testing.assert_allclose(batched.present_k[0][i], alone.present_k[0][0], atol=1e-5)
+        np.testing.assert_allclose(batched.cross_attention[i, :n], alone.cross_attention[0], atol=1e-6)
+        assert np.all(batched.cross_attention[i, n:] == 0.0)  # no attention on source padding
 
 
 def _greedy_trace(model, ids, mask, steps):
@@ -149,11 +162,10 @@ def _greedy_trace(model, ids, mask, steps):
     tok, fed = np.array([[model.bos_id]]), []
     for p in range(steps):
         fed.append(int(tok[0, 0]))
-        lp, nk, nv, _ = model.step(tok, np.array([p]), pk, pv, pm, ck, cv, mask)
-        pk = [np.concatenate([a, b], 2) for a, b in zip(pk, nk)]
-        pv = [np.concatenate([a, b], 2) for a, b in zip(pv, nv)]
+        out = model.step(tok, np.array([p]), pk, pv, pm, ck, cv, mask)
+        pk, pv = out.present_k, out.present_v
         pm = np.ones((1, p + 1), np.float32)
-        tok = lp.argmax(1)[:, None]
+        tok = out.top_ids[:, :1]
     return fed, tok, pk, pv, ck, cv
 
 
@@ -165,7 +177,8 @@ def test_rows_at_different_positions_in_one_call_equal_per_row_results(tiny_onnx
     rows = []
     for (ids, mask), P in zip(srcs, steps):
         _, tok, pk, pv, ck, cv = _greedy_trace(tiny_onnx, ids, mask, P)
-        alone = tiny_onnx.step(tok, np.array([P]), pk, pv, np.ones((1, P), np.float32), ck, cv, mask)
+        alone = tiny_onnx.step(tok, np.array([P]), pk, pv, np.ones((1, P), np.float32), ck, cv, mask,
+                               log_probs=True)
         rows.append((tok, pk, pv, ck, cv, mask, alone))
     B, Pmax, Smax = len(rows), max(steps), max(m.shape[1] for *_, m, _ in rows)
     # Pad the past: rows 0 and 3 on the right, row 2 on the left (padding may sit anywhere).
@@ -184,14 +197,15 @@ def test_rows_at_different_positions_in_one_call_equal_per_row_results(tiny_onnx
             pk[i][r, :, off:off + P], pv[i][r, :, off:off + P] = k1[i][0], v1[i][0]
             ck[i][r, :, :S], cv[i][r, :, :S] = ck1[i][0], cv1[i][0]
     tokens = np.concatenate([r[0] for r in rows])
-    out = tiny_onnx.step(tokens, np.array(steps), pk, pv, past_mask, ck, cv, src_mask)
+    out = tiny_onnx.step(tokens, np.array(steps), pk, pv, past_mask, ck, cv, src_mask, log_probs=True)
     ref = torch_step(tiny_model, tokens, np.array(steps), pk, pv, past_mask, ck, cv, src_mask)
     for r, row in enumerate(rows):
         alone = row[-1]
-        np.testing.assert_allclose(out[0][r], alone[0][0], atol=1e-5)
-        np.testing.assert_allclose(out[1][-1][r], alone[1][-1][0], atol=1e-5)
-        assert int(out[0][r].argmax()) == int(alone[0][0].argmax())
-    assert np.abs(out[0] - ref[0]).max() < 1e-4
+        np.testing.assert_allclose(out.log_probs[r], alone.log_probs[0], atol=1e-5)
+        # this step's key is appended after the (padded) past
+        np.testing.assert_allclose(out.present_k[-1][r, :, -1], alone.present_k[-1][0, :, -1], atol=1e-5)
+        assert int(out.top_ids[r, 0]) == int(alone.top_ids[0, 0])
+    assert np.abs(out.log_probs - ref[0]).max() < 1e-4
 
 
 def test_no_nan_even_for_rows_that_are_entirely_padding(tiny_onnx_dir, tiny_model):
@@ -208,9 +222,11 @@ def test_no_nan_even_for_rows_that_are_entirely_padding(tiny_onnx_dir, tiny_mode
         pk, pv = random_past(rng, 3, cfg.n_heads, P, cfg.d_k, cfg.n_decoder_layers)
         pm = np.ones((3, P), np.float32)
         pm[2] = 0  # and an entirely padded past
-        out = model.step(np.array([[5], [6], [7]]), np.array([4, 4, 4]), pk, pv, pm, ck, cv, mask)
-        assert all(np.isfinite(x).all() for x in [out[0], *out[1], *out[2], out[3]]), precision
-        np.testing.assert_allclose(np.exp(out[0]).sum(1), 1.0, atol=1e-3)
+        out = model.step(np.array([[5], [6], [7]]), np.array([4, 4, 4]), pk, pv, pm, ck, cv, mask, top_k=2,
+                         log_probs=True)
+        assert all(np.isfinite(x).all() for x in [out.log_probs, out.top_log_probs, out.eos_log_prob,
+                                                  *out.present_k, *out.present_v, out.cross_attention]), precision
+        np.testing.assert_allclose(np.exp(out.log_probs).sum(1), 1.0, atol=1e-3)
 
 
 def test_fp32_log_probs_match_pytorch_over_many_decode_steps(tiny_onnx, tiny_model):
@@ -227,13 +243,10 @@ def test_fp32_log_probs_match_pytorch_over_many_decode_steps(tiny_onnx, tiny_mod
         tokens = np.full((B, 1), cfg.bos_id, dtype=np.int64)
         for p in range(60):
             pos = np.full(B, p, dtype=np.int64)
-            lp, nk, nv, _ = tiny_onnx.step(tokens, pos, pk, pv, pm, ck, cv, mask)
-            tlp, tnk, tnv, _ = torch_step(tiny_model, tokens, pos, tpk, tpv, pm, tck, tcv, mask)
-            worst = max(worst, float(np.abs(lp - tlp).max()))
-            pk = [np.concatenate([a, b], 2) for a, b in zip(pk, nk)]
-            pv = [np.concatenate([a, b], 2) for a, b in zip(pv, nv)]
-            tpk = [np.concatenate([a, b], 2) for a, b in zip(tpk, tnk)]
-            tpv = [np.concatenate([a, b], 2) for a, b in zip(tpv, tnv)]
+            out = tiny_onnx.step(tokens, pos, pk, pv, pm, ck, cv, mask, log_probs=True)
+            tlp, tpk, tpv, _ = torch_step(tiny_model, tokens, pos, tpk, tpv, pm, tck, tcv, mask)
+            worst = max(worst, float(np.abs(out.log_probs - tlp).max()))
+            pk, pv = out.present_k, out.present_v
             pm = np.ones((B, p + 1), np.float32)
             tokens = tlp.argmax(1)[:, None].astype(np.int64)
     assert worst <= 1e-4, worst
@@ -248,10 +261,13 @@ def test_int8_and_fp16_load_and_run(tiny_onnx_dir, tiny_onnx, precision, bound):
     got, ref = model.encode(ids, mask), tiny_onnx.encode(ids, mask)
     assert got[0].dtype == np.float32 and got[0].shape == ref[0].shape
     pk, pv, pm = model.empty_past(4)
-    out = model.step(np.full((4, 1), model.bos_id), np.zeros(4, np.int64), pk, pv, pm, got[1], got[2], mask)
-    ref_out = tiny_onnx.step(np.full((4, 1), model.bos_id), np.zeros(4, np.int64), pk, pv, pm, ref[1], ref[2], mask)
-    assert out[0].dtype == np.float32 and np.isfinite(out[0]).all()
-    assert np.abs(out[0] - ref_out[0]).max() < bound
+    out = model.step(np.full((4, 1), model.bos_id), np.zeros(4, np.int64), pk, pv, pm, got[1], got[2], mask,
+                     log_probs=True)
+    ref_out = tiny_onnx.step(np.full((4, 1), model.bos_id), np.zeros(4, np.int64), pk, pv, pm, ref[1], ref[2], mask,
+                             log_probs=True)
+    assert out.log_probs.dtype == np.float32 and np.isfinite(out.log_probs).all()
+    assert out.top_log_probs.dtype == np.float32 and out.present_k[0].dtype == np.float32
+    assert np.abs(out.log_probs - ref_out.log_probs).max() < bound
     assert model.manifest.variant(precision).parity["log_probs"] < bound
 
 
@@ -281,7 +297,23 @@ def test_cli_export_with_the_torchscript_fallback_keeps_variants_side_by_side(ti
     assert m.variants["fp32"].parity["log_probs"] <= 1e-4
     assert sorted(p.name for p in out.glob("*.onnx")) == ["decoder.fp32.onnx", "decoder.int8.onnx",
                                                           "encoder.fp32.onnx", "encoder.int8.onnx"]
-    assert json.loads((out / "manifest.json").read_text())["format_version"] == 1
+    assert json.loads((out / "manifest.json").read_text())["format_version"] == FORMAT_VERSION == 2
+
+
+def test_an_export_of_an_older_format_is_redone(tiny_model_dir, tmp_path):
+    """Graphs of an older contract (format 1: no top_k, new_key outputs) would fail every request:
+    `ensure_exported`, as `mtserve serve` runs it, exports again instead of reusing them."""
+    from export.to_onnx import ensure_exported
+
+    out = tmp_path / "onnx"
+    export_model(tiny_model_dir, out, ["fp32"])
+    manifest = json.loads((out / "manifest.json").read_text())
+    manifest["format_version"] = 1
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    before = (out / "decoder.fp32.onnx").stat().st_mtime_ns
+    assert ensure_exported(tiny_model_dir, "fp32", out) == out
+    assert load_manifest(out).format_version == FORMAT_VERSION
+    assert (out / "decoder.fp32.onnx").stat().st_mtime_ns != before
 
 
 def test_export_refuses_an_unknown_precision(tiny_model_dir, tmp_path):

@@ -92,6 +92,35 @@ def test_filter_and_concatenate_mid_decode_equal_separate_decoding(tiny_onnx, so
         np.testing.assert_allclose(results[k].alignment, want[k].alignment, atol=1e-4)
 
 
+@pytest.mark.parametrize("beam", [1, 3])
+def test_finished_rows_may_ride_along_unfiltered_to_the_end_of_the_position_table(tiny_onnx, sources, beam):
+    """The scheduler filters in bulk: rows of finished sentences keep being stepped. They must not
+    walk off the position table, nor change anyone's result."""
+    longest = tiny_onnx.max_positions - 1
+    src = sources[:4]
+    want = generate(tiny_onnx, src, beam=beam)
+    batch = DecodeBatch.from_sources(tiny_onnx, src, [0, 1, 2, 3], beam=beam, max_lens=[1, 2, 3, longest])
+    # sentence 3 may run to the last position; 0..2 finish at once and are never filtered out
+    results: dict[int, Finished] = {}
+    steps = 0
+    while batch.active_keys():
+        for f in batch.step(tiny_onnx):
+            results[f.key] = f
+        steps += 1
+        assert int(batch.positions.max()) <= longest
+        # a finished sentence's rows stay at its last position (< its max_len)
+        pos = batch.positions.reshape(-1, beam)
+        assert all((pos[i] < batch.max_len[i]).all() for i in np.flatnonzero(batch.done))
+    assert sorted(results) == [0, 1, 2, 3] and steps <= longest
+    assert [len(results[k].tokens) for k in range(3)] <= [0, 1, 2]
+    alone = DecodeBatch.from_sources(tiny_onnx, src[3:], [3], beam=beam, max_lens=[longest])
+    run_to_end(tiny_onnx, alone, (solo := {}))
+    assert results[3].tokens == solo[3].tokens
+    assert results[3].score == pytest.approx(solo[3].score, abs=1e-4)
+    if longest >= max_output_len(len(src[3]), 1.5, 10, tiny_onnx.max_positions):
+        assert solo[3].tokens == want[3].tokens
+
+
 @pytest.mark.parametrize("beam", [1, 4])
 def test_alignment_rows_cover_each_token_and_the_final_eos(tiny_onnx, sources, beam):
     hyps = generate(tiny_onnx, sources[:6], beam=beam, want_alignment=True)

@@ -63,7 +63,7 @@ def test_missing_file_variant_or_export_fail_clearly(export_copy, tmp_path):
     (lambda m: m.pop("dims"), "dims"),
     (lambda m: m["variants"]["fp32"].update(opset=11), "opset"),
     (lambda m: m["variants"]["fp32"]["encoder"].update(sha256="abc"), "sha256"),
-    (lambda m: m.update(format_version=2), "format_version"),
+    (lambda m: m.update(format_version=1), "format_version"),  # an older contract
     (lambda m: m["dims"].update(d_k=3), "d_k"),
 ])
 def test_malformed_manifests_are_rejected(export_copy, edit, match):

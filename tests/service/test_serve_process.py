@@ -151,13 +151,13 @@ def test_startup_errors_exit_non_zero_with_one_clear_line(tiny_onnx_dir, tmp_pat
     if problem == "missing_dir":
         proc, _ = start(tmp_path / "nothing" / "onnx")
     elif problem in ("corrupt_graph", "corrupt_graph_checksum_ok"):
-        graph = next(broken.glob("decoder.fp32*.onnx"))
+        graph = next(broken.glob("decoder.int8*.onnx"))  # the default precision
         graph.write_bytes(graph.read_bytes()[:1000])
         if problem == "corrupt_graph_checksum_ok":
             _rewrite_checksum(broken, graph)
         proc, _ = start(broken)
     elif problem == "manifest_checksum_mismatch":
-        graph = next(broken.glob("encoder.fp32*.onnx"))
+        graph = next(broken.glob("encoder.int8*.onnx"))
         data = bytearray(graph.read_bytes())
         data[len(data) // 2] ^= 0xFF
         graph.write_bytes(bytes(data))
