@@ -179,6 +179,7 @@ class Scheduler:
             else:
                 live.append(s)
         self._queue = live
+        self.metrics.queue_depth.set(len(live))  # also when the dropped ones were the last
         if not live or (static and running_rows):
             return []
         st = self.settings
