@@ -169,28 +169,36 @@ class DecoderStepGraph(nn.Module):
         return (*out, weights)
 
 
-def add_search_outputs(path: Path, eos_id: int) -> None:
+SEARCH_INPUT = "top_k"
+SEARCH_OUTPUTS = ("top_log_probs", "top_ids", "eos_log_prob")
+
+
+def add_search_outputs(path: Path, cfg: ModelConfig) -> None:
     """Add to an exported decoder-step graph the input top_k (1,) int64 and the outputs
     top_log_probs / top_ids (B, top_k) (TopK of log_probs, best first, ties to the lower id) and
-    eos_log_prob (B,), in the order of `decoder_io`."""
+    eos_log_prob (B,), as `decoder_io` specifies them and in its order."""
     import onnx
     from onnx import TensorProto, helper
 
+    dtypes = {"float32": TensorProto.FLOAT, "int64": TensorProto.INT64}
+    specs_in, specs_out = decoder_io(cfg)
+    spec = {t.name: t for t in specs_in + specs_out}
+
+    def value_info(name: str):
+        return helper.make_tensor_value_info(name, dtypes[spec[name].dtype], spec[name].shape)
+
     model = onnx.load(str(path))
     g = model.graph
-    g.input.append(helper.make_tensor_value_info("top_k", TensorProto.INT64, [1]))
-    g.initializer.append(helper.make_tensor("search_eos_id", TensorProto.INT64, [], [eos_id]))
+    g.input.append(value_info(SEARCH_INPUT))
+    g.initializer.append(helper.make_tensor("search_eos_id", TensorProto.INT64, [], [cfg.eos_id]))
     g.node.extend([
         helper.make_node("TopK", ["log_probs", "top_k"], ["top_log_probs", "top_ids"], name="search_top_k",
                          axis=-1, largest=1, sorted=1),
         helper.make_node("Gather", ["log_probs", "search_eos_id"], ["eos_log_prob"], name="search_eos_log_prob", axis=1),
     ])
-    outputs = list(g.output)
-    new = [helper.make_tensor_value_info("top_log_probs", TensorProto.FLOAT, ["batch", "top_k"]),
-           helper.make_tensor_value_info("top_ids", TensorProto.INT64, ["batch", "top_k"]),
-           helper.make_tensor_value_info("eos_log_prob", TensorProto.FLOAT, ["batch"])]
+    exported = {o.name: o for o in g.output}
     del g.output[:]
-    g.output.extend(outputs[:1] + new + outputs[1:])
+    g.output.extend(exported[t.name] if t.name in exported else value_info(t.name) for t in specs_out)
     onnx.checker.check_model(model)
     onnx.save(model, str(path))
 
@@ -259,10 +267,9 @@ def export_raw(model: Transformer, out_dir: Path, exporter: str = "dynamo") -> t
     with torch.no_grad():
         _export_graph(EncoderGraph(model), enc_args, *encoder_io(cfg), enc_path, exporter, enc_ds)
         dec_in, dec_out = decoder_io(cfg)
-        _export_graph(DecoderStepGraph(model), dec_args, [t for t in dec_in if t.name != "top_k"],
-                      [t for t in dec_out if t.name not in ("top_log_probs", "top_ids", "eos_log_prob")],
-                      dec_path, exporter, dec_ds)
-    add_search_outputs(dec_path, cfg.eos_id)
+        _export_graph(DecoderStepGraph(model), dec_args, [t for t in dec_in if t.name != SEARCH_INPUT],
+                      [t for t in dec_out if t.name not in SEARCH_OUTPUTS], dec_path, exporter, dec_ds)
+    add_search_outputs(dec_path, cfg)
     return enc_path, dec_path
 
 
@@ -437,7 +444,7 @@ def parity_check(model: Transformer, enc_path: Path, dec_path: Path, seed: int =
     src_mask = (torch.arange(S)[None, :] < lengths[:, None]).long()
     src_ids = torch.randint(4, cfg.vocab_size, (B, S), generator=g) * src_mask
     diffs = {"encoder_memory": 0.0, "log_probs": 0.0, "present_kv": 0.0, "cross_attention": 0.0}
-    k = 2 * 4
+    k = 2 * 4  # what beam search with 4 beams asks for
     out_names = [o.name for o in dec.get_outputs()]
     with torch.no_grad():
         memory = model.encode(src_ids, src_mask)

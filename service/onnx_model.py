@@ -98,8 +98,9 @@ class OnnxSeq2Seq:
         L = self.n_layers
         self._enc_out = [o.name for o in variant.encoder.outputs]
         self._past_names = [(f"past_key_{i}", f"past_value_{i}") for i in range(L)]
-        self._step_out = ["top_log_probs", "top_ids", "eos_log_prob"] + [
-            f"present_{kv}_{i}" for i in range(L) for kv in ("key", "value")] + ["cross_attention"]
+        # The contract's order: top_log_probs, top_ids, eos_log_prob, present k/v per layer,
+        # cross_attention; log_probs (the full distribution) only on request.
+        self._step_out = [o.name for o in variant.decoder.outputs if o.name != "log_probs"]
         self._step_out_lp = self._step_out + ["log_probs"]
         self._cross_names = [(f"cross_key_{i}", f"cross_value_{i}") for i in range(L)]
         self._check_io(variant)

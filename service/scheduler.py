@@ -166,7 +166,7 @@ class Scheduler:
 
     # -- worker side ---------------------------------------------------------------------
 
-    def _admit(self, running_rows: int, running_src_len: int, static: bool) -> list[Sentence]:
+    def _admit(self, running_rows: int, running_src_len: int) -> list[Sentence]:
         """Pop the sentences to join this worker's batches (called with the lock held)."""
         now = time.monotonic()
         live = []
@@ -180,7 +180,7 @@ class Scheduler:
                 live.append(s)
         self._queue = live
         self.metrics.queue_depth.set(len(live))  # also when the dropped ones were the last
-        if not live or (static and running_rows):
+        if not live:
             return []
         st = self.settings
         first = live[0]
@@ -215,7 +215,6 @@ class Scheduler:
 
     def _worker(self, model) -> None:
         batches: dict[tuple[int, float], tuple[DecodeBatch, dict[int, Sentence]]] = {}
-        static = not self.settings.continuous_batching
         while True:
             with self._cond:
                 while not batches and not self._queue and not self._encode_queue and not self._stopping:
@@ -230,7 +229,7 @@ class Scheduler:
                 if self._admission_due(sum(len(m) for _, m in batches.values())):
                     rows = sum(len(b) for b, _ in batches.values())
                     src_len = max((b.src_len for b, _ in batches.values()), default=0)
-                    admitted = self._admit(rows, src_len, static)
+                    admitted = self._admit(rows, src_len)
                 encode_jobs, self._encode_queue = self._encode_queue[: self.settings.max_batch_sentences], \
                     self._encode_queue[self.settings.max_batch_sentences:]
                 self._busy_rows += sum(s.beam for s in admitted)
