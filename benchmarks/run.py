@@ -12,6 +12,9 @@
 2. Online (benchmarks/online.py): `mtserve serve` on loopback under an async gRPC load generator
    at concurrency 1, 8, 32, 64, 128: throughput, p50/p95/p99 latency, errors; continuous batching
    on and off.
+   Beside it (benchmarks/batcher.py, one process per run): the same scheduler and decode workers
+   in-process at concurrency 64 with no gRPC, continuous batching on and off, to split the gap
+   between an offline engine and the service into batching and RPC.
 3. A sweep of the serving thread layout (decode workers x intra-op threads, inter-op threads,
    precision) at concurrency 64 and 1.
 4. Optionally (`--profile`) a py-spy breakdown of the server at concurrency 64.
@@ -68,7 +71,7 @@ def plan(quick: bool) -> dict:
             "offline_layouts": {"ct2": [(2, 32), (1, 32)], "ort": [(2, 32)], "torch": [(1, 64)]},
             "sweep": [["--decode-workers", "1", "--intra-op-threads", "2"],
                       ["--decode-workers", "2", "--intra-op-threads", "1", "--precision", "fp32"]],
-            "sweep_levels": [1, 64], "profile_seconds": 8,
+            "sweep_levels": [1, 64], "profile_seconds": 8, "batcher_sentences": 400,
         }
     return {
         "limits": {"default": 0},
@@ -81,7 +84,7 @@ def plan(quick: bool) -> dict:
                             ["--decode-workers", "2", "--intra-op-threads", "1"],
                             ["--decode-workers", "4", "--intra-op-threads", "1"],
                             ["--decode-workers", "2", "--intra-op-threads", "1", "--inter-op-threads", "2"])],
-        "sweep_levels": [1, 64], "profile_seconds": 20,
+        "sweep_levels": [1, 64], "profile_seconds": 20, "batcher_sentences": 3000,
     }
 
 
@@ -167,6 +170,26 @@ def run_online(p: dict, model: str, texts, refs) -> dict:
     return out
 
 
+def run_batcher(p: dict, model: str) -> list[dict]:
+    rows = []
+    for beam in p["online_beams"]:
+        for cb in (True, False):
+            log(f"batcher (in-process, no gRPC): beam {beam}, concurrency 64, continuous batching {'on' if cb else 'off'}")
+            cmd = [sys.executable, str(REPO / "benchmarks" / "batcher.py"), "--model", model, "--beam", str(beam),
+                   "--concurrency", "64", "--sentences", str(p["batcher_sentences"]),
+                   "--continuous-batching" if cb else "--no-continuous-batching"]
+            out = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
+            if out.returncode != 0:
+                log(f"  failed: {out.stderr.strip()[-500:]}")
+                rows.append({"beam": beam, "continuous_batching": cb, "error": out.stderr.strip()[-500:]})
+                continue
+            row = json.loads(out.stdout.strip().splitlines()[-1])
+            log(f"  {row['sentences_per_s']:.1f} sent/s, {row['cpu_cores']} cores, {row['rows_per_step']} rows/step, "
+                f"{row['us_per_row_step']} us/row-step")
+            rows.append(row)
+    return rows
+
+
 def run_sweep(p: dict, model: str, texts, refs, beam: int) -> list[dict]:
     rows = []
     for args in p["sweep"]:
@@ -212,6 +235,9 @@ def summarize(res: dict, beam: int) -> dict:
     svc1 = min((lv["p50_ms"] for lv in c1), default=None)
     ct2 = best_offline(res["offline"], "ct2-int8", beam)
     eager = best_offline(res["offline"], "torch-eager", beam)
+    ort = best_offline(res["offline"], "ort-int8", beam)
+    batcher = max((r["sentences_per_s"] for r in res.get("batcher", []) if r.get("beam") == beam and "error" not in r),
+                  default=None)
     ct2_lat = single_latency(res["offline"], ["ct2-int8", "ct2-float32"], beam)
 
     def ratio(a, b):
@@ -222,7 +248,10 @@ def summarize(res: dict, beam: int) -> dict:
         "service_c64_sentences_per_s": svc64, "service_c1_p50_ms": svc1,
         "ct2_int8_sentences_per_s": ct2 and ct2["sentences_per_s"],
         "ct2_int8_layout": ct2 and f"{ct2['workers']}x{max(1, ct2['threads'] // ct2['workers'])} batch {ct2['batch_size']}",
-        "ct2_single_p50_ms": ct2_lat, "torch_eager_sentences_per_s": eager and eager["sentences_per_s"],
+        "ct2_single_p50_ms": ct2_lat,
+        "ort_int8_sentences_per_s": ort and ort["sentences_per_s"],
+        "ort_int8_layout": ort and f"{ort['workers']}x{max(1, ort['threads'] // ort['workers'])} batch {ort['batch_size']}",
+        "batcher_c64_sentences_per_s": batcher, "torch_eager_sentences_per_s": eager and eager["sentences_per_s"],
         "service_over_ct2_int8": ratio(svc64, ct2 and ct2["sentences_per_s"]),
         "latency_c1_over_ct2": ratio(svc1, ct2_lat),
         "service_over_torch_eager": ratio(svc64, eager and eager["sentences_per_s"]),
@@ -384,6 +413,28 @@ def write_markdown(res: dict, path: Path, plot_name: str) -> None:
                      f"{lv['bleu']} | {lv.get('server_cpu_cores', '')} / {lv.get('client_cpu_cores', '')} |")
     L += ["", f"Server defaults (flags not listed): {res.get('server_defaults', '')}. The load generator runs on "
           "the same cores as the server; the last column is the CPU each process used during the level.", ""]
+    if res.get("batcher"):
+        L += ["## The batcher alone (in-process, no gRPC)", "",
+              "`benchmarks/batcher.py`: the server's scheduler and decode workers (default layout) in one process, "
+              "64 sentences in flight, each answer submitting the next test sentence; no RPC, no protobuf, no client "
+              "process. Step figures are from the scheduler's own metrics.", "",
+              "| beam | continuous batching | sentences | sent/s | CPU cores | p50 ms | p99 ms | rows/step | ms/step "
+              "| µs/row-step |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+        for r in res["batcher"]:
+            if "error" in r:
+                L.append(f"| {r['beam']} | {'on' if r['continuous_batching'] else 'off'} | failed | | | | | | | |")
+                continue
+            L.append(f"| {r['beam']} | {'on' if r['continuous_batching'] else 'off'} | {r['sentences']} | "
+                     f"{r['sentences_per_s']:.1f} | {r['cpu_cores']} | {r['p50_ms']} | {r['p99_ms']} | "
+                     f"{r['rows_per_step']} | {r['ms_per_step']} | {r['us_per_row_step']} |")
+        L += ["", "Where the gap to CTranslate2 is, step by step (best layout or mode of each, sent/s):", "",
+              "| beam | CT2 int8 offline | ORT int8 offline (sorted batches) | batcher c64 (mixed arrivals) | "
+              "service c64 (gRPC, client on the same cores) |", "| --- | --- | --- | --- | --- |"]
+        for s in res["summary_by_beam"]:
+            L.append(f"| {s['beam']} | {s['ct2_int8_sentences_per_s']} ({s['ct2_int8_layout']}) | "
+                     f"{s.get('ort_int8_sentences_per_s')} ({s.get('ort_int8_layout')}) | "
+                     f"{s.get('batcher_c64_sentences_per_s')} | {s['service_c64_sentences_per_s']} |")
+        L.append("")
     if res.get("profile"):
         pr = res["profile"]
         L += ["## Where the server's time goes", "",
@@ -415,7 +466,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="short mode (about 3 minutes)")
     ap.add_argument("--model", default="models/de-en")
     ap.add_argument("--threads", type=int, default=2, help="thread budget of every engine")
-    ap.add_argument("--skip", default="", help="comma-separated parts to skip: offline,online,sweep")
+    ap.add_argument("--skip", default="", help="comma-separated parts to skip: offline,online,batcher,sweep")
     ap.add_argument("--profile", action="store_true", help="also profile the server with py-spy at concurrency 64")
     ap.add_argument("--docs", action="store_true", help="write docs/benchmarks.md and .png even for --quick")
     ap.add_argument("--note", default="", help="a line for the top of the report (e.g. the machine was busy)")
@@ -462,6 +513,8 @@ def main() -> None:
                                      agreement(hyps, ("ct2-int8", beam), ("ort-int8", beam))]
     if "online" not in skip:
         res["online"] = run_online(p, model, texts, refs)
+    if "batcher" not in skip:
+        res["batcher"] = run_batcher(p, model)
     if "sweep" not in skip:
         res["sweep"] = run_sweep(p, model, texts, refs, beam=p["online_beams"][-1])
     if args.profile:
