@@ -2,7 +2,8 @@
 in this process, with no gRPC server, no protobuf and no load-generator process.
 
     python benchmarks/batcher.py --concurrency 64 --beam 1 [--no-continuous-batching]
-        [--decode-workers 2] [--sentences 2000] [--precision int8] [--json out.json]
+        [--decode-workers 2] [--sentences 2000] [--precision int8] [--set compact_fraction=0.5 ...]
+        [--json out.json]
 
 `concurrency` sentences are in flight at all times: each one that is answered submits the next
 test sentence (in test-set order, so lengths arrive mixed as they do online). The first
@@ -104,10 +105,13 @@ def _sample(metrics: Metrics, name: str) -> float:
 
 
 def run(model_dir: str | Path, texts: list[str], concurrency: int, beam: int, sentences: int,
-        continuous_batching: bool = True, decode_workers: int = 2, precision: str = "int8") -> dict:
+        continuous_batching: bool = True, decode_workers: int = 2, precision: str = "int8",
+        settings: dict | None = None) -> dict:
+    """`settings`: further `Settings` fields (e.g. {"compact_fraction": 0.5})."""
     keep_freed_memory()  # as `mtserve serve` does
     st = Settings(model_dir=Path(model_dir), decode_workers=decode_workers, precision=precision,
-                  continuous_batching=continuous_batching, max_queue_size=max(1024, 2 * concurrency))
+                  continuous_batching=continuous_batching, max_queue_size=max(1024, 2 * concurrency),
+                  **(settings or {}))
     models = [OnnxSeq2Seq(st.graphs_dir, precision=precision, intra_op_threads=st.intra_op_threads,
                           verify_checksums=(i == 0)) for i in range(decode_workers)]
     m, gen = models[0], models[0].manifest.generation
@@ -132,7 +136,8 @@ def run(model_dir: str | Path, texts: list[str], concurrency: int, beam: int, se
     finally:
         scheduler.shutdown()
     row.update({"concurrency": concurrency, "beam": beam, "continuous_batching": continuous_batching,
-                "decode_workers": decode_workers, "precision": precision, "decoder_steps": int(steps),
+                "decode_workers": decode_workers, "precision": precision, "settings": settings or {},
+                "decoder_steps": int(steps),
                 "rows_per_step": round(rows / steps, 1) if steps else None,
                 "ms_per_step": round(1000 * step_s / steps, 2) if steps else None,
                 "us_per_row_step": round(1e6 * step_s / rows, 1) if rows else None})
@@ -151,11 +156,14 @@ def main() -> None:
     p.add_argument("--continuous-batching", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--decode-workers", type=int, default=2)
     p.add_argument("--precision", default="int8")
+    p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                   help="a further server setting, as MTSERVE_FIELD would set it (repeatable)")
     p.add_argument("--json", help="write the result here")
     args = p.parse_args()
+    overrides = dict(kv.split("=", 1) for kv in args.set)
     texts, _ = read_parallel(args.data, "test_2016_flickr")
     row = run(args.model, texts, args.concurrency, args.beam, args.sentences, args.continuous_batching,
-              args.decode_workers, args.precision)
+              args.decode_workers, args.precision, overrides)
     line = json.dumps(row)
     if args.json:
         Path(args.json).write_text(line + "\n")

@@ -371,6 +371,8 @@ def write_markdown(res: dict, path: Path, plot_name: str) -> None:
           "(CTranslate2: `inter_threads`) of T threads each. Single-sentence latency: one sentence per call.",
           "- **Online** (`benchmarks/online.py`): `mtserve serve` on loopback, a grpc.aio client keeps N single-sentence "
           "`Translate` requests in flight; warm-up of 2N requests not counted; the client shares the cores.",
+          "- **Batcher** (`benchmarks/batcher.py`): the same scheduler and decode workers in one process with no gRPC, "
+          "64 sentences in flight: what batching arrivals of mixed length costs, apart from the RPC layer.",
           "- **Target tokens**: generated subword tokens, `</s>` included.", ""]
     L += ["## Machine and settings", "",
           f"- date: {env['date']}, commit `{env['commit']}`",

@@ -290,10 +290,11 @@ class DecodeBatch:
         eos, pad = self.eos_id, self.pad_id
         cand = (self.scores[:, None] + top_lp).reshape(n, K * k_row)  # candidates by (beam, rank)
         k2 = 2 * K
+        at = np.arange(n)[:, None]  # row index for picking per sentence (cheaper than take_along_axis)
         top_idx = np.argsort(-cand, axis=1, kind="stable")[:, :k2]  # (n, 2K), best first
-        top_s = np.take_along_axis(cand, top_idx, axis=1)
+        top_s = cand[at, top_idx]
         beam_idx = top_idx // k_row
-        tok = np.take_along_axis(top_ids.reshape(n, K * k_row), top_idx, axis=1)
+        tok = top_ids.reshape(n, K * k_row)[at, top_idx]
         finite = top_s > NEG_INF
         is_eos = tok == eos
         live = ~self.done
@@ -301,10 +302,10 @@ class DecodeBatch:
         goes_on = finite & ~is_eos
         goes_on &= np.cumsum(goes_on, axis=1) <= K
         pick = np.argsort(~goes_on, axis=1, kind="stable")[:, :K]  # the kept ranks first, in rank order
-        valid = np.take_along_axis(goes_on, pick, axis=1)  # (n, K)
-        new_scores = np.where(valid, np.take_along_axis(top_s, pick, axis=1), np.float32(NEG_INF))
-        new_src = np.where(valid, np.take_along_axis(beam_idx, pick, axis=1), 0)
-        new_tok = np.where(valid, np.take_along_axis(tok, pick, axis=1), pad)
+        valid = goes_on[at, pick]  # (n, K)
+        new_scores = np.where(valid, top_s[at, pick], np.float32(NEG_INF))
+        new_src = np.where(valid, beam_idx[at, pick], 0)
+        new_tok = np.where(valid, tok[at, pick], pad)
         base = (np.arange(n) * K)[:, None]
 
         for i, r in zip(*np.nonzero(ends)):
