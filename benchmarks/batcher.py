@@ -30,19 +30,13 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from benchmarks.online import percentile  # noqa: E402
 from service.generator import max_output_len  # noqa: E402
 from service.memory import keep_freed_memory  # noqa: E402
 from service.metrics import Metrics  # noqa: E402
 from service.onnx_model import OnnxSeq2Seq  # noqa: E402
 from service.scheduler import Scheduler, Sentence  # noqa: E402
 from service.settings import Settings  # noqa: E402
-
-
-def percentile(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    s = sorted(values)
-    return s[min(len(s) - 1, int(q * len(s)))]
 
 
 class ClosedLoop:
@@ -93,6 +87,7 @@ class ClosedLoop:
         if not answered.wait(timeout):
             raise TimeoutError(f"{state['done']} of {n} sentences answered after {timeout} s")
         seconds = time.perf_counter() - t0
+        latencies.sort()
         return {"sentences": n, "errors": len(errors), "seconds": round(seconds, 3),
                 "sentences_per_s": round(n / seconds, 1),
                 "cpu_cores": round((time.process_time() - cpu0) / seconds, 2),

@@ -552,7 +552,9 @@ def main() -> None:
     head = next(s for s in res["summary_by_beam"] if s["beam"] == head_beam)
     print(json.dumps({"mode": mode, "beam": head_beam, **{k: head[k] for k in keys},
                       "by_beam": {str(s["beam"]): {k: s[k] for k in keys[:3]} for s in res["summary_by_beam"]},
-                      "ct2_greedy_identical": f"{res['ct2_check']['identical']}/{res['ct2_check']['sentences']}"}))
+                      "ct2_greedy_identical": f"{res['ct2_check']['identical']}/{res['ct2_check']['sentences']}",
+                      # offline sentences per engine (0 = all 1,000): quick-mode ratios come from subsets
+                      "offline_sentences": p["limits"]}))
 
 
 if __name__ == "__main__":
