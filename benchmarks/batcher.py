@@ -34,8 +34,8 @@ from benchmarks.online import percentile  # noqa: E402
 from service.generator import max_output_len  # noqa: E402
 from service.memory import keep_freed_memory  # noqa: E402
 from service.metrics import Metrics  # noqa: E402
-from service.onnx_model import OnnxSeq2Seq  # noqa: E402
 from service.scheduler import Scheduler, Sentence  # noqa: E402
+from service.server import load_models  # noqa: E402
 from service.settings import Settings  # noqa: E402
 
 
@@ -107,8 +107,7 @@ def run(model_dir: str | Path, texts: list[str], concurrency: int, beam: int, se
     st = Settings(model_dir=Path(model_dir), decode_workers=decode_workers, precision=precision,
                   continuous_batching=continuous_batching, max_queue_size=max(1024, 2 * concurrency),
                   **(settings or {}))
-    models = [OnnxSeq2Seq(st.graphs_dir, precision=precision, intra_op_threads=st.intra_op_threads,
-                          verify_checksums=(i == 0)) for i in range(decode_workers)]
+    models = load_models(st)  # as the server loads them (shared session pair on the CPU by default)
     m, gen = models[0], models[0].manifest.generation
     limit = min(st.max_input_tokens, m.max_positions - 1)
     sources = [e.ids[: limit - 1] + [m.eos_id]

@@ -1,8 +1,8 @@
 """Continuous (iteration-level) batching. Knows nothing of gRPC.
 
-Sentences wait in one bounded queue. Each decode worker is a thread that owns its own pair of
-ONNX Runtime sessions and a running `DecodeBatch` per decoding mode (beam width, length
-penalty). Between two decoder steps a worker admits waiting sentences: it runs their encoder
+Sentences wait in one bounded queue. Each decode worker is a thread with a model (an ONNX
+Runtime session pair, on the CPU usually one shared by all workers: sessions take concurrent
+runs) and a running `DecodeBatch` per decoding mode (beam width, length penalty). Between two decoder steps a worker admits waiting sentences: it runs their encoder
 pass and concatenates them into its running batch (the text-generation-inference
 `Seq2SeqLMBatch.concatenate` pattern); rows whose sentence finished, was cancelled or failed
 leave at once (`filter`) and are answered without waiting for the rest.

@@ -1,7 +1,7 @@
 """`mtserve serve`: the grpc.aio server.
 
-Start-up: load and verify the export (manifest checksums), start one ONNX Runtime session pair
-per decode worker, warm up, then report SERVING on `grpc.health.v1`. SIGTERM/SIGINT: report
+Start-up: load and verify the export (manifest checksums), start the ONNX Runtime session pair
+(one shared by the decode workers on the CPU, one per worker on CUDA), warm up, then report SERVING on `grpc.health.v1`. SIGTERM/SIGINT: report
 NOT_SERVING, refuse new work with UNAVAILABLE, finish in-flight work within the grace period,
 exit 0.
 """
@@ -43,11 +43,18 @@ def load_models(settings: Settings) -> list[OnnxSeq2Seq]:
     if not (graphs / "manifest.json").is_file():
         raise ModelLoadError(f"no exported model at {graphs} (manifest.json missing): run "
                              f"`mtserve export --model {settings.model_dir}`")
+    def load(first: bool) -> OnnxSeq2Seq:
+        return OnnxSeq2Seq(graphs, precision=settings.precision, provider=settings.provider,
+                           intra_op_threads=settings.intra_op_threads, inter_op_threads=settings.inter_op_threads,
+                           strict=settings.strict_provider, verify_checksums=first)
+
     try:
-        return [OnnxSeq2Seq(graphs, precision=settings.precision, provider=settings.provider,
-                            intra_op_threads=settings.intra_op_threads, inter_op_threads=settings.inter_op_threads,
-                            strict=settings.strict_provider, verify_checksums=(i == 0))
-                for i in range(settings.decode_workers)]
+        first = load(True)
+        if first.provider == "cpu" and settings.share_sessions:
+            # One session pair for all workers: ONNX Runtime runs concurrent calls on it, each on its
+            # caller's thread (with 1 intra-op thread), and the weights sit in memory once.
+            return [first] * settings.decode_workers
+        return [first] + [load(False) for _ in range(settings.decode_workers - 1)]
     except (ManifestError, FileNotFoundError, ValueError, RuntimeError) as e:
         raise ModelLoadError(str(e)) from e
     except Exception as e:  # onnxruntime raises its own types for corrupt graphs
@@ -106,8 +113,10 @@ class Server:
         self.scheduler.start()
         await self._warm_up()
         await self._set_health(health_pb2.HealthCheckResponse.SERVING)
-        log.info("serving %s on %s (%s, %s, %d decode workers x %d threads)%s; %s, %s", self.engine.model_name,
-                 st.address, models[0].provider, st.precision, st.decode_workers, st.intra_op_threads,
+        sessions = len({id(m) for m in models})
+        log.info("serving %s on %s (%s, %s, %d decode workers x %d threads, %d session pair%s)%s; %s, %s",
+                 self.engine.model_name, st.address, models[0].provider, st.precision, st.decode_workers,
+                 st.intra_op_threads, sessions, "" if sessions == 1 else "s",
                  f", metrics on :{self.metrics_port}" if self.metrics_port else "",
                  ("TLS with client certificates" if st.tls_client_ca_file else "TLS") if self.tls else "plaintext",
                  f"bearer tokens required ({len(tokens)} accepted)" if tokens else "no authentication")

@@ -23,11 +23,14 @@ class Settings(BaseSettings):
     precision: Literal["fp32", "int8", "fp16"] = Field("int8", description="graph variant to load: int8 (CPU; the "
                                                       "BLEU of fp32, 1.5-2.5x its speed), fp32, fp16 (CUDA)")
 
-    # Thread layout: `decode_workers` independent ONNX Runtime session pairs, each with its own
-    # decode loop, each using `intra_op_threads` threads.
+    # Thread layout: `decode_workers` decode loops, each running its batches through ONNX Runtime
+    # with `intra_op_threads` threads. On the CPU they share one session pair (one copy of the
+    # weights; ONNX Runtime sessions take concurrent runs) unless `share_sessions` is off.
     decode_workers: int = Field(2, ge=1, le=64)
     intra_op_threads: int = Field(1, ge=1, le=256)
     inter_op_threads: int = Field(1, ge=1, le=256)
+    share_sessions: bool = Field(True, description="CPU: decode workers share one ONNX Runtime session pair (the "
+                                 "weights in memory once) instead of a pair each; CUDA keeps a pair per worker")
 
     # Batching
     continuous_batching: bool = Field(True, description="admit new sentences between decode steps")

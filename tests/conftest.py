@@ -118,7 +118,7 @@ class RunningServer:
         """Fault injection for timing tests: every decoder step of every worker sleeps first."""
         import time
 
-        for model in self.server.scheduler.models:
+        for model in {id(m): m for m in self.server.scheduler.models}.values():  # workers may share one
             def step(*a, _orig=model.step, **kw):
                 time.sleep(seconds)
                 return _orig(*a, **kw)

@@ -135,6 +135,24 @@ def test_static_batching_setting_still_answers_everything(make_server):
     assert len(results) == 12 and all(results)
 
 
+def test_cpu_workers_share_one_session_pair_unless_told_not_to(make_server):
+    """Decode workers on the CPU run one session pair concurrently; with share_sessions off each
+    has its own. Both translate the same under concurrent requests."""
+    shared = make_server(decode_workers=3)
+    own = make_server(decode_workers=2, share_sessions=False)
+    models = shared.server.scheduler.models
+    assert len(models) == 3 and all(m is models[0] for m in models)
+    assert own.server.scheduler.models[0] is not own.server.scheduler.models[1]
+    texts = [s for s in SENTENCES for _ in range(4)]
+    answers = {}
+    for name, srv in (("shared", shared), ("own", own)):
+        steps = srv.server.metrics.decoder_step_latency
+        with srv.client(timeout=60) as c, ThreadPoolExecutor(len(texts)) as pool:
+            answers[name] = list(pool.map(lambda t: c.translate([t], beam_size=2)[0].text, texts))
+        assert sum(s.value for s in steps.collect()[0].samples if s.name.endswith("_count")) > 0
+    assert answers["shared"] == answers["own"] and all(answers["shared"])
+
+
 # ----------------------------------------------------------------------------- cancellation and deadlines
 
 
