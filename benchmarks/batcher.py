@@ -20,7 +20,6 @@ length and how much from the RPC layer.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import threading
@@ -30,7 +29,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from benchmarks.online import percentile  # noqa: E402
+from benchmarks.online import percentile, print_result  # noqa: E402
 from service.generator import max_output_len  # noqa: E402
 from service.memory import keep_freed_memory  # noqa: E402
 from service.metrics import Metrics  # noqa: E402
@@ -158,10 +157,7 @@ def main() -> None:
     texts, _ = read_parallel(args.data, "test_2016_flickr")
     row = run(args.model, texts, args.concurrency, args.beam, args.sentences, args.continuous_batching,
               args.decode_workers, args.precision, overrides)
-    line = json.dumps(row)
-    if args.json:
-        Path(args.json).write_text(line + "\n")
-    print(line)
+    print_result(row, args.json)
 
 
 if __name__ == "__main__":

@@ -33,6 +33,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from benchmarks.online import print_result  # noqa: E402
+
 ENGINES = ["torch-eager", "torch-cache", "ort-fp32", "ort-int8", "ct2-float32", "ct2-int8"]
 
 
@@ -179,10 +181,7 @@ def main() -> None:
     add_arguments(p)
     args = p.parse_args()
     result = run(args)
-    line = json.dumps(result)
-    if args.json:
-        Path(args.json).write_text(line + "\n")
-    print(line)
+    print_result(result, args.json)
 
 
 if __name__ == "__main__":

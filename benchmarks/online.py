@@ -33,6 +33,7 @@ sys.path.insert(0, str(REPO))
 
 from service.api.mtserve.v1 import translation_pb2 as pb  # noqa: E402
 from service.api.mtserve.v1 import translation_pb2_grpc as pb_grpc  # noqa: E402
+from service.healthcheck import wait_serving  # noqa: E402
 
 
 def free_port() -> int:
@@ -42,11 +43,13 @@ def free_port() -> int:
 
 
 class Server:
-    """`mtserve serve` in a subprocess on 127.0.0.1:<free port>, metrics off."""
+    """`mtserve serve` in a subprocess on 127.0.0.1:<free port>, metrics off, warnings only (flags
+    in `args` come last, so they override those)."""
 
-    def __init__(self, model_dir: str | Path, args: list[str] = (), env: dict | None = None):
+    def __init__(self, model_dir: str | Path, args: list[str] = (), env: dict | None = None,
+                 log_prefix: str = "mtserve-bench-"):
         self.address = f"127.0.0.1:{free_port()}"
-        self.log = tempfile.NamedTemporaryFile("w+", prefix="mtserve-bench-", suffix=".log", delete=False)
+        self.log = tempfile.NamedTemporaryFile("w+", prefix=log_prefix, suffix=".log", delete=False)
         cmd = [sys.executable, "-m", "service.cli", "serve", "--address", self.address, "--metrics-port", "0",
                "--model-dir", str(model_dir), "--log-level", "warning", *args]
         self.cmd = cmd
@@ -55,19 +58,15 @@ class Server:
         self.pid = self.proc.pid
 
     def wait_ready(self, timeout: float = 120) -> None:
-        end = time.monotonic() + timeout
-        with grpc.insecure_channel(self.address) as ch:
-            stub = pb_grpc.TranslationServiceStub(ch)
-            while time.monotonic() < end:
-                if self.proc.poll() is not None:
-                    raise RuntimeError(f"server exited with {self.proc.returncode}: {self.tail()}")
-                try:
-                    stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=1)
-                    return
-                except grpc.RpcError:
-                    time.sleep(0.2)
-        self.stop()
-        raise RuntimeError(f"server not ready after {timeout}s: {self.tail()}")
+        """Until the server reports SERVING (after its warm-up); RuntimeError with the end of its
+        log when it exits or does not get there in time."""
+        try:
+            wait_serving(self.address, timeout, alive=lambda: self.proc.poll() is None)
+        except RuntimeError:
+            raise RuntimeError(f"server exited with {self.proc.returncode}: {self.tail()}") from None
+        except TimeoutError:
+            self.stop()
+            raise RuntimeError(f"server not ready after {timeout}s: {self.tail()}") from None
 
     def tail(self, n: int = 20) -> str:
         self.log.flush()
@@ -89,6 +88,14 @@ class Server:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def print_result(result: dict, json_path: str | None = None) -> None:
+    """The benchmark scripts' output: one JSON line on stdout, and in `json_path` when given."""
+    line = json.dumps(result)
+    if json_path:
+        Path(json_path).write_text(line + "\n")
+    print(line)
 
 
 def percentile(sorted_xs: list[float], q: float) -> float:
@@ -211,10 +218,7 @@ def main() -> None:
     extra = ["--continuous-batching" if args.continuous_batching else "--no-continuous-batching", *args.server_arg]
     result = run(args.model, texts, refs, [int(c) for c in args.concurrency.split(",")], args.beam, args.requests, extra,
                  log=lambda m: print(m, file=sys.stderr))
-    line = json.dumps(result)
-    if args.json:
-        Path(args.json).write_text(line + "\n")
-    print(line)
+    print_result(result, args.json)
 
 
 if __name__ == "__main__":

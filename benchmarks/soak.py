@@ -32,21 +32,19 @@ import json
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
 from collections import Counter
 from pathlib import Path
 
 import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from benchmarks.online import Server, free_port, percentile  # noqa: E402
 from service.api.mtserve.v1 import translation_pb2 as pb  # noqa: E402
 from service.api.mtserve.v1 import translation_pb2_grpc as pb_grpc  # noqa: E402
 
@@ -60,12 +58,6 @@ SENTENCES = [
     "Ein älterer Mann mit Brille liest in einem Café eine Zeitung, während draußen die Sonne scheint "
     "und Kinder auf dem Platz Fußball spielen.",
 ]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def rss_bytes(pid: int) -> int:
@@ -92,46 +84,23 @@ def percentiles(xs: list[float]) -> dict[str, float]:
     if not xs:
         return {}
     s = sorted(xs)
-    pick = lambda q: s[min(len(s) - 1, int(q * len(s)))]  # noqa: E731
-    return {"p50": round(pick(0.5), 4), "p99": round(pick(0.99), 4), "max": round(s[-1], 4), "n": len(s)}
+    return {"p50": round(percentile(s, 0.5), 4), "p99": round(percentile(s, 0.99), 4), "max": round(s[-1], 4),
+            "n": len(s)}
 
 
-class ServerProcess:
+class ServerProcess(Server):
+    """`mtserve serve` with its metrics on a loopback port (the soak scrapes them) and INFO logs."""
+
     def __init__(self, args, extra: list[str]):
-        self.port, self.metrics_port = free_port(), free_port()
-        self.address = f"127.0.0.1:{self.port}"
-        self.log = tempfile.NamedTemporaryFile("w+", prefix="mtserve-soak-", suffix=".log", delete=False)
-        cmd = [sys.executable, "-m", "service.cli", "serve", "--address", self.address,
-               "--metrics-port", str(self.metrics_port), "--metrics-address", "127.0.0.1",
-               "--grace-period-s", str(args.grace_period_s)]
-        if args.model_dir:
-            cmd += ["--model-dir", str(args.model_dir)]
+        self.metrics_port = free_port()
+        flags = ["--metrics-port", str(self.metrics_port), "--metrics-address", "127.0.0.1",
+                 "--grace-period-s", str(args.grace_period_s), "--log-level", "info"]
         if args.onnx_dir:
-            cmd += ["--onnx-dir", str(args.onnx_dir)]
-        self.proc = subprocess.Popen(cmd + extra, stdout=self.log, stderr=subprocess.STDOUT, cwd=REPO)
+            flags += ["--onnx-dir", str(args.onnx_dir)]
+        super().__init__(args.model_dir or REPO / "models" / "de-en", flags + extra, log_prefix="mtserve-soak-")
 
-    def wait_serving(self, timeout: float = 180) -> None:
-        end = time.time() + timeout
-        with grpc.insecure_channel(self.address) as ch:
-            stub = health_pb2_grpc.HealthStub(ch)
-            while time.time() < end:
-                if self.proc.poll() is not None:
-                    raise SystemExit(f"server exited with {self.proc.returncode}:\n{self.tail()}")
-                try:
-                    if stub.Check(health_pb2.HealthCheckRequest(), timeout=1).status == \
-                            health_pb2.HealthCheckResponse.SERVING:
-                        return
-                except grpc.RpcError:
-                    pass
-                time.sleep(0.1)
-        self.proc.kill()
-        raise SystemExit(f"server not SERVING after {timeout}s:\n{self.tail()}")
-
-    def tail(self, n: int = 20) -> str:
-        self.log.flush()
-        return "".join(Path(self.log.name).read_text(errors="replace").splitlines(True)[-n:])
-
-    def stop(self, timeout: float) -> tuple[int, float]:
+    def stop_timed(self, timeout: float) -> tuple[int, float]:
+        """SIGTERM; the exit code and how long the drain took (killed after `timeout` s)."""
         t0 = time.perf_counter()
         self.proc.send_signal(signal.SIGTERM)
         try:
@@ -337,13 +306,16 @@ def main(argv: list[str] | None = None) -> int:
             extra.append("--max-batch-sentences=16")
     server = ServerProcess(args, extra)
     try:
-        server.wait_serving()
+        try:
+            server.wait_ready(180)
+        except RuntimeError as e:
+            raise SystemExit(str(e)) from None
         t0 = time.perf_counter()
         run = soak if args.scenario == "soak" else overload
         report = asyncio.run(run(args, server))
     finally:
         if server.proc.poll() is None:
-            rc, took = server.stop(args.grace_period_s + 10)
+            rc, took = server.stop_timed(args.grace_period_s + 10)
         else:
             rc, took = server.proc.returncode, 0.0
     report["server_args"] = extra

@@ -12,6 +12,8 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
+from collections.abc import Callable
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -22,15 +24,37 @@ def default_address() -> str:
     return f"127.0.0.1:{port}"
 
 
+def _status(stub: health_pb2_grpc.HealthStub, service: str, timeout: float) -> str:
+    try:
+        resp = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout)
+    except grpc.RpcError as e:
+        return e.code().name
+    return health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)
+
+
 def check(address: str, service: str = "", timeout: float = 3.0) -> str:
     """The serving status name, or the gRPC status code name when the call itself fails."""
     with grpc.insecure_channel(address) as channel:
-        try:
-            resp = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=service),
-                                                             timeout=timeout)
-        except grpc.RpcError as e:
-            return e.code().name
-    return health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)
+        return _status(health_pb2_grpc.HealthStub(channel), service, timeout)
+
+
+def wait_serving(address: str, timeout: float = 90.0, alive: Callable[[], bool] | None = None,
+                 interval: float = 0.05) -> list[str]:
+    """Ask until the server answers SERVING; return what it answered on the way (status names,
+    or gRPC code names while it cannot answer yet). TimeoutError after `timeout` seconds;
+    RuntimeError as soon as `alive()` (e.g. "the server process still runs") turns false."""
+    seen: list[str] = []
+    end = time.monotonic() + timeout
+    with grpc.insecure_channel(address) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        while time.monotonic() < end:
+            if alive is not None and not alive():
+                raise RuntimeError(f"{address} went away before SERVING: {seen[-5:]}")
+            seen.append(_status(stub, "", 1.0))
+            if seen[-1] == "SERVING":
+                return seen
+            time.sleep(interval)
+    raise TimeoutError(f"{address} not SERVING after {timeout}s: {seen[-5:]}")
 
 
 def main(argv: list[str] | None = None) -> int:

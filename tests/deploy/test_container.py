@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -27,18 +26,13 @@ import pytest
 
 from service.client import Client
 from service.healthcheck import check
+from tests.support import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.container, pytest.mark.timeout(3600)]
 REPO = Path(__file__).resolve().parents[2]
 MODEL = "models/de-en"
 PODMAN = ["podman"]
 RUN = ["--runtime", "runc", "--network", "host"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def sh(*args: str, timeout: float = 120, check_rc: bool = True) -> subprocess.CompletedProcess:

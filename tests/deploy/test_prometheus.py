@@ -10,7 +10,6 @@ import json
 import math
 import re
 import shutil
-import socket
 import subprocess
 import threading
 import time
@@ -20,6 +19,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+
+from tests.support import free_port
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 PROM = DEPLOY / "prometheus"
@@ -35,12 +36,6 @@ def tool(name: str) -> str:
         pytest.skip(f"`{name}` not found: install the Debian package `prometheus` (apt-get install prometheus); "
                     ".ci/run installs it")
     return path
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def dashboard_exprs() -> list[tuple[str, str]]:

@@ -5,45 +5,20 @@ both replicas: each server's own metrics count its share."""
 from __future__ import annotations
 
 import signal
-import socket
 import subprocess
 import sys
-import time
 import urllib.request
 
-import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
 from service.client import Client
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.support import free_port, wait_serving
 
 
 def translate_count(metrics_port: int) -> float:
     body = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).read().decode()
     return sum(s.value for f in text_string_to_metric_families(body) for s in f.samples
                if s.name == "mtserve_requests_total" and s.labels == {"method": "Translate", "code": "OK"})
-
-
-def wait_serving(address: str, proc: subprocess.Popen, timeout: float = 90) -> None:
-    end = time.time() + timeout
-    with grpc.insecure_channel(address) as ch:
-        stub = health_pb2_grpc.HealthStub(ch)
-        while time.time() < end:
-            assert proc.poll() is None, proc.stdout.read()
-            try:
-                if stub.Check(health_pb2.HealthCheckRequest(), timeout=1).status == \
-                        health_pb2.HealthCheckResponse.SERVING:
-                    return
-            except grpc.RpcError:
-                pass
-            time.sleep(0.1)
-    raise TimeoutError(f"{address} not SERVING after {timeout}s")
 
 
 def test_round_robin_client_reaches_both_replicas(tiny_onnx_dir):

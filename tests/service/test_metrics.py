@@ -5,7 +5,6 @@ deadline-exceeded included), and the token counters agree with the responses."""
 from __future__ import annotations
 
 import re
-import socket
 import time
 import urllib.request
 from pathlib import Path
@@ -15,16 +14,11 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from service.client import pb
+from tests.support import free_port
 
 SENTENCES = ["Ein Hund rennt durch den Schnee.", "Zwei Männer sitzen auf einer Bank.",
              "Eine Frau mit einem roten Hut spielt Gitarre auf der Straße vor vielen Menschen.", "Ein Kind lacht."]
 DOC = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def scrape(srv) -> dict[str, list]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,14 +15,9 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from service.client import Client
+from tests.support import free_port, wait_serving
 
 LONG = "Eine Frau mit einem roten Hut spielt Gitarre auf der Straße vor vielen Menschen, die zuhören."
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start(onnx_dir, *extra: str) -> tuple[subprocess.Popen, str]:
@@ -33,25 +27,6 @@ def start(onnx_dir, *extra: str) -> tuple[subprocess.Popen, str]:
          "--address", f"127.0.0.1:{port}", "--metrics-port", "0", "--decode-workers", "1", *extra],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     return proc, f"127.0.0.1:{port}"
-
-
-def wait_serving(address: str, proc: subprocess.Popen, timeout: float = 90) -> list[str]:
-    """Poll health until SERVING; returns the statuses seen on the way."""
-    seen = []
-    end = time.time() + timeout
-    with grpc.insecure_channel(address) as ch:
-        stub = health_pb2_grpc.HealthStub(ch)
-        while time.time() < end:
-            assert proc.poll() is None, proc.stdout.read()
-            try:
-                status = stub.Check(health_pb2.HealthCheckRequest(), timeout=1).status
-                seen.append(health_pb2.HealthCheckResponse.ServingStatus.Name(status))
-                if status == health_pb2.HealthCheckResponse.SERVING:
-                    return seen
-            except grpc.RpcError as e:
-                seen.append(e.code().name)
-            time.sleep(0.05)
-    raise TimeoutError(f"not SERVING after {timeout}s: {seen[-5:]}")
 
 
 @pytest.fixture(scope="module")

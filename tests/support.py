@@ -1,0 +1,24 @@
+"""Helpers for the tests that start `mtserve serve` as a process (imported as `tests.support`)."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+
+from service import healthcheck
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_serving(address: str, proc: subprocess.Popen, timeout: float = 90) -> list[str]:
+    """Poll health until SERVING; returns the statuses seen on the way. Fails with the process's
+    output when it exits first (`proc` started with stdout=PIPE, text=True)."""
+    try:
+        return healthcheck.wait_serving(address, timeout, alive=lambda: proc.poll() is None)
+    except RuntimeError:
+        raise AssertionError(proc.stdout.read()) from None
