@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import subprocess
 import threading
 from pathlib import Path
 
@@ -15,11 +16,25 @@ REPO = Path(__file__).resolve().parent.parent
 SHIPPED_MODEL = REPO / "models" / "de-en"
 
 
+def corpus_dirs() -> list[Path]:
+    """Where the Multi30k corpus may be: DEFAULT_DATA_DIR (MTSERVE_DATA_DIR, else ../shared beside
+    this checkout), else ../shared beside the local checkout this one was cloned from (a clean
+    clone in a temporary directory, as CI makes)."""
+    dirs = [DEFAULT_DATA_DIR]
+    origin = subprocess.run(["git", "-C", str(REPO), "config", "--get", "remote.origin.url"],
+                            capture_output=True, text=True).stdout.strip()
+    if origin and Path(origin).is_dir():
+        dirs.append(Path(origin).resolve().parent / "shared" / "data" / "multi30k")
+    return dirs
+
+
 @pytest.fixture(scope="session")
 def data_dir() -> Path:
-    if not (DEFAULT_DATA_DIR / "train.de.gz").exists():
-        pytest.skip(f"Multi30k corpus not found at {DEFAULT_DATA_DIR}")
-    return DEFAULT_DATA_DIR
+    dirs = corpus_dirs()
+    for d in dirs:
+        if (d / "train.de.gz").exists():
+            return d
+    pytest.skip(f"Multi30k corpus not found at {', '.join(map(str, dirs))} (set MTSERVE_DATA_DIR)")
 
 
 def train_args(out: Path, data: Path, *extra: str) -> argparse.Namespace:
