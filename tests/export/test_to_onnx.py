@@ -321,10 +321,10 @@ def test_export_refuses_an_unknown_precision(tiny_model_dir, tmp_path):
         export_model(tiny_model_dir, tmp_path, ["int4"])
 
 
-def test_verify_prints_one_json_line_with_parity_numbers(tiny_model_dir, tiny_onnx_dir, capsys):
+def test_verify_prints_one_json_line_with_parity_numbers(tiny_model_dir, tiny_onnx_dir, data_dir, capsys):
     from export.verify import main
 
-    main(["--model", str(tiny_model_dir), "--limit", "30", "--steps", "12", "--batches", "2", "--threads", "1",
+    main(["--model", str(tiny_model_dir), "--data", str(data_dir), "--limit", "30", "--steps", "12", "--batches", "2", "--threads", "1",
           "--beam", "2"])
     lines = capsys.readouterr().out.strip().splitlines()
     result = json.loads(lines[-1])
