@@ -3,7 +3,11 @@ generator at fixed concurrency levels, single-sentence Translate requests cyclin
 test sentences.
 
     python benchmarks/online.py --concurrency 1,8,32,64,128 --beam 4 [--no-continuous-batching]
-        [--server-arg=--decode-workers=1 ...] [--json out.json]
+        [--api many --streams 1] [--server-arg=--decode-workers=1 ...] [--json out.json]
+
+`--api unary` (the default) sends each sentence as its own Translate call; `--api many` sends the
+same single-sentence requests as items of `--streams` long-lived TranslateMany streams (the
+concurrency split over them), which saves the per-call cost on both sides.
 
 For every level: requests, ok, errors (by status code), seconds, throughput (ok sentences/s and
 target tokens/s), latency p50/p95/p99/mean in ms, BLEU of the answers against the references.
@@ -104,17 +108,56 @@ def percentile(sorted_xs: list[float], q: float) -> float:
     return sorted_xs[min(len(sorted_xs) - 1, int(q * len(sorted_xs)))]
 
 
+class ManyStream:
+    """One TranslateMany stream shared by several closed-loop workers: `translate` writes an item
+    and waits for the answer with its id."""
+
+    CODES = {c.value[0]: c.name for c in grpc.StatusCode}
+
+    def __init__(self, stub: pb_grpc.TranslationServiceStub):
+        self.call = stub.TranslateMany()
+        self.waiting: dict[str, asyncio.Future] = {}
+        self.lock = asyncio.Lock()  # one write at a time on a call
+        self.reader = asyncio.ensure_future(self._read())
+
+    async def _read(self) -> None:
+        try:
+            async for r in self.call:
+                self.waiting.pop(r.id).set_result(r)
+        except grpc.aio.AioRpcError as e:
+            for f in self.waiting.values():
+                f.set_exception(e)
+
+    async def translate(self, id_: str, req: pb.TranslateRequest, timeout: float):
+        future = asyncio.get_running_loop().create_future()
+        self.waiting[id_] = future
+        async with self.lock:
+            await self.call.write(pb.TranslateManyRequest(id=id_, request=req, timeout_ms=int(timeout * 1000)))
+        r = await future
+        if r.HasField("error"):
+            return self.CODES.get(r.error.code, "UNKNOWN"), None
+        return "OK", r.response.translations[0]
+
+    async def close(self) -> None:
+        await self.call.done_writing()
+        await self.reader
+
+
 async def _load(address: str, texts: list[str], concurrency: int, n_requests: int, beam: int,
-                timeout: float, duration: float | None = None) -> dict:
+                timeout: float, duration: float | None = None, api: str = "unary", streams: int = 1) -> dict:
     opts = [("grpc.max_receive_message_length", 16 * 1024 * 1024)]
     async with grpc.aio.insecure_channel(address, options=opts) as ch:
         stub = pb_grpc.TranslationServiceStub(ch)
         options = pb.TranslationOptions(beam_size=beam)
+        many = [ManyStream(stub) for _ in range(min(streams, concurrency))] if api == "many" else []
 
         async def one(i: int):
             req = pb.TranslateRequest(texts=[texts[i % len(texts)]], options=options)
             t = time.perf_counter()
             try:
+                if many:
+                    code, translation = await many[i % len(many)].translate(str(i), req, timeout)
+                    return i, time.perf_counter() - t, code, translation
                 resp = await stub.Translate(req, timeout=timeout)
                 return i, time.perf_counter() - t, "OK", resp.translations[0]
             except grpc.aio.AioRpcError as e:
@@ -137,16 +180,18 @@ async def _load(address: str, texts: list[str], concurrency: int, n_requests: in
         t0 = time.perf_counter()
         results = await drive(0, n_requests, None if duration is None else t0 + duration)
         seconds = time.perf_counter() - t0
+        for m in many:
+            await m.close()
     return {"results": results, "seconds": seconds}
 
 
 def run_level(address: str, texts: list[str], refs: list[str], concurrency: int, n_requests: int, beam: int,
-              timeout: float = 120.0, duration: float | None = None) -> dict:
+              timeout: float = 120.0, duration: float | None = None, api: str = "unary", streams: int = 1) -> dict:
     """`n_requests` single-sentence requests, `concurrency` at a time (or fewer when `duration`
-    seconds pass first)."""
+    seconds pass first), as Translate calls or as items of `streams` TranslateMany streams."""
     import sacrebleu
 
-    out = asyncio.run(_load(address, texts, concurrency, n_requests, beam, timeout, duration))
+    out = asyncio.run(_load(address, texts, concurrency, n_requests, beam, timeout, duration, api, streams))
     results, seconds = out["results"], out["seconds"]
     ok = [r for r in results if r[2] == "OK"]
     lat = sorted(r[1] for r in ok)
@@ -158,7 +203,7 @@ def run_level(address: str, texts: list[str], refs: list[str], concurrency: int,
         ref = [refs[r[0] % len(refs)] for r in ok]
         bleu = round(sacrebleu.corpus_bleu(hyp, [ref]).score, 2)
     return {
-        "concurrency": concurrency, "beam": beam, "requests": len(results), "ok": len(ok),
+        "concurrency": concurrency, "beam": beam, "api": api, "requests": len(results), "ok": len(ok),
         "errors": dict(errors), "seconds": round(seconds, 3),
         "sentences_per_s": round(len(ok) / seconds, 2), "target_tokens_per_s": round(tokens / seconds, 1),
         "p50_ms": round(1000 * percentile(lat, 0.50), 2), "p95_ms": round(1000 * percentile(lat, 0.95), 2),
@@ -182,23 +227,24 @@ def process_cpu_s(pid: int | None = None) -> float:
 
 
 def run(model_dir: str | Path, texts: list[str], refs: list[str], levels: list[int], beam: int, base_requests: int,
-        server_args: list[str] = (), log=print, rounds: int = 4) -> dict:
+        server_args: list[str] = (), log=print, rounds: int = 4, api: str = "unary", streams: int = 1) -> dict:
     with Server(model_dir, list(server_args)) as srv:
         rows = []
         for c in levels:
             cpu0, t0 = (process_cpu_s(srv.pid), process_cpu_s()), time.perf_counter()
-            row = run_level(srv.address, texts, refs, c, requests_for(c, base_requests, rounds), beam)
+            row = run_level(srv.address, texts, refs, c, requests_for(c, base_requests, rounds), beam,
+                            api=api, streams=streams)
             # CPU used during the level (warm-up included) by the server and by this load generator,
             # in cores: both share the machine.
             wall = time.perf_counter() - t0
             row["server_cpu_cores"] = round((process_cpu_s(srv.pid) - cpu0[0]) / wall, 2)
             row["client_cpu_cores"] = round((process_cpu_s() - cpu0[1]) / wall, 2)
-            log(f"  online c={c:<4} beam={beam} {row['sentences_per_s']:8.1f} sent/s  p50 {row['p50_ms']:8.1f} ms  "
+            log(f"  online {api:5s} c={c:<4} beam={beam} {row['sentences_per_s']:8.1f} sent/s  p50 {row['p50_ms']:8.1f} ms  "
                 f"p99 {row['p99_ms']:8.1f} ms  errors {row['errors'] or 0}  cpu: server {row['server_cpu_cores']:.2f} "
                 f"client {row['client_cpu_cores']:.2f} cores")
             rows.append(row)
         rc = srv.stop()
-    return {"server_args": list(server_args), "levels": rows, "server_exit": rc}
+    return {"server_args": list(server_args), "api": api, "streams": streams, "levels": rows, "server_exit": rc}
 
 
 def main() -> None:
@@ -211,13 +257,16 @@ def main() -> None:
     p.add_argument("--beam", type=int, default=4)
     p.add_argument("--requests", type=int, default=1000, help="requests per level (at least 4 x concurrency)")
     p.add_argument("--continuous-batching", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--api", choices=["unary", "many"], default="unary",
+                   help="unary: a Translate call per sentence; many: items of TranslateMany streams")
+    p.add_argument("--streams", type=int, default=1, help="TranslateMany streams the concurrency is split over")
     p.add_argument("--server-arg", action="append", default=[], help="extra `mtserve serve` flag (repeatable)")
     p.add_argument("--json", help="write the result here")
     args = p.parse_args()
     texts, refs = read_parallel(args.data, "test_2016_flickr")
     extra = ["--continuous-batching" if args.continuous_batching else "--no-continuous-batching", *args.server_arg]
     result = run(args.model, texts, refs, [int(c) for c in args.concurrency.split(",")], args.beam, args.requests, extra,
-                 log=lambda m: print(m, file=sys.stderr))
+                 log=lambda m: print(m, file=sys.stderr), api=args.api, streams=args.streams)
     print_result(result, args.json)
 
 

@@ -25,8 +25,10 @@ docs/benchmarks.md and docs/benchmarks.png for a full run, benchmarks/results/qu
 quick one (`--docs` sends a quick run's to docs/ too). The last line printed is one JSON object
 with the headline ratios:
 
-  service_over_ct2_int8     service throughput at concurrency 64 (best layout) / CTranslate2 int8
-                            offline throughput (best layout), same beam
+  service_over_ct2_int8     service throughput at concurrency 64 (best layout), one Translate
+                            call per sentence / CTranslate2 int8 offline throughput (best layout),
+                            same beam
+  service_many_over_ct2_int8  the same with the sentences as items of one TranslateMany stream
   latency_c1_over_ct2       service p50 latency at concurrency 1 / CTranslate2's single-sentence
                             p50 latency (the faster of float32 and int8), same beam
   service_over_torch_eager  service throughput at concurrency 64 / the textbook PyTorch loop's
@@ -53,6 +55,7 @@ from benchmarks import online as online_mod  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results"
 LEVELS = [1, 8, 32, 64, 128]
+MANY_LEVELS = [1, 64]  # TranslateMany: one stream carrying the same single-sentence requests
 
 
 def log(msg: str) -> None:
@@ -167,6 +170,12 @@ def run_online(p: dict, model: str, texts, refs) -> dict:
                                rounds=p["rounds"])
             r.update({"beam": beam, "continuous_batching": cb})
             out["runs"].append(r)
+        # The same single-sentence requests as items of one TranslateMany stream (static batching).
+        log(f"online: beam {beam}, TranslateMany (one stream), continuous batching off (default layout)")
+        r = online_mod.run(model, texts, refs, MANY_LEVELS, beam, p["online_requests"], ["--no-continuous-batching"],
+                           log=log, rounds=p["rounds"], api="many", streams=1)
+        r.update({"beam": beam, "continuous_batching": False})
+        out["runs"].append(r)
     return out
 
 
@@ -215,11 +224,11 @@ def single_latency(rows: list[dict], engines: list[str], beam: int) -> float | N
     return min(vals, default=None)
 
 
-def service_points(res: dict, beam: int) -> list[tuple[str, dict]]:
-    """(label, level row) of every online run at this beam: the main runs and the sweep."""
+def service_points(res: dict, beam: int, api: str = "unary") -> list[tuple[str, dict]]:
+    """(label, level row) of every online run at this beam and API: the main runs and the sweep."""
     pts = []
     for r in res.get("online", {}).get("runs", []) + res.get("sweep", []):
-        if r.get("beam") != beam:
+        if r.get("beam") != beam or r.get("api", "unary") != api:
             continue
         label = " ".join(r["server_args"])
         for lv in r["levels"]:
@@ -233,6 +242,8 @@ def summarize(res: dict, beam: int) -> dict:
     c1 = [lv for _, lv in pts if lv["concurrency"] == 1 and not lv["errors"]]
     svc64 = max((lv["sentences_per_s"] for lv in c64), default=None)
     svc1 = min((lv["p50_ms"] for lv in c1), default=None)
+    many64 = max((lv["sentences_per_s"] for _, lv in service_points(res, beam, "many")
+                  if lv["concurrency"] == 64 and not lv["errors"]), default=None)
     ct2 = best_offline(res["offline"], "ct2-int8", beam)
     eager = best_offline(res["offline"], "torch-eager", beam)
     ort = best_offline(res["offline"], "ort-int8", beam)
@@ -246,6 +257,7 @@ def summarize(res: dict, beam: int) -> dict:
     return {
         "beam": beam,
         "service_c64_sentences_per_s": svc64, "service_c1_p50_ms": svc1,
+        "service_many_c64_sentences_per_s": many64,
         "ct2_int8_sentences_per_s": ct2 and ct2["sentences_per_s"],
         "ct2_int8_layout": ct2 and f"{ct2['workers']}x{max(1, ct2['threads'] // ct2['workers'])} batch {ct2['batch_size']}",
         "ct2_single_p50_ms": ct2_lat,
@@ -253,6 +265,7 @@ def summarize(res: dict, beam: int) -> dict:
         "ort_int8_layout": ort and f"{ort['workers']}x{max(1, ort['threads'] // ort['workers'])} batch {ort['batch_size']}",
         "batcher_c64_sentences_per_s": batcher, "torch_eager_sentences_per_s": eager and eager["sentences_per_s"],
         "service_over_ct2_int8": ratio(svc64, ct2 and ct2["sentences_per_s"]),
+        "service_many_over_ct2_int8": ratio(many64, ct2 and ct2["sentences_per_s"]),
         "latency_c1_over_ct2": ratio(svc1, ct2_lat),
         "service_over_torch_eager": ratio(svc64, eager and eager["sentences_per_s"]),
     }
@@ -351,7 +364,8 @@ def _online_series(res: dict, beam: int) -> dict[str, list[dict]]:
     series = {}
     for r in res.get("online", {}).get("runs", []) + res.get("sweep", []):
         if r.get("beam") == beam:
-            series[" ".join(r["server_args"]).replace("--", "")] = r["levels"]
+            api = "" if r.get("api", "unary") == "unary" else f" ({r['api']})"
+            series[" ".join(r["server_args"]).replace("--", "") + api] = r["levels"]
     return series
 
 
@@ -370,7 +384,8 @@ def write_markdown(res: dict, path: Path, plot_name: str) -> None:
           "`ct2-*` is CTranslate2 over the same weights (`benchmarks/ct2_convert.py`). Layout `W x T`: W decode loops "
           "(CTranslate2: `inter_threads`) of T threads each. Single-sentence latency: one sentence per call.",
           "- **Online** (`benchmarks/online.py`): `mtserve serve` on loopback, a grpc.aio client keeps N single-sentence "
-          "`Translate` requests in flight; warm-up of 2N requests not counted; the client shares the cores.",
+          "`Translate` requests in flight (API `unary`), or the same requests as items of one `TranslateMany` stream "
+          "(API `many`); warm-up of 2N requests not counted; the client shares the cores.",
           "- **Batcher** (`benchmarks/batcher.py`): the same scheduler and decode workers in one process with no gRPC, "
           "64 sentences in flight: what batching arrivals of mixed length costs, apart from the RPC layer.",
           "- **Target tokens**: generated subword tokens, `</s>` included.", ""]
@@ -403,13 +418,13 @@ def write_markdown(res: dict, path: Path, plot_name: str) -> None:
     L += ["", "BLEU is sacreBLEU (13a, cased) over the sentences translated; it is comparable between rows only "
           "when they translated the same sentences.", "",
           "## Online (mtserve serve on loopback, async gRPC client, one sentence per request)", "",
-          "| beam | server flags | concurrency | requests | errors | sent/s | target tok/s | p50 ms | p95 ms | p99 ms | BLEU "
-          "| CPU cores: server / client |",
-          "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+          "| beam | API | server flags | concurrency | requests | errors | sent/s | target tok/s | p50 ms | p95 ms | p99 ms "
+          "| BLEU | CPU cores: server / client |",
+          "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in res.get("online", {}).get("runs", []) + [dict(s, sweep=True) for s in res.get("sweep", [])]:
         flags = " ".join(r["server_args"]) + (" (sweep)" if r.get("sweep") else "")
         for lv in r["levels"]:
-            L.append(f"| {r['beam']} | `{flags}` | {lv['concurrency']} | {lv['requests']} | "
+            L.append(f"| {r['beam']} | {r.get('api', 'unary')} | `{flags}` | {lv['concurrency']} | {lv['requests']} | "
                      f"{sum(lv['errors'].values()) if lv['errors'] else 0} | {lv['sentences_per_s']:.1f} | "
                      f"{lv['target_tokens_per_s']:.0f} | {lv['p50_ms']:.1f} | {lv['p95_ms']:.1f} | {lv['p99_ms']:.1f} | "
                      f"{lv['bleu']} | {lv.get('server_cpu_cores', '')} / {lv.get('client_cpu_cores', '')} |")
@@ -431,11 +446,13 @@ def write_markdown(res: dict, path: Path, plot_name: str) -> None:
                      f"{r['rows_per_step']} | {r['ms_per_step']} | {r['us_per_row_step']} |")
         L += ["", "Where the gap to CTranslate2 is, step by step (best layout or mode of each, sent/s):", "",
               "| beam | CT2 int8 offline | ORT int8 offline (sorted batches) | batcher c64 (mixed arrivals) | "
-              "service c64 (gRPC, client on the same cores) |", "| --- | --- | --- | --- | --- |"]
+              "service c64 TranslateMany | service c64 Translate (gRPC, client on the same cores) |",
+              "| --- | --- | --- | --- | --- | --- |"]
         for s in res["summary_by_beam"]:
             L.append(f"| {s['beam']} | {s['ct2_int8_sentences_per_s']} ({s['ct2_int8_layout']}) | "
                      f"{s.get('ort_int8_sentences_per_s')} ({s.get('ort_int8_layout')}) | "
-                     f"{s.get('batcher_c64_sentences_per_s')} | {s['service_c64_sentences_per_s']} |")
+                     f"{s.get('batcher_c64_sentences_per_s')} | {s.get('service_many_c64_sentences_per_s')} | "
+                     f"{s['service_c64_sentences_per_s']} |")
         L.append("")
     if res.get("profile"):
         pr = res["profile"]
@@ -446,13 +463,16 @@ def write_markdown(res: dict, path: Path, plot_name: str) -> None:
         L += [f"| {k} | {100 * v:.1f}% |" for k, v in pr["share"].items()]
         L.append("")
     L += ["## Headline ratios", "", "| beam | service c64 sent/s | CT2 int8 sent/s | service / CT2 int8 | "
-          "service c1 p50 ms | CT2 single p50 ms | c1 latency / CT2 | service / torch eager |",
-          "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+          "TranslateMany c64 / CT2 int8 | service c1 p50 ms | CT2 single p50 ms | c1 latency / CT2 | "
+          "service / torch eager |",
+          "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for s in res["summary_by_beam"]:
         L.append(f"| {s['beam']} | {s['service_c64_sentences_per_s']} | {s['ct2_int8_sentences_per_s']} "
-                 f"({s['ct2_int8_layout']}) | {s['service_over_ct2_int8']} | {s['service_c1_p50_ms']} | "
-                 f"{s['ct2_single_p50_ms']} | {s['latency_c1_over_ct2']} | {s['service_over_torch_eager']} |")
-    L += ["", "Targets of issue #6: service / CT2 int8 >= 1.0, c1 latency / CT2 <= 1.5, service / torch eager >= 30. "
+                 f"({s['ct2_int8_layout']}) | {s['service_over_ct2_int8']} | {s.get('service_many_over_ct2_int8')} | "
+                 f"{s['service_c1_p50_ms']} | {s['ct2_single_p50_ms']} | {s['latency_c1_over_ct2']} | "
+                 f"{s['service_over_torch_eager']} |")
+    L += ["", "\"service\" is one `Translate` call per sentence; \"TranslateMany\" sends the same sentences as items "
+          "of one stream. Targets of issue #6: service / CT2 int8 >= 1.0, c1 latency / CT2 <= 1.5, service / torch eager >= 30. "
           "Where the time goes and why: [performance.md](performance.md).",
           "", f"![latency against throughput, beam 4]({plot_name})", ""]
     for b in res["plan"]["online_beams"][:-1]:
@@ -547,11 +567,12 @@ def main() -> None:
         log("matplotlib missing: no plot (pip install -e '.[bench]')")
     write_markdown(res, md, png.name)
     log(f"wrote {RESULTS / f'{mode}-{stamp}.json'}, {md}, {png} in {res['seconds']} s")
-    keys = ("service_over_ct2_int8", "latency_c1_over_ct2", "service_over_torch_eager", "service_c64_sentences_per_s",
+    keys = ("service_over_ct2_int8", "latency_c1_over_ct2", "service_over_torch_eager", "service_many_over_ct2_int8",
+            "service_c64_sentences_per_s", "service_many_c64_sentences_per_s",
             "ct2_int8_sentences_per_s", "service_c1_p50_ms", "ct2_single_p50_ms", "torch_eager_sentences_per_s")
     head = next(s for s in res["summary_by_beam"] if s["beam"] == head_beam)
     print(json.dumps({"mode": mode, "beam": head_beam, **{k: head[k] for k in keys},
-                      "by_beam": {str(s["beam"]): {k: s[k] for k in keys[:3]} for s in res["summary_by_beam"]},
+                      "by_beam": {str(s["beam"]): {k: s[k] for k in keys[:4]} for s in res["summary_by_beam"]},
                       "ct2_greedy_identical": f"{res['ct2_check']['identical']}/{res['ct2_check']['sentences']}",
                       # offline sentences per engine (0 = all 1,000): quick-mode ratios come from subsets
                       "offline_sentences": p["limits"]}))

@@ -18,7 +18,7 @@ TLS and authentication (docs/security.md):
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 import grpc
@@ -29,6 +29,15 @@ from service.api.mtserve.v1 import translation_pb2 as pb
 from service.api.mtserve.v1 import translation_pb2_grpc as pb_grpc
 
 DEFAULT_SERVER = "localhost:50051"
+_CODES = {c.value[0]: c for c in grpc.StatusCode}
+
+
+class ItemFailed(Exception):
+    """An item of a TranslateMany stream failed: its index, status code and message."""
+
+    def __init__(self, index: int, code: grpc.StatusCode | None, message: str):
+        super().__init__(f"text {index}: {code.name if code else 'UNKNOWN'}: {message}")
+        self.index, self.code, self.message = index, code, message
 
 
 def channel_target(target: str | Sequence[str]) -> str:
@@ -110,6 +119,30 @@ class Client:
     def translate_stream(self, text: str, **opts) -> Iterator[pb.TranslateStreamResponse]:
         req = pb.TranslateStreamRequest(text=text, options=options(**opts))
         return self.stub.TranslateStream(req, timeout=self.timeout, metadata=self.metadata)
+
+    def translate_many(self, requests: Iterable[pb.TranslateManyRequest]) -> Iterator[pb.TranslateManyResponse]:
+        """The TranslateMany stream as it is: `requests` is read lazily, the responses come in
+        completion order, one per request id. No stream deadline: give each item `timeout_ms`."""
+        return self.stub.TranslateMany(iter(requests), metadata=self.metadata)
+
+    def translate_all(self, texts: Sequence[str], **opts) -> list[pb.Translation]:
+        """Each text as its own TranslateMany item over one stream, each with the client's timeout;
+        the translations in input order. A failed item raises ItemFailed (the rest still finish)."""
+        o = options(**opts)
+        timeout_ms = int(self.timeout * 1000) if self.timeout else 0
+        reqs = (pb.TranslateManyRequest(id=str(i), request=pb.TranslateRequest(texts=[t], options=o),
+                                        timeout_ms=timeout_ms) for i, t in enumerate(texts))
+        out: list[pb.Translation | None] = [None] * len(texts)
+        failed: list[tuple[int, pb.ItemError]] = []
+        for r in self.translate_many(reqs):
+            if r.HasField("error"):
+                failed.append((int(r.id), r.error))
+            else:
+                out[int(r.id)] = r.response.translations[0]
+        if failed:
+            index, error = min(failed, key=lambda f: f[0])
+            raise ItemFailed(index, _CODES.get(error.code), error.message)
+        return out
 
     def encode(self, texts: Sequence[str], return_token_embeddings: bool = False) -> list[dict]:
         req = pb.EncodeRequest(texts=list(texts), return_token_embeddings=return_token_embeddings)

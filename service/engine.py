@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 from tokenizers import Tokenizer
 
-from service.errors import Cancelled, DeadlineExceeded, InvalidArgument
+from service.errors import Cancelled, DeadlineExceeded, InvalidArgument, ServiceError
 from service.generator import max_output_len
 from service.manifest import Manifest
 from service.metrics import Metrics
@@ -53,6 +53,19 @@ class TranslationResult:
 class Chunk:
     text: str
     token_ids: list[int]
+
+
+@dataclass
+class StreamItem:
+    """One item of a TranslateMany stream: a Translate call of its own."""
+
+    id: str
+    texts: list[str]
+    options: TranslateOptions
+    timeout: float | None = None  # seconds from arrival; None = only the stream's deadline
+
+
+_END = object()
 
 
 @dataclass
@@ -193,6 +206,68 @@ class Engine:
             yield result
         finally:
             done.cancel()
+
+    async def translate_many(self, items: AsyncIterator[StreamItem], timeout: float | None = None
+                             ) -> AsyncIterator[tuple[StreamItem, list[TranslationResult] | Exception]]:
+        """Items as they arrive, answers as they finish: (item, its results) or (item, the error of
+        that item alone). At most `max_stream_in_flight` items are read ahead of the answers taken
+        from this iterator. `timeout` is the whole stream's (seconds); an item's own comes with it.
+        An error raised by `items` itself (a malformed message) ends the stream with that error."""
+        loop = asyncio.get_running_loop()
+        stream_deadline = None if timeout is None else loop.time() + timeout
+        slots = asyncio.Semaphore(self.settings.max_stream_in_flight)
+        answers: asyncio.Queue = asyncio.Queue()
+        pending: set[asyncio.Task] = set()
+
+        async def one(item: StreamItem) -> None:
+            start = time.perf_counter()
+            limits = [t for t in (item.timeout, None if stream_deadline is None else stream_deadline - loop.time())
+                      if t is not None]
+            limit = min(limits) if limits else None
+            try:
+                if limit is None:
+                    outcome = await self.translate(item.texts, item.options)
+                else:
+                    try:
+                        outcome = await asyncio.wait_for(self.translate(item.texts, item.options, timeout=limit),
+                                                         max(limit, 0.0))
+                    except asyncio.TimeoutError:
+                        raise DeadlineExceeded("deadline expired before the translation finished") from None
+            except Exception as e:  # noqa: BLE001 - every failure is this item's answer, never the stream's
+                outcome = e
+            code = ("OK" if not isinstance(outcome, Exception)
+                    else outcome.code if isinstance(outcome, ServiceError) else "INTERNAL")
+            self.metrics.requests.labels("TranslateMany.item", code).inc()
+            self.metrics.request_latency.labels("TranslateMany.item", code).observe(time.perf_counter() - start)
+            answers.put_nowait((item, outcome))
+
+        async def read() -> None:
+            try:
+                async for item in items:
+                    await slots.acquire()
+                    task = asyncio.ensure_future(one(item))
+                    pending.add(task)
+                    task.add_done_callback(pending.discard)
+                while pending:
+                    await asyncio.wait(set(pending))
+                answers.put_nowait((_END, None))
+            except Exception as e:  # noqa: BLE001 - the request stream itself failed
+                answers.put_nowait((_END, e))
+
+        reader = asyncio.ensure_future(read())
+        try:
+            while True:
+                item, outcome = await answers.get()
+                if item is _END:
+                    if outcome is not None:
+                        raise outcome
+                    return
+                yield item, outcome
+                slots.release()  # the answer has been taken (written): one more item may be read
+        finally:
+            reader.cancel()
+            for task in list(pending):  # the stream ended early (cancelled, failed): drop its items
+                task.cancel()
 
     async def encode(self, texts: list[str], return_token_embeddings: bool, timeout: float | None = None
                      ) -> list[EncodingResult]:

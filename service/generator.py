@@ -34,6 +34,10 @@ from dataclasses import dataclass
 import numpy as np
 
 NEG_INF = float("-inf")
+# The encoder runs over a batch's sources in length-sorted chunks of this many sentences: each chunk
+# is padded only to its own longest source. A mixed batch of 16 padded to its longest is 42% padding
+# (test_2016_flickr), and from 8 sentences on a larger encoder batch is no cheaper per sentence.
+ENCODE_CHUNK = 8
 
 
 def max_output_len(src_len: int, a: float, b: int, max_positions: int) -> int:
@@ -86,6 +90,44 @@ def _walk(node: _Node | None) -> tuple[list[int], list]:
 
 def _length(node: _Node | None) -> int:
     return 0 if node is None else node[3]
+
+
+def encode_sources(model, src_ids_lists: Sequence[Sequence[int]], chunk: int = ENCODE_CHUNK
+                   ) -> tuple[np.ndarray, np.ndarray, list[np.ndarray], list[np.ndarray]]:
+    """Run the encoder over sources of any lengths -> lens (n,), src_mask (n, S) int64 and per
+    decoder layer the cross-attention keys and values (n, H, S, d_k), S the longest source, rows in
+    input order. Sorted by length and run in chunks of `chunk`, so that no chunk pays for another's
+    longest source; what lies past a source's end is hidden by src_mask."""
+    n = len(src_ids_lists)
+    lens = np.array([len(s) for s in src_ids_lists], dtype=np.int64)
+    S = int(lens.max())
+    mask = (np.arange(S)[None, :] < lens[:, None]).astype(np.int64)
+
+    def run(rows) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        s_len = int(lens[rows].max())
+        ids = np.full((len(rows), s_len), model.pad_id, dtype=np.int64)
+        for i, r in enumerate(rows):
+            ids[i, : lens[r]] = src_ids_lists[r]
+        _, ck, cv = model.encode(ids, np.ascontiguousarray(mask[rows, :s_len]))
+        return ck, cv
+
+    if n <= chunk:
+        ck, cv = run(list(range(n)))
+        return lens, mask, list(ck), list(cv)
+    order = np.argsort(lens, kind="stable")
+    ck_all = cv_all = None
+    for start in range(0, n, chunk):
+        rows = order[start:start + chunk]
+        ck, cv = run(rows.tolist())
+        if ck_all is None:
+            shape = (n, ck[0].shape[1], S, ck[0].shape[3])
+            ck_all = [np.empty(shape, dtype=ck[0].dtype) for _ in ck]
+            cv_all = [np.empty(shape, dtype=cv[0].dtype) for _ in cv]
+        s_len = ck[0].shape[2]
+        for out, part in zip(ck_all + cv_all, list(ck) + list(cv)):
+            out[rows, :, :s_len] = part
+            out[rows, :, s_len:] = 0.0
+    return lens, mask, ck_all, cv_all
 
 
 def _as_list(value, n: int, name: str) -> list:
@@ -152,13 +194,7 @@ class DecodeBatch:
             self._empty_state(model)
             return self
         K = beam
-        lens = np.array([len(s) for s in src_ids_lists], dtype=np.int64)
-        S = int(lens.max())
-        ids = np.full((n, S), model.pad_id, dtype=np.int64)
-        for i, s in enumerate(src_ids_lists):
-            ids[i, : len(s)] = s
-        mask = (np.arange(S)[None, :] < lens[:, None]).astype(np.int64)
-        _, ck, cv = model.encode(ids, mask)
+        lens, mask, ck, cv = encode_sources(model, src_ids_lists)
         if K > 1:
             mask = np.repeat(mask, K, axis=0)
             ck = [np.repeat(k, K, axis=0) for k in ck]

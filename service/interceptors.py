@@ -56,6 +56,27 @@ def _check_parsed(request) -> None:
         raise InvalidArgument("request", f"not a valid protobuf message: {request.reason}")
 
 
+def error_status(exc: BaseException, method: str, rid) -> tuple[grpc.StatusCode, str]:
+    """The status and message a client gets for `exc`: a ServiceError's own code and message;
+    anything else INTERNAL with a request id (`rid()`), logged with its traceback. TranslateMany
+    answers each failed item with this too."""
+    if isinstance(exc, ServiceError) and exc.code != "INTERNAL":
+        return getattr(grpc.StatusCode, exc.code), exc.message
+    request = rid()
+    if isinstance(exc, ServiceError):  # an Internal raised on purpose (the scheduler logged the traceback)
+        log.error("request %s: %s in %s", request, exc.message, method)
+        return grpc.StatusCode.INTERNAL, f"{exc.message} (request id {request})"
+    log.error("request %s: unexpected error in %s", request, method, exc_info=exc)
+    return grpc.StatusCode.INTERNAL, f"internal error (request id {request})"
+
+
+async def _checked(requests):
+    """A client stream's messages, ending the call with INVALID_ARGUMENT at a malformed one."""
+    async for request in requests:
+        _check_parsed(request)
+        yield request
+
+
 class ErrorAndMetricsInterceptor(grpc.aio.ServerInterceptor):
     """Maps ServiceError subclasses to their status code with their message; anything unexpected
     becomes INTERNAL with a request id that is logged with the traceback. Counts and times RPCs."""
@@ -78,27 +99,23 @@ class ErrorAndMetricsInterceptor(grpc.aio.ServerInterceptor):
                 self._wrap_stream(method, handler.unary_stream),
                 request_deserializer=_tolerant(handler.request_deserializer),
                 response_serializer=handler.response_serializer)
-        # Client-streaming methods (reflection; the auth interceptor's refusals of it): the first
-        # argument is the request iterator, the wrappers pass it through unchanged.
+        # Client-streaming methods (TranslateMany, reflection; the auth interceptor's refusals of
+        # them): the first argument is the request iterator, checked message by message.
         if handler.stream_unary:
             return grpc.stream_unary_rpc_method_handler(
-                self._wrap_unary(method, handler.stream_unary),
-                request_deserializer=handler.request_deserializer, response_serializer=handler.response_serializer)
+                self._wrap_unary(method, handler.stream_unary, streaming_request=True),
+                request_deserializer=_tolerant(handler.request_deserializer),
+                response_serializer=handler.response_serializer)
         if handler.stream_stream:
             return grpc.stream_stream_rpc_method_handler(
-                self._wrap_stream(method, handler.stream_stream),
-                request_deserializer=handler.request_deserializer, response_serializer=handler.response_serializer)
+                self._wrap_stream(method, handler.stream_stream, streaming_request=True),
+                request_deserializer=_tolerant(handler.request_deserializer),
+                response_serializer=handler.response_serializer)
         return handler
 
     async def _fail(self, context, method: str, exc: BaseException) -> None:
-        if isinstance(exc, ServiceError) and exc.code != "INTERNAL":
-            await context.abort(getattr(grpc.StatusCode, exc.code), exc.message)
-        rid = request_id(context)
-        if isinstance(exc, ServiceError):  # an Internal raised on purpose (the scheduler logged the traceback)
-            log.error("request %s: %s in %s", rid, exc.message, method)
-            await context.abort(grpc.StatusCode.INTERNAL, f"{exc.message} (request id {rid})")
-        log.exception("request %s: unexpected error in %s", rid, method, exc_info=exc)
-        await context.abort(grpc.StatusCode.INTERNAL, f"internal error (request id {rid})")
+        code, message = error_status(exc, method, lambda: request_id(context))
+        await context.abort(code, message)
 
     @staticmethod
     def _code_name(context, cancelled: bool) -> str:
@@ -122,14 +139,17 @@ class ErrorAndMetricsInterceptor(grpc.aio.ServerInterceptor):
         self.metrics.requests.labels(method, name).inc()
         self.metrics.request_latency.labels(method, name).observe(time.perf_counter() - start)
 
-    def _wrap_unary(self, method, inner):
+    def _wrap_unary(self, method, inner, streaming_request: bool = False):
         async def behaviour(request, context):
             start = time.perf_counter()
             gauge = self.metrics.in_flight.labels(method)
             gauge.inc()
             cancelled = False
             try:
-                _check_parsed(request)
+                if streaming_request:
+                    request = _checked(request)
+                else:
+                    _check_parsed(request)
                 return await inner(request, context)
             except AbortError:
                 raise
@@ -144,7 +164,7 @@ class ErrorAndMetricsInterceptor(grpc.aio.ServerInterceptor):
 
         return behaviour
 
-    def _wrap_stream(self, method, inner):
+    def _wrap_stream(self, method, inner, streaming_request: bool = False):
         # A streaming handler is either an async generator (ours) or a coroutine writing with
         # context.write() (grpc's health Watch); the wrapper must be of the same kind.
         if inspect.isasyncgenfunction(inner):
@@ -154,7 +174,10 @@ class ErrorAndMetricsInterceptor(grpc.aio.ServerInterceptor):
                 gauge.inc()
                 cancelled = False
                 try:
-                    _check_parsed(request)
+                    if streaming_request:
+                        request = _checked(request)
+                    else:
+                        _check_parsed(request)
                     async for message in inner(request, context):
                         yield message
                 except AbortError:
@@ -169,4 +192,4 @@ class ErrorAndMetricsInterceptor(grpc.aio.ServerInterceptor):
                     self._record(method, context, start, cancelled)
 
             return behaviour
-        return self._wrap_unary(method, inner)
+        return self._wrap_unary(method, inner, streaming_request)

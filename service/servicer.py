@@ -6,7 +6,8 @@ import grpc
 
 from service.api.mtserve.v1 import translation_pb2 as pb
 from service.api.mtserve.v1 import translation_pb2_grpc as pb_grpc
-from service.engine import Engine, TranslateOptions, TranslationResult
+from service.engine import Engine, StreamItem, TranslateOptions, TranslationResult
+from service.interceptors import error_status, request_id
 
 
 def _options(msg: pb.TranslationOptions) -> TranslateOptions:
@@ -56,6 +57,20 @@ class TranslationServicer(pb_grpc.TranslationServiceServicer):
                 yield pb.TranslateStreamResponse(final=translation_pb(event, opts))
             else:
                 yield pb.TranslateStreamResponse(chunk=pb.TranslationChunk(text=event.text, token_ids=event.token_ids))
+
+    async def TranslateMany(self, request_iterator, context):
+        async def items():
+            async for r in request_iterator:
+                yield StreamItem(id=r.id, texts=list(r.request.texts), options=_options(r.request.options),
+                                 timeout=r.timeout_ms / 1000.0 if r.timeout_ms else None)
+
+        async for item, outcome in self.engine.translate_many(items(), timeout=_deadline(context)):
+            if isinstance(outcome, Exception):
+                code, message = error_status(outcome, "TranslateMany", lambda: f"{request_id(context)}/{item.id}")
+                yield pb.TranslateManyResponse(id=item.id, error=pb.ItemError(code=code.value[0], message=message))
+            else:
+                yield pb.TranslateManyResponse(id=item.id, response=pb.TranslateResponse(
+                    translations=[translation_pb(r, item.options) for r in outcome], model=self.engine.model_name))
 
     async def Encode(self, request: pb.EncodeRequest, context) -> pb.EncodeResponse:
         encodings = await self.engine.encode(list(request.texts), request.return_token_embeddings,

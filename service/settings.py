@@ -54,6 +54,8 @@ class Settings(BaseSettings):
     max_beam_size: int = Field(8, ge=1)
     default_beam_size: int = Field(4, ge=1)
     max_receive_message_bytes: int = Field(4 * 1024 * 1024, ge=1024)
+    max_stream_in_flight: int = Field(256, ge=1, description="TranslateMany: items of one stream read ahead of "
+                                      "their answers; the server stops reading the stream until one is answered")
 
     # Lifecycle and observability
     grace_period_s: float = Field(20.0, ge=0, description="time to finish in-flight work after SIGTERM")

@@ -6,7 +6,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from service.generator import DecodeBatch, Finished, generate, max_output_len
+from service.generator import (
+    DecodeBatch,
+    Finished,
+    encode_sources,
+    generate,
+    max_output_len,
+)
 
 N_SENTENCES = 40
 
@@ -54,6 +60,20 @@ def test_beam_1_is_greedy_and_results_do_not_depend_on_batching(tiny_onnx, sourc
     assert [h.tokens for h in generate(tiny_onnx, sources[:10], beam=1, batch_size=64)] == one_by_one
     beams = [generate(tiny_onnx, [s], beam=3)[0].tokens for s in sources[:10]]
     assert [h.tokens for h in generate(tiny_onnx, sources[:10], beam=3, batch_size=4)] == beams
+
+
+def test_encoder_chunks_sorted_by_length_give_the_one_pass_result(tiny_onnx, sources):
+    src = sources[:13]  # mixed lengths, not a multiple of the chunk
+    lens, mask, ck, cv = encode_sources(tiny_onnx, src, chunk=len(src))  # one pass, padded to the longest
+    c_lens, c_mask, c_ck, c_cv = encode_sources(tiny_onnx, src, chunk=3)
+    assert c_lens.tolist() == lens.tolist() == [len(s) for s in src]
+    np.testing.assert_array_equal(c_mask, mask)
+    for one, chunked in zip(ck + cv, c_ck + c_cv):
+        assert chunked.shape == one.shape == (len(src), tiny_onnx.n_heads, max(lens), tiny_onnx.d_k)
+        for r, n in enumerate(lens):
+            np.testing.assert_allclose(chunked[r, :, :n], one[r, :, :n], atol=1e-5)  # the rest: src_mask 0
+    many = generate(tiny_onnx, src, beam=2, batch_size=13)  # from_sources encodes in chunks of 8
+    assert [h.tokens for h in many] == [generate(tiny_onnx, [s], beam=2)[0].tokens for s in src]
 
 
 def run_to_end(model, batch: DecodeBatch, results: dict) -> None:

@@ -1,0 +1,35 @@
+"""benchmarks/online.py's load generator against a real server on loopback: every request is
+answered, through Translate calls or as items of TranslateMany streams, with the same texts."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks.online import run_level
+
+
+@pytest.fixture(scope="module")
+def server(make_server):
+    return make_server(decode_workers=2)
+
+
+@pytest.mark.parametrize("api, streams", [("unary", 1), ("many", 1), ("many", 3)])
+def test_every_request_is_answered(server, test_split, api, streams):
+    texts, refs = test_split[0][:20], test_split[1][:20]
+    row = run_level(server.address, texts, refs, concurrency=6, n_requests=24, beam=1, api=api, streams=streams)
+    assert row["api"] == api and row["errors"] == {}
+    assert row["requests"] == row["ok"] == 24
+    assert row["sentences_per_s"] > 0 and row["p50_ms"] <= row["p99_ms"]
+    assert row["bleu"] is not None
+
+
+def test_both_apis_give_the_same_translations(server, test_split):
+    import asyncio
+
+    from benchmarks.online import _load
+
+    texts = test_split[0][:12]
+    out = {api: asyncio.run(_load(server.address, texts, 4, 12, 1, 30.0, api=api, streams=2))["results"]
+           for api in ("unary", "many")}
+    by_index = {api: {i: t.text for i, _, code, t in rows if code == "OK"} for api, rows in out.items()}
+    assert by_index["unary"] == by_index["many"] and len(by_index["many"]) == 12
