@@ -17,15 +17,16 @@ import sys
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
+from tokenizers import Tokenizer
 
 from service.api.inference import grpc_service_pb2_grpc
 from service.api.mtserve.v1 import translation_pb2, translation_pb2_grpc
 from service.engine import Engine, TranslateOptions
 from service.errors import ModelLoadError, StartupError
 from service.interceptors import ErrorAndMetricsInterceptor
-from service.kserve import KServeServicer
 from service.kserve import SERVICE_NAME as KSERVE_SERVICE_NAME
-from service.manifest import ManifestError
+from service.kserve import KServeServicer
+from service.manifest import ManifestError, load_manifest, resolve_onnx_dir
 from service.memory import keep_freed_memory
 from service.metrics import Metrics
 from service.onnx_model import OnnxSeq2Seq
@@ -78,13 +79,30 @@ class Server:
         st = self.settings
         credentials = server_credentials(st)  # bad TLS files or tokens fail before the slow model load
         tokens = load_tokens(st)
-        models = load_models(st)
-        manifest = models[0].manifest
-        gen = manifest.generation
-        self.scheduler = Scheduler(models, st, self.metrics, gen.max_len_a, gen.max_len_b)
-        self.engine = Engine(st, manifest, models[0].tokenizer, self.scheduler, self.metrics, models[0].provider)
+        if st.engine_process:
+            # The sessions, the scheduler and its workers in a child process (its own GIL); this
+            # process keeps the manifest and the tokenizer for validation and tokenisation.
+            from service.engine_process import EngineProcess
+
+            self.scheduler = EngineProcess(st, self.metrics)
+            await asyncio.get_running_loop().run_in_executor(None, self.scheduler.start_process)
+            try:
+                graphs = resolve_onnx_dir(st.graphs_dir)
+                manifest = load_manifest(graphs, verify_checksums=False, precision=st.precision)
+                tokenizer = Tokenizer.from_file(str(graphs / manifest.tokenizer.file))
+            except Exception as e:  # noqa: BLE001 - the child read the same files a moment ago
+                self.scheduler.shutdown()
+                raise ModelLoadError(f"{type(e).__name__}: {e}") from e
+            provider, sessions = self.scheduler.provider, self.scheduler.sessions
+        else:
+            models = load_models(st)
+            manifest, tokenizer, provider = models[0].manifest, models[0].tokenizer, models[0].provider
+            gen = manifest.generation
+            self.scheduler = Scheduler(models, st, self.metrics, gen.max_len_a, gen.max_len_b)
+            sessions = len({id(m) for m in models})
+        self.engine = Engine(st, manifest, tokenizer, self.scheduler, self.metrics, provider)
         self.metrics.model_info.info({"name": manifest.name, "version": manifest.version,
-                                      "provider": models[0].provider, "precision": st.precision})
+                                      "provider": provider, "precision": st.precision})
 
         self.server = grpc.aio.server(
             # The error interceptor comes first (outermost) so that it maps the auth refusals too.
@@ -113,10 +131,10 @@ class Server:
         self.scheduler.start()
         await self._warm_up()
         await self._set_health(health_pb2.HealthCheckResponse.SERVING)
-        sessions = len({id(m) for m in models})
-        log.info("serving %s on %s (%s, %s, %d decode workers x %d threads, %d session pair%s)%s; %s, %s",
-                 self.engine.model_name, st.address, models[0].provider, st.precision, st.decode_workers,
+        log.info("serving %s on %s (%s, %s, %d decode workers x %d threads, %d session pair%s%s)%s; %s, %s",
+                 self.engine.model_name, st.address, provider, st.precision, st.decode_workers,
                  st.intra_op_threads, sessions, "" if sessions == 1 else "s",
+                 ", in an engine process" if st.engine_process else "",
                  f", metrics on :{self.metrics_port}" if self.metrics_port else "",
                  ("TLS with client certificates" if st.tls_client_ca_file else "TLS") if self.tls else "plaintext",
                  f"bearer tokens required ({len(tokens)} accepted)" if tokens else "no authentication")

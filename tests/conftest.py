@@ -141,6 +141,7 @@ class RunningServer:
             model.step = step
 
     def stop(self) -> None:
+        self.stopped = True
         self.call(self.server.drain())
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(10)
@@ -149,13 +150,15 @@ class RunningServer:
 @pytest.fixture(scope="module")
 def make_server(tiny_onnx_dir):
     """make_server(**settings_overrides) -> RunningServer on 127.0.0.1 (an ephemeral port), serving
-    the tiny fp32 export with metrics off; every server made is drained when the module ends."""
+    the tiny fp32 export with metrics off; every server made is drained when the module ends. The
+    scheduler runs in the server's process (engine_process=False), where tests can reach into it
+    (slow_down, fault injection); tests/service/test_engine_process.py covers the child process."""
     started = []
 
     def make(**overrides) -> RunningServer:
         fields = dict(address="127.0.0.1:0", model_dir=tiny_onnx_dir.parent, onnx_dir=tiny_onnx_dir,
                       metrics_port=0, decode_workers=1, grace_period_s=5.0, max_queue_delay_ms=2.0,
-                      precision="fp32")
+                      precision="fp32", engine_process=False)
         from service.settings import Settings
 
         s = RunningServer(Settings(**{**fields, **overrides}))
@@ -164,5 +167,5 @@ def make_server(tiny_onnx_dir):
 
     yield make
     for s in started:
-        if s.server.scheduler._threads and s.thread.is_alive():
+        if s.thread.is_alive() and not getattr(s, "stopped", False):
             s.stop()
