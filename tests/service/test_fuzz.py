@@ -160,6 +160,7 @@ def fz(make_server, tiny_onnx_dir):
     channel = grpc.insecure_channel(srv.address)
     raw_unary = {name: channel.unary_unary(SERVICE + name) for name in ("Translate", "Encode", "GetModelInfo")}
     raw_stream = channel.unary_stream(SERVICE + "TranslateStream")
+    raw_many = channel.stream_stream(SERVICE + "TranslateMany")
 
     class Fuzz:
         server, client, check = srv, srv.client(timeout=TIMEOUT), oracle
@@ -168,6 +169,10 @@ def fz(make_server, tiny_onnx_dir):
         def call(method: str, request: bytes):
             """Raw bytes on the wire: (status code, details, parsed responses)."""
             try:
+                if method == "TranslateMany":  # one message or several (a list) on one stream
+                    messages = request if isinstance(request, list) else [request]
+                    return grpc.StatusCode.OK, "", [pb.TranslateManyResponse.FromString(m)
+                                                    for m in raw_many(iter(messages), timeout=TIMEOUT)]
                 if method == "TranslateStream":
                     return grpc.StatusCode.OK, "", [pb.TranslateStreamResponse.FromString(m)
                                                     for m in raw_stream(request, timeout=TIMEOUT)]
@@ -197,7 +202,23 @@ def expect(code, details, problem: str | None) -> None:
 
 
 REQUESTS = {"Translate": pb.TranslateRequest, "TranslateStream": pb.TranslateStreamRequest,
-            "Encode": pb.EncodeRequest, "GetModelInfo": pb.GetModelInfoRequest}
+            "TranslateMany": pb.TranslateManyRequest, "Encode": pb.EncodeRequest, "GetModelInfo": pb.GetModelInfoRequest}
+
+
+def check_many_item(fz, req: pb.TranslateManyRequest, answer: pb.TranslateManyResponse) -> None:
+    """One TranslateMany item's answer: the Translate call's outcome, as the item's own status."""
+    assert answer.id == req.id
+    problem = fz.check.translate(list(req.request.texts), req.request.options)
+    if answer.HasField("error"):
+        code = grpc.StatusCode(next(c.value for c in grpc.StatusCode if c.value[0] == answer.error.code))
+        if code == grpc.StatusCode.DEADLINE_EXCEEDED and 0 < req.timeout_ms < TIMEOUT * 1000:
+            return  # its own deadline, which the oracle does not model
+        expect(code, answer.error.message, problem)
+    else:
+        expect(grpc.StatusCode.OK, "", problem)
+        assert len(answer.response.translations) == len(req.request.texts) and answer.response.model
+        for t, text in zip(answer.response.translations, req.request.texts):
+            fz.check.check_translation(t, text, req.request.options)
 
 
 def check_call(fz, method: str, raw: bytes) -> None:
@@ -225,6 +246,10 @@ def check_call(fz, method: str, raw: bytes) -> None:
             assert final.HasField("final") and all(m.HasField("chunk") for m in chunks)
             assert "".join(m.chunk.text for m in chunks).strip() == final.final.text
             fz.check.check_translation(final.final, req.text, req.options)
+    elif method == "TranslateMany":
+        assert code == grpc.StatusCode.OK, (code, details)  # items fail alone; the stream ends OK
+        (answer,) = responses
+        check_many_item(fz, req, answer)
     elif method == "Encode":
         expect(code, details, fz.check.texts_problem(list(req.texts), "texts"))
         if code == grpc.StatusCode.OK:
@@ -254,6 +279,20 @@ def test_translate_any_texts_and_options(fz, texts, opts):
 def test_translate_stream_any_text_and_options(fz, text, opts):
     check_call(fz, "TranslateStream",
                pb.TranslateStreamRequest(text=text, options=options_pb(opts)).SerializeToString())
+    fz.still_serving()
+
+
+@fuzz_settings(150)
+@given(items=st.lists(st.tuples(texts, options, st.sampled_from([0, 0, 1, 50, 60_000])), min_size=1, max_size=5))
+def test_translate_many_any_items_on_one_stream(fz, items):
+    reqs = [pb.TranslateManyRequest(id=f"item-{i}", request=pb.TranslateRequest(texts=t, options=options_pb(o)),
+                                    timeout_ms=ms) for i, (t, o, ms) in enumerate(items)]
+    code, details, answers = fz.call("TranslateMany", [r.SerializeToString() for r in reqs])
+    assert code == grpc.StatusCode.OK, (code, details)
+    assert sorted(a.id for a in answers) == sorted(r.id for r in reqs)  # each answered once
+    by_id = {a.id: a for a in answers}
+    for r in reqs:
+        check_many_item(fz, r, by_id[r.id])
     fz.still_serving()
 
 
@@ -315,7 +354,7 @@ def test_mutated_valid_messages(fz, method, texts, opts, mutations):
     (b"\x08" + b"\xff" * 11, "corrupt"),  # a varint longer than 10 bytes
 ])
 def test_malformed_protobuf_is_invalid_argument(fz, raw, reason):
-    for method in ("Translate", "TranslateStream", "Encode"):
+    for method in ("Translate", "TranslateStream", "TranslateMany", "Encode"):
         code, details, _ = fz.call(method, raw)
         assert code == grpc.StatusCode.INVALID_ARGUMENT, (method, code, details)
         assert details.startswith("request: not a valid protobuf message") and reason in details, details
