@@ -129,6 +129,16 @@ class RunningServer:
 
         return Client(self.address, **kw)
 
+    def wait_idle(self, seconds: float = 5.0) -> bool:
+        """Until the scheduler holds no sentence (answers go out just before their rows' bookkeeping
+        ends); whether it got there within `seconds`."""
+        import time
+
+        end = time.time() + seconds
+        while not self.server.scheduler.idle and time.time() < end:
+            time.sleep(0.01)
+        return self.server.scheduler.idle
+
     def slow_down(self, seconds: float) -> None:
         """Fault injection for timing tests: every decoder step of every worker sleeps first."""
         import time

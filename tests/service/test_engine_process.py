@@ -27,12 +27,6 @@ def pair(make_server):
     return make_server(decode_workers=2), make_server(decode_workers=2, engine_process=True)
 
 
-def wait_idle(srv, seconds: float = 10.0) -> bool:
-    end = time.time() + seconds
-    while not srv.server.scheduler.idle and time.time() < end:
-        time.sleep(0.01)
-    return srv.server.scheduler.idle
-
 
 def test_same_answers_as_in_process(pair):
     threads, process = pair
@@ -50,7 +44,7 @@ def test_same_answers_as_in_process(pair):
         np.testing.assert_allclose(b.encode(SENTENCES[:2])[1]["pooled"], a.encode(SENTENCES[:2])[1]["pooled"], atol=1e-5)
         assert [t.text for t in b.translate_all(SENTENCES * 3, beam_size=1)] == \
             [t.text for t in a.translate(SENTENCES * 3, beam_size=1)]
-    assert wait_idle(process)
+    assert process.wait_idle()
 
 
 def test_the_child_metrics_are_scraped_with_the_servers(pair):
@@ -73,7 +67,7 @@ def test_a_cancelled_stream_frees_its_rows_in_the_child(pair):
         call = c.translate_stream(" ".join(SENTENCES), beam_size=1)
         next(call)
         call.cancel()
-        assert wait_idle(process)
+        assert process.wait_idle()
         assert c.translate([SENTENCES[0]], beam_size=1)[0].text
 
 

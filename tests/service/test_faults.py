@@ -54,10 +54,7 @@ def test_overload_refuses_the_excess_quickly_and_answers_every_accepted_request(
     # Refusals are immediate; accepted requests wait for decoding but stay bounded (generous bounds).
     assert statistics.median(refused) < statistics.median(ok)
     assert max(refused) < 10.0 and max(ok) < 60.0
-    deadline = time.time() + 10
-    while not srv.server.scheduler.idle and time.time() < deadline:
-        time.sleep(0.02)
-    assert srv.server.scheduler.idle and srv.server.scheduler.queue_depth == 0
+    assert srv.wait_idle(10) and srv.server.scheduler.queue_depth == 0
     with srv.client(timeout=30) as c:
         assert c.translate([SENTENCE], beam_size=1)[0].text
 
@@ -88,7 +85,4 @@ def test_cancellations_and_deadlines_under_load_leave_the_queue_empty(make_serve
     allowed = {"cancel:CANCELLED", "cancel:OK", "deadline:DEADLINE_EXCEEDED", "deadline:OK", "normal:OK"}
     assert set(results) <= allowed, results
     assert results.get("normal:OK") == 20 and results.get("deadline:DEADLINE_EXCEEDED", 0) >= 1
-    end = time.time() + 15
-    while not srv.server.scheduler.idle and time.time() < end:
-        time.sleep(0.02)
-    assert srv.server.scheduler.idle and srv.server.scheduler.queue_depth == 0
+    assert srv.wait_idle(15) and srv.server.scheduler.queue_depth == 0

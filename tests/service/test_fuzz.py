@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import math
 import os
-import time
 
 import grpc
 import numpy as np
@@ -405,10 +404,7 @@ def test_thousands_of_texts_answered_in_order_when_the_limits_allow(make_server)
         batch = [sentences[i % 4] for i in range(3000)]
         out = c.translate(batch, beam_size=1, max_output_tokens=4)
     assert [t.text for t in out] == [alone[s] for s in batch]
-    end = time.time() + 5  # the rows' bookkeeping ends just after the last answer is sent
-    while not srv.server.scheduler.idle and time.time() < end:
-        time.sleep(0.01)
-    assert srv.server.scheduler.idle
+    assert srv.wait_idle(5)
 
 
 def test_every_hostile_piece_alone_and_together(fz):

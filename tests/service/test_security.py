@@ -132,10 +132,7 @@ def test_mutual_tls_requires_a_client_certificate_from_the_ca(make_server, pki):
     with srv.client(ca_cert=pki["ca"], client_cert=pki["rogue_cert"], client_key=pki["rogue_key"], timeout=5) as rogue:
         code, _ = code_of(lambda: rogue.translate([TEXT], beam_size=1))
         assert code == grpc.StatusCode.UNAVAILABLE
-    end = time.time() + 5  # the rows' bookkeeping ends just after the last answer is sent
-    while not srv.server.scheduler.idle and time.time() < end:
-        time.sleep(0.01)
-    assert srv.server.scheduler.idle
+    assert srv.wait_idle(5)
 
 
 # ----------------------------------------------------------------------------- bearer tokens

@@ -163,10 +163,7 @@ def test_cancelled_stream_frees_its_rows(make_server):
         call = c.translate_stream(" ".join(SENTENCES), beam_size=1)
         next(call)  # the first chunk arrived: the sentence is in a batch
         call.cancel()
-        deadline = time.time() + 5
-        while not srv.server.scheduler.idle and time.time() < deadline:
-            time.sleep(0.02)
-        assert srv.server.scheduler.idle
+        assert srv.wait_idle(5)
         assert c.translate([SENTENCES[0]], beam_size=1)[0].text
 
 
@@ -255,10 +252,7 @@ def test_a_failing_step_leaves_the_other_batches_and_requests_unaffected(make_se
     outcomes = {s.labels.get("outcome"): s.value for s in srv.server.metrics.sentences.collect()[0].samples
                 if s.name.endswith("_total")}
     assert outcomes.get("error") == 1
-    end = time.time() + 5  # the rows' bookkeeping ends just after the last answer is sent
-    while not srv.server.scheduler.idle and time.time() < end:
-        time.sleep(0.01)
-    assert srv.server.scheduler.idle
+    assert srv.wait_idle(5)
 
 
 # ----------------------------------------------------------------------------- health and reflection

@@ -35,12 +35,6 @@ def client(server):
         yield c
 
 
-def wait_idle(srv, seconds: float = 5.0) -> bool:
-    end = time.time() + seconds
-    while not srv.server.scheduler.idle and time.time() < end:
-        time.sleep(0.01)
-    return srv.server.scheduler.idle
-
 
 def test_translate_all_gives_what_translate_gives_in_input_order(client):
     texts = SENTENCES * 5
@@ -89,7 +83,7 @@ def test_an_item_past_its_deadline_is_deadline_exceeded_and_frees_its_rows(make_
                                                       item("free", SENTENCES[3])])}
         assert answers["slow"].error.code == grpc.StatusCode.DEADLINE_EXCEEDED.value[0]
         assert answers["free"].response.translations[0].text
-        assert wait_idle(srv)
+        assert srv.wait_idle()
 
 
 def test_the_server_reads_at_most_max_stream_in_flight_items_ahead(make_server):
@@ -121,7 +115,7 @@ def test_cancelling_the_stream_cancels_its_items(make_server):
         first = next(call)
         assert first.id == "a"
         call.cancel()
-        assert wait_idle(srv)
+        assert srv.wait_idle()
         assert c.translate([SENTENCES[0]], beam_size=1)[0].text
 
 
