@@ -327,27 +327,40 @@ class EngineProcess:
                     return
                 self._child_died()
                 continue
-            op = msg[0]
-            if op == "done" or op == "encoded":
-                item = self._forget(msg[1])
-                if item is not None:
-                    _settle(item.future, result=msg[2])
-            elif op == "error":
-                item = self._forget(msg[1])
-                if item is not None:
-                    cls = getattr(errors, msg[2], None)
-                    exc = cls(msg[3]) if isinstance(cls, type) and issubclass(cls, errors.ServiceError) \
-                        and cls is not errors.InvalidArgument else Internal(msg[3])
-                    _settle(item.future, error=exc)
-            elif op == "tokens":
-                with self._lock:
-                    item = self._pending.get(msg[1])
-                if item is not None and item.on_tokens is not None and not item.future.done():
-                    item.on_tokens(msg[2])
-            elif op == "metrics":
-                with self._metric_ready:
-                    self._metric_replies[msg[1]] = msg[2]
-                    self._metric_ready.notify_all()
+            except Exception:  # noqa: BLE001 - an unreadable message: the pipe cannot be trusted any more
+                log.exception("engine process: unreadable message from the child")
+                if self._stopping:
+                    return
+                self._proc.kill()
+                self._child_died()
+                continue
+            try:
+                self._handle(msg)
+            except Exception:  # noqa: BLE001 - one bad message must not stop the reader
+                log.exception("engine process reader: cannot handle %r", msg[:2] if isinstance(msg, tuple) else msg)
+
+    def _handle(self, msg) -> None:
+        op = msg[0]
+        if op == "done" or op == "encoded":
+            item = self._forget(msg[1])
+            if item is not None:
+                _settle(item.future, result=msg[2])
+        elif op == "error":
+            item = self._forget(msg[1])
+            if item is not None:
+                cls = getattr(errors, msg[2], None)
+                exc = cls(msg[3]) if isinstance(cls, type) and issubclass(cls, errors.ServiceError) \
+                    and cls is not errors.InvalidArgument else Internal(msg[3])
+                _settle(item.future, error=exc)
+        elif op == "tokens":
+            with self._lock:
+                item = self._pending.get(msg[1])
+            if item is not None and item.on_tokens is not None and not item.future.done():
+                item.on_tokens(msg[2])
+        elif op == "metrics":
+            with self._metric_ready:
+                self._metric_replies[msg[1]] = msg[2]
+                self._metric_ready.notify_all()
 
     def _child_died(self) -> None:
         code = self._proc.exitcode if self._proc is not None else None
