@@ -1,7 +1,7 @@
 """The batcher alone: `service.scheduler.Scheduler` and its decode workers under closed-loop load
 in this process, with no gRPC server, no protobuf and no load-generator process.
 
-    python benchmarks/batcher.py --concurrency 64 --beam 1 [--no-continuous-batching]
+    python benchmarks/batcher.py --concurrency 64 --beam 1 [--continuous-batching]
         [--decode-workers 2] [--sentences 2000] [--precision int8] [--set compact_fraction=0.5 ...]
         [--json out.json]
 
@@ -99,7 +99,7 @@ def _sample(metrics: Metrics, name: str) -> float:
 
 
 def run(model_dir: str | Path, texts: list[str], concurrency: int, beam: int, sentences: int,
-        continuous_batching: bool = True, decode_workers: int = 2, precision: str = "int8",
+        continuous_batching: bool = False, decode_workers: int = 2, precision: str = "int8",
         settings: dict | None = None) -> dict:
     """`settings`: further `Settings` fields (e.g. {"compact_fraction": 0.5})."""
     keep_freed_memory()  # as `mtserve serve` does
@@ -146,7 +146,8 @@ def main() -> None:
     p.add_argument("--concurrency", type=int, default=64)
     p.add_argument("--beam", type=int, default=1)
     p.add_argument("--sentences", type=int, default=2000, help="answered sentences that are timed")
-    p.add_argument("--continuous-batching", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--continuous-batching", action=argparse.BooleanOptionalAction, default=False,
+                   help="the scheduler's setting (default off, as the server's own default)")
     p.add_argument("--decode-workers", type=int, default=2)
     p.add_argument("--precision", default="int8")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",

@@ -2,7 +2,7 @@
 generator at fixed concurrency levels, single-sentence Translate requests cycling through the
 test sentences.
 
-    python benchmarks/online.py --concurrency 1,8,32,64,128 --beam 4 [--no-continuous-batching]
+    python benchmarks/online.py --concurrency 1,8,32,64,128 --beam 4 [--continuous-batching]
         [--api many --streams 1] [--server-arg=--decode-workers=1 ...] [--json out.json]
 
 `--api unary` (the default) sends each sentence as its own Translate call; `--api many` sends the
@@ -256,7 +256,8 @@ def main() -> None:
     p.add_argument("--concurrency", default="1,8,32,64,128")
     p.add_argument("--beam", type=int, default=4)
     p.add_argument("--requests", type=int, default=1000, help="requests per level (at least 4 x concurrency)")
-    p.add_argument("--continuous-batching", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--continuous-batching", action=argparse.BooleanOptionalAction, default=False,
+                   help="the server's setting (default off, as the server's own default)")
     p.add_argument("--api", choices=["unary", "many"], default="unary",
                    help="unary: a Translate call per sentence; many: items of TranslateMany streams")
     p.add_argument("--streams", type=int, default=1, help="TranslateMany streams the concurrency is split over")

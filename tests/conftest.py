@@ -162,13 +162,15 @@ def make_server(tiny_onnx_dir):
     """make_server(**settings_overrides) -> RunningServer on 127.0.0.1 (an ephemeral port), serving
     the tiny fp32 export with metrics off; every server made is drained when the module ends. The
     scheduler runs in the server's process (engine_process=False), where tests can reach into it
-    (slow_down, fault injection); tests/service/test_engine_process.py covers the child process."""
+    (slow_down, fault injection); tests/service/test_engine_process.py covers the child process.
+    Continuous batching is on, unlike the server's default, so that the server tests exercise
+    admission into running batches; `mtserve serve` process tests run the defaults."""
     started = []
 
     def make(**overrides) -> RunningServer:
         fields = dict(address="127.0.0.1:0", model_dir=tiny_onnx_dir.parent, onnx_dir=tiny_onnx_dir,
                       metrics_port=0, decode_workers=1, grace_period_s=5.0, max_queue_delay_ms=2.0,
-                      precision="fp32", engine_process=False)
+                      precision="fp32", engine_process=False, continuous_batching=True)
         from service.settings import Settings
 
         s = RunningServer(Settings(**{**fields, **overrides}))
