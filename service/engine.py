@@ -241,10 +241,18 @@ class Engine:
             self.metrics.request_latency.labels("TranslateMany.item", code).observe(time.perf_counter() - start)
             answers.put_nowait((item, outcome))
 
+        unanswered: set[str] = set()
+
         async def read() -> None:
             try:
                 async for item in items:
                     await slots.acquire()
+                    if item.id in unanswered:  # its answer could not be told from the first one's
+                        self.metrics.requests.labels("TranslateMany.item", "INVALID_ARGUMENT").inc()
+                        answers.put_nowait((item, InvalidArgument(
+                            "id", f"{item.id!r} is the id of an item not answered yet on this stream")))
+                        continue
+                    unanswered.add(item.id)
                     task = asyncio.ensure_future(one(item))
                     pending.add(task)
                     task.add_done_callback(pending.discard)
@@ -262,6 +270,8 @@ class Engine:
                     if outcome is not None:
                         raise outcome
                     return
+                if not (isinstance(outcome, InvalidArgument) and outcome.field == "id"):
+                    unanswered.discard(item.id)
                 yield item, outcome
                 slots.release()  # the answer has been taken (written): one more item may be read
         finally:

@@ -168,3 +168,31 @@ def test_a_client_with_a_token_is_needed_when_auth_is_on(make_server):
         assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
     with Client(srv.address, token="t" * 20, timeout=30) as c:
         assert c.translate_all([SENTENCES[0]], beam_size=1)[0].text
+
+
+def test_an_id_still_unanswered_cannot_be_used_again(make_server):
+    srv = make_server()
+    srv.slow_down(0.01)
+    reqs = [item("a", " ".join(SENTENCES)), item("a", SENTENCES[0]), item("b", SENTENCES[1])]
+    with srv.client() as c:
+        answers = list(c.translate_many(reqs))
+        assert [r.id for r in answers].count("a") == 2 and len(answers) == 3
+        refused = [r for r in answers if r.id == "a" and r.HasField("error")]
+        assert len(refused) == 1 and refused[0].error.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+        assert refused[0].error.message.startswith("id:")
+        (long_answer,) = [r for r in answers if r.id == "a" and r.HasField("response")]
+        assert long_answer.response.translations[0].text == c.translate([" ".join(SENTENCES)], beam_size=1)[0].text
+    # once answered, an id is free again on the same stream
+    answered = threading.Event()
+
+    def one_then_again():
+        yield item("x", SENTENCES[3])
+        answered.wait(10)
+        yield item("x", SENTENCES[0])
+
+    with srv.client() as c:
+        out = []
+        for r in c.translate_many(one_then_again()):
+            out.append(r)
+            answered.set()
+    assert [r.id for r in out] == ["x", "x"] and all(r.HasField("response") for r in out)
