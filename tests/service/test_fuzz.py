@@ -64,8 +64,10 @@ long_text = st.builds(lambda p, k: p * k, st.sampled_from(HOSTILE + WORDS + ["Hu
 whitespace = st.text(alphabet=st.sampled_from(" \t\n\r\x0b\x0c\x1c\x1d\x1e\x1f\x85\xa0\u1680\u2000\u2028\u3000"),
                      max_size=20)
 # Mostly words with a hostile character or two, which the server must translate...
+# (Lone surrogates are left out: protobuf cannot encode them, so no client can send them as text;
+# test_malformed_protobuf_is_invalid_argument sends their bytes raw.)
 benign_text = st.lists(st.one_of(st.sampled_from(WORDS), st.sampled_from(WORDS), st.sampled_from(HOSTILE[:25]),
-                                 st.characters()), min_size=1, max_size=8).map(" ".join)
+                                 st.characters(exclude_categories=("Cs",))), min_size=1, max_size=8).map(" ".join)
 # ...and everything else, which it must translate or refuse precisely.
 a_text = st.one_of(benign_text, benign_text, benign_text, short_text, st.text(max_size=40), long_text, whitespace)
 texts = st.one_of(st.lists(a_text, min_size=1, max_size=3), st.lists(benign_text, min_size=1, max_size=8),
