@@ -1,17 +1,22 @@
-"""The scheduler and its decode workers in a child process, behind the Scheduler interface.
+"""Decode workers in child processes, behind the Scheduler interface.
 
-With `engine_process` the child process owns the ONNX Runtime sessions, the Scheduler and its
-worker threads; the gRPC process keeps validation, tokenisation and the RPCs, and talks to the
-child over a pipe, as vLLM's engine core runs apart from its API server. Two things follow: the
-gRPC event loop and the decode workers no longer take turns on one GIL, and a crash in the engine
-(a native fault in ONNX Runtime, the kernel's OOM killer) fails only the requests in flight there:
-the child is restarted and the server keeps serving. It is off by default: on the 2-core
-development machine it measured no throughput gain (docs/performance.md), and it costs a copy of
-each sentence and result over the pipe.
+With `engine_process`, `EnginePool` starts one child process per decode worker. Each child owns
+its ONNX Runtime sessions and a Scheduler with one worker thread. The gRPC process keeps
+validation, tokenisation and the RPCs, and talks to each child over a pipe, as vLLM's engine core
+runs apart from its API server.
 
-`EngineProcess` is what `service.engine.Engine` and `service.server.Server` see: submit(),
-submit_encode(), stop_accepting(), wait_idle(), shutdown(), idle. Each Sentence and EncodeJob
-keeps its future in this process; the child settles its own copy and sends the outcome back:
+Two things follow. No decode loop shares a GIL with another or with the gRPC event loop. And a
+crash in a child (a native fault in ONNX Runtime, the kernel's OOM killer) fails only the
+requests in flight there: that child is restarted and the server keeps serving.
+
+It is off by default. On the 2-core development machine it measured no consistent throughput
+gain (docs/performance.md), and it costs a copy of each sentence and result over a pipe and a
+copy of the weights per child.
+
+`EnginePool` (and each `EngineProcess`, one child) is what `service.engine.Engine` and
+`service.server.Server` see: submit(), submit_encode(), stop_accepting(), wait_idle(), shutdown(),
+idle. Each Sentence and EncodeJob keeps its future in this process; the child settles its own
+copy and sends the outcome back:
 
     parent -> child: ("submit", [sentence fields]), ("encode", [(key, src_ids)]), ("cancel", [keys]),
                      ("stop_accepting",), ("metrics", token), ("shutdown",)
@@ -19,9 +24,9 @@ keeps its future in this process; the child settles its own copy and sends the o
                      ("done", key, Finished), ("encoded", key, memory), ("error", key, class, message),
                      ("tokens", key, ids), ("metrics", token, families)
 
-Errors cross as (class name, message) of service.errors. The child's metrics (queue, batches,
-steps, sentences) are collected from it at each scrape. If the child dies, its unanswered
-sentences fail with INTERNAL and a new child is started.
+Errors cross as (class name, message) of service.errors. The children's metrics (queue,
+batches, steps, sentences) are fetched at each scrape and summed. If a child dies, its
+unanswered sentences fail with INTERNAL and a new child is started.
 """
 
 from __future__ import annotations
@@ -148,21 +153,50 @@ def _child_main(conn: Connection, settings_json: str, log_level: str) -> None:
 
 
 class _ChildMetrics:
-    """A Prometheus collector: the child's families, fetched at scrape time."""
+    """A Prometheus collector: the children's families, fetched at scrape time and summed sample by
+    sample (each child counts its own sentences, steps and queue)."""
 
-    def __init__(self, owner: "EngineProcess", names: set[str]):
-        self.owner, self.names = owner, names
+    def __init__(self, children: list["EngineProcess"], names: set[str]):
+        self.children, self.names = children, names
 
     def describe(self):
-        return []  # names are not known before the child answers; they never clash (unregistered above)
+        return []  # names are not known before the children answer; they never clash (unregistered)
 
     def collect(self):
-        return [f for f in self.owner.fetch_metrics() if f.name in self.names]
+        merged: dict[str, object] = {}
+        for child in self.children:
+            for fam in child.fetch_metrics():
+                if fam.name not in self.names:
+                    continue
+                if fam.name not in merged:
+                    merged[fam.name] = fam
+                    continue
+                into = merged[fam.name]
+                index = {(s.name, tuple(sorted(s.labels.items()))): i for i, s in enumerate(into.samples)}
+                for smp in fam.samples:
+                    i = index.get((smp.name, tuple(sorted(smp.labels.items()))))
+                    if i is None:
+                        into.samples.append(smp)
+                    elif not smp.name.endswith("_created"):
+                        into.samples[i] = into.samples[i]._replace(value=into.samples[i].value + smp.value)
+        return list(merged.values())
+
+
+def serve_child_metrics(metrics: Metrics, children: list["EngineProcess"]) -> None:
+    """Unregister the parent's copies of the metrics the children update; serve the children's."""
+    names = set()
+    for attr in CHILD_METRICS:
+        m = getattr(metrics, attr)
+        names |= {f.name for f in m.collect()}
+        metrics.registry.unregister(m)
+    metrics.registry.register(_ChildMetrics(children, names))
 
 
 class EngineProcess:
-    def __init__(self, settings: Settings, metrics: Metrics, start_timeout: float = 300.0):
-        self.settings, self.metrics = settings, metrics
+    def __init__(self, settings: Settings, metrics: Metrics | None = None, start_timeout: float = 300.0):
+        """One child. With `metrics`, the parent's registry serves this child's metrics (a pool
+        registers them for all its children itself)."""
+        self.settings = settings
         self.start_timeout = start_timeout
         self.provider = "cpu"
         self.sessions = 0
@@ -179,23 +213,27 @@ class EngineProcess:
         self._metric_replies: dict[int, list] = {}
         self._metric_ready = threading.Condition()
         self._reader: threading.Thread | None = None
-        names = set()
-        for attr in CHILD_METRICS:
-            m = getattr(metrics, attr)
-            names |= {f.name for f in m.collect()}
-            metrics.registry.unregister(m)
-        metrics.registry.register(_ChildMetrics(self, names))
+        if metrics is not None:
+            serve_child_metrics(metrics, [self])
 
     # -- life cycle ---------------------------------------------------------------------
 
     def start_process(self) -> None:
         """Start the child and wait until its models are loaded. ModelLoadError on failure."""
+        self.spawn()
+        self.wait_ready()
+
+    def spawn(self) -> None:
         parent, child = self._ctx.Pipe()
         proc = self._ctx.Process(target=_child_main, args=(child, self.settings.model_dump_json(),
                                                             self.settings.log_level),
                                  name="mtserve-engine", daemon=True)
         proc.start()
         child.close()
+        self._starting = (parent, proc)
+
+    def wait_ready(self) -> None:
+        parent, proc = self._starting
         if not parent.poll(self.start_timeout):
             proc.kill()
             raise ModelLoadError(f"the engine process did not load the model within {self.start_timeout:.0f}s")
@@ -242,6 +280,12 @@ class EngineProcess:
     def queue_depth(self) -> int:  # sentences sent to the child and not answered yet
         with self._lock:
             return len(self._pending)
+
+    @property
+    def load(self) -> int:
+        """Rows sent to the child and not answered yet (a sentence counts its beams)."""
+        with self._lock:
+            return sum(getattr(item, "beam", 1) for item in self._pending.values())
 
     def shutdown(self, timeout: float = 5.0) -> None:
         self._stopping = True
@@ -387,3 +431,69 @@ class EngineProcess:
             self._idle.notify_all()
         for item in items:
             _settle(item.future, error=exc)
+
+
+class EnginePool:
+    """`decode_workers` engine processes with one decode worker each, behind the Scheduler
+    interface: no two decode loops share a GIL. Each request goes to the child with the fewest
+    unanswered rows; each child has 1/N of max_queue_size."""
+
+    def __init__(self, settings: Settings, metrics: Metrics, start_timeout: float = 300.0):
+        n = settings.decode_workers
+        per_child = settings.model_copy(update={"decode_workers": 1,
+                                                "max_queue_size": max(1, -(-settings.max_queue_size // n))})
+        self.settings = settings
+        self.children = [EngineProcess(per_child, None, start_timeout) for _ in range(n)]
+        serve_child_metrics(metrics, self.children)
+        self.provider, self.sessions = "cpu", 0
+
+    def start_process(self) -> None:
+        for c in self.children:
+            c.spawn()
+        errors_seen = []
+        for c in self.children:
+            try:
+                c.wait_ready()
+            except ModelLoadError as e:
+                errors_seen.append(e)
+        if errors_seen:
+            self.shutdown()
+            raise errors_seen[0]
+        self.provider = self.children[0].provider
+        self.sessions = sum(c.sessions for c in self.children)
+
+    def start(self) -> None:
+        if any(c._conn is None for c in self.children):
+            self.start_process()
+
+    def _least_loaded(self) -> EngineProcess:
+        return min(self.children, key=lambda c: c.load)
+
+    def submit(self, sentences: list[Sentence]) -> None:
+        self._least_loaded().submit(sentences)
+
+    def submit_encode(self, jobs: list[EncodeJob]) -> None:
+        self._least_loaded().submit_encode(jobs)
+
+    def stop_accepting(self) -> None:
+        for c in self.children:
+            c.stop_accepting()
+
+    def wait_idle(self, timeout: float) -> bool:
+        end = time.monotonic() + timeout
+        return all(c.wait_idle(max(0.0, end - time.monotonic())) for c in self.children)
+
+    @property
+    def idle(self) -> bool:
+        return all(c.idle for c in self.children)
+
+    @property
+    def queue_depth(self) -> int:
+        return sum(c.queue_depth for c in self.children)
+
+    def shutdown(self, timeout: float = 5.0) -> None:
+        for c in self.children:
+            c._stopping = True
+            c._send(("shutdown",))
+        for c in self.children:
+            c.shutdown(timeout)

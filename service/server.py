@@ -80,11 +80,11 @@ class Server:
         credentials = server_credentials(st)  # bad TLS files or tokens fail before the slow model load
         tokens = load_tokens(st)
         if st.engine_process:
-            # The sessions, the scheduler and its workers in a child process (its own GIL); this
+            # Each decode worker in a child process of its own (its own GIL, its own sessions); this
             # process keeps the manifest and the tokenizer for validation and tokenisation.
-            from service.engine_process import EngineProcess
+            from service.engine_process import EnginePool
 
-            self.scheduler = EngineProcess(st, self.metrics)
+            self.scheduler = EnginePool(st, self.metrics)
             await asyncio.get_running_loop().run_in_executor(None, self.scheduler.start_process)
             try:
                 graphs = resolve_onnx_dir(st.graphs_dir)
@@ -134,7 +134,7 @@ class Server:
         log.info("serving %s on %s (%s, %s, %d decode workers x %d threads, %d session pair%s%s)%s; %s, %s",
                  self.engine.model_name, st.address, provider, st.precision, st.decode_workers,
                  st.intra_op_threads, sessions, "" if sessions == 1 else "s",
-                 ", in an engine process" if st.engine_process else "",
+                 ", each in an engine process" if st.engine_process else "",
                  f", metrics on :{self.metrics_port}" if self.metrics_port else "",
                  ("TLS with client certificates" if st.tls_client_ca_file else "TLS") if self.tls else "plaintext",
                  f"bearer tokens required ({len(tokens)} accepted)" if tokens else "no authentication")

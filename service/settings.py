@@ -29,9 +29,9 @@ class Settings(BaseSettings):
     decode_workers: int = Field(2, ge=1, le=64)
     intra_op_threads: int = Field(1, ge=1, le=256)
     inter_op_threads: int = Field(1, ge=1, le=256)
-    engine_process: bool = Field(False, description="run the scheduler and decode workers in a child process "
-                                 "(its own GIL; a crash there fails only its requests and the child is restarted) "
-                                 "instead of threads of the server process")
+    engine_process: bool = Field(False, description="run each decode worker in a child process of its own "
+                                 "(its own GIL and sessions; a crash there fails only its requests and the child is "
+                                 "restarted) instead of threads of the server process")
     share_sessions: bool = Field(True, description="CPU: decode workers share one ONNX Runtime session pair (the "
                                  "weights in memory once) instead of a pair each; CUDA keeps a pair per worker")
 

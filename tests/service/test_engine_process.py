@@ -30,7 +30,8 @@ def pair(make_server):
 
 def test_same_answers_as_in_process(pair):
     threads, process = pair
-    assert type(process.server.scheduler).__name__ == "EngineProcess"
+    assert type(process.server.scheduler).__name__ == "EnginePool"
+    assert len(process.server.scheduler.children) == 2  # a child process per decode worker
     with threads.client() as a, process.client() as b:
         for beam in (1, 3):
             want = a.translate(SENTENCES, beam_size=beam, return_scores=True, return_alignment=True)
@@ -72,7 +73,7 @@ def test_a_cancelled_stream_frees_its_rows_in_the_child(pair):
 
 
 def test_queue_full_is_resource_exhausted_with_its_message(make_server):
-    srv = make_server(engine_process=True, max_queue_size=2)
+    srv = make_server(engine_process=True, max_queue_size=2)  # one child: all of max_queue_size
     with srv.client() as c:
         with pytest.raises(grpc.RpcError) as e:
             c.translate(SENTENCES[:3], beam_size=1)
@@ -81,8 +82,8 @@ def test_queue_full_is_resource_exhausted_with_its_message(make_server):
 
 
 def test_a_child_that_dies_fails_only_its_requests_and_is_replaced(make_server):
-    srv = make_server(engine_process=True)
-    engine = srv.server.scheduler
+    srv = make_server(engine_process=True, decode_workers=2)
+    engine = srv.server.scheduler.children[0]
     first = engine._proc.pid
     with srv.client(timeout=60) as c, ThreadPoolExecutor(8) as pool:
         assert c.translate([SENTENCES[0]], beam_size=1)[0].text
@@ -118,7 +119,7 @@ def test_drain_finishes_accepted_work_and_refuses_new(make_server):
     stopper = threading.Thread(target=srv.stop)
     stopper.start()
     stopper.join(30)
-    assert not srv.server.scheduler._proc.is_alive()
+    assert not any(c._proc.is_alive() for c in srv.server.scheduler.children)
 
 
 def test_translate_many_items_through_the_child(pair):
