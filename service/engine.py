@@ -239,7 +239,7 @@ class Engine:
                     else outcome.code if isinstance(outcome, ServiceError) else "INTERNAL")
             self.metrics.requests.labels("TranslateMany.item", code).inc()
             self.metrics.request_latency.labels("TranslateMany.item", code).observe(time.perf_counter() - start)
-            answers.put_nowait((item, outcome))
+            answers.put_nowait((item, outcome, True))
 
         unanswered: set[str] = set()
 
@@ -250,7 +250,7 @@ class Engine:
                     if item.id in unanswered:  # its answer could not be told from the first one's
                         self.metrics.requests.labels("TranslateMany.item", "INVALID_ARGUMENT").inc()
                         answers.put_nowait((item, InvalidArgument(
-                            "id", f"{item.id!r} is the id of an item not answered yet on this stream")))
+                            "id", f"{item.id!r} is the id of an item not answered yet on this stream"), False))
                         continue
                     unanswered.add(item.id)
                     task = asyncio.ensure_future(one(item))
@@ -258,19 +258,19 @@ class Engine:
                     task.add_done_callback(pending.discard)
                 while pending:
                     await asyncio.wait(set(pending))
-                answers.put_nowait((_END, None))
+                answers.put_nowait((_END, None, False))
             except Exception as e:  # noqa: BLE001 - the request stream itself failed
-                answers.put_nowait((_END, e))
+                answers.put_nowait((_END, e, False))
 
         reader = asyncio.ensure_future(read())
         try:
             while True:
-                item, outcome = await answers.get()
+                item, outcome, owns_id = await answers.get()  # owns_id: False for a refused duplicate
                 if item is _END:
                     if outcome is not None:
                         raise outcome
                     return
-                if not (isinstance(outcome, InvalidArgument) and outcome.field == "id"):
+                if owns_id:
                     unanswered.discard(item.id)
                 yield item, outcome
                 slots.release()  # the answer has been taken (written): one more item may be read
