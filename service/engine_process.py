@@ -21,10 +21,10 @@ copy and sends the outcome back:
     parent -> child: ("submit", [sentence fields]), ("encode", [(key, src_ids)]), ("cancel", [keys]),
                      ("stop_accepting",), ("metrics", token), ("shutdown",)
     child -> parent: ("ready", provider, session pairs) | ("startup_error", message) once, then
-                     ("done", key, Finished), ("encoded", key, memory), ("error", key, class, message),
+                     ("done", key, Finished), ("encoded", key, memory), ("error", key, ServiceError),
                      ("tokens", key, ids), ("metrics", token, families)
 
-Errors cross as (class name, message) of service.errors. The children's metrics (queue,
+Errors cross as the ServiceError itself (service.errors pickles them); anything else as Internal. The children's metrics (queue,
 batches, steps, sentences) are fetched at each scrape and summed. If a child dies, its
 unanswered sentences fail with INTERNAL and a new child is started.
 """
@@ -91,8 +91,7 @@ def _child_main(conn: Connection, settings_json: str, log_level: str) -> None:
             return
         exc = future.exception()
         if exc is not None:
-            name = type(exc).__name__ if isinstance(exc, errors.ServiceError) else "Internal"
-            send(("error", key, name, getattr(exc, "message", str(exc))))
+            send(("error", key, exc if isinstance(exc, errors.ServiceError) else Internal(str(exc))))
         else:
             send((kind, key, future.result()))
 
@@ -113,7 +112,7 @@ def _child_main(conn: Connection, settings_json: str, log_level: str) -> None:
             (scheduler.submit_encode if encode else scheduler.submit)([item for _, item in made])
         except errors.ServiceError as e:  # queue full, draining: all of them or none
             for key, _ in made:
-                send(("error", key, type(e).__name__, e.message))
+                send(("error", key, e))
             return
         with live_lock:
             live.update(made)
@@ -392,10 +391,7 @@ class EngineProcess:
         elif op == "error":
             item = self._forget(msg[1])
             if item is not None:
-                cls = getattr(errors, msg[2], None)
-                exc = cls(msg[3]) if isinstance(cls, type) and issubclass(cls, errors.ServiceError) \
-                    and cls is not errors.InvalidArgument else Internal(msg[3])
-                _settle(item.future, error=exc)
+                _settle(item.future, error=msg[2])
         elif op == "tokens":
             with self._lock:
                 item = self._pending.get(msg[1])

@@ -14,6 +14,18 @@ class ServiceError(Exception):
         super().__init__(message)
         self.message = message
 
+    def __reduce__(self):
+        # Pickled as itself, fields included, whatever its __init__ takes (engine processes send
+        # them over a pipe).
+        return _restore, (type(self), self.message, dict(self.__dict__))
+
+
+def _restore(cls: type, message: str, state: dict) -> ServiceError:
+    error = cls.__new__(cls)
+    Exception.__init__(error, message)
+    error.__dict__.update(state)
+    return error
+
 
 class InvalidArgument(ServiceError):
     """The request itself is wrong; the message names the field."""
