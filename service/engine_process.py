@@ -191,10 +191,14 @@ def serve_child_metrics(metrics: Metrics, children: list["EngineProcess"]) -> No
     metrics.registry.register(_ChildMetrics(children, names))
 
 
+def _rows(item: Sentence | EncodeJob) -> int:
+    return item.beam if isinstance(item, Sentence) else 1
+
+
 class EngineProcess:
-    def __init__(self, settings: Settings, metrics: Metrics | None = None, start_timeout: float = 300.0):
-        """One child. With `metrics`, the parent's registry serves this child's metrics (a pool
-        registers them for all its children itself)."""
+    """One child process and its pipe; `EnginePool` runs one per decode worker."""
+
+    def __init__(self, settings: Settings, start_timeout: float = 300.0):
         self.settings = settings
         self.start_timeout = start_timeout
         self.provider = "cpu"
@@ -205,6 +209,7 @@ class EngineProcess:
         self._send_lock = threading.Lock()
         self._lock = threading.Lock()  # _pending and _accepting
         self._pending: dict[int, Sentence | EncodeJob] = {}
+        self.load = 0  # rows of _pending (a sentence counts its beams): what the pool balances on
         self._keys = itertools.count()
         self._accepting = True
         self._stopping = False
@@ -212,8 +217,6 @@ class EngineProcess:
         self._metric_replies: dict[int, list] = {}
         self._metric_ready = threading.Condition()
         self._reader: threading.Thread | None = None
-        if metrics is not None:
-            serve_child_metrics(metrics, [self])
 
     # -- life cycle ---------------------------------------------------------------------
 
@@ -250,11 +253,6 @@ class EngineProcess:
             self._reader = threading.Thread(target=self._read, name="engine-process-reader", daemon=True)
             self._reader.start()
 
-    def start(self) -> None:
-        """The Scheduler interface: the child's workers started with it (start_process)."""
-        if self._conn is None:
-            self.start_process()
-
     def stop_accepting(self) -> None:
         with self._lock:
             self._accepting = False
@@ -280,15 +278,14 @@ class EngineProcess:
         with self._lock:
             return len(self._pending)
 
-    @property
-    def load(self) -> int:
-        """Rows sent to the child and not answered yet (a sentence counts its beams)."""
-        with self._lock:
-            return sum(getattr(item, "beam", 1) for item in self._pending.values())
-
-    def shutdown(self, timeout: float = 5.0) -> None:
+    def request_shutdown(self) -> None:
         self._stopping = True
         self._send(("shutdown",))
+
+    def shutdown(self, timeout: float = 5.0) -> None:
+        """Stop the child (after request_shutdown, which lets a pool stop its children together)."""
+        if not self._stopping:
+            self.request_shutdown()
         if self._proc is not None:
             self._proc.join(timeout)
             if self._proc.is_alive():
@@ -320,6 +317,7 @@ class EngineProcess:
                 raise Unavailable("the engine process is restarting; retry shortly")
             for item in items:
                 self._pending[item.key] = item
+                self.load += _rows(item)
         for item in items:
             item.future.add_done_callback(lambda f, k=item.key: self._cancelled(k, f))
         self._send(msg)
@@ -332,6 +330,8 @@ class EngineProcess:
     def _forget(self, key: int):
         with self._lock:
             item = self._pending.pop(key, None)
+            if item is not None:
+                self.load -= _rows(item)
             if not self._pending:
                 self._idle.notify_all()
         return item
@@ -403,7 +403,7 @@ class EngineProcess:
                 self._metric_ready.notify_all()
 
     def _child_died(self) -> None:
-        code = self._proc.exitcode if self._proc is not None else None
+        code = None
         if self._proc is not None:
             self._proc.join(1)
             code = self._proc.exitcode
@@ -424,6 +424,7 @@ class EngineProcess:
         with self._lock:
             items = list(self._pending.values())
             self._pending.clear()
+            self.load = 0
             self._idle.notify_all()
         for item in items:
             _settle(item.future, error=exc)
@@ -439,7 +440,7 @@ class EnginePool:
         per_child = settings.model_copy(update={"decode_workers": 1,
                                                 "max_queue_size": max(1, -(-settings.max_queue_size // n))})
         self.settings = settings
-        self.children = [EngineProcess(per_child, None, start_timeout) for _ in range(n)]
+        self.children = [EngineProcess(per_child, start_timeout) for _ in range(n)]
         serve_child_metrics(metrics, self.children)
         self.provider, self.sessions = "cpu", 0
 
@@ -488,8 +489,7 @@ class EnginePool:
         return sum(c.queue_depth for c in self.children)
 
     def shutdown(self, timeout: float = 5.0) -> None:
-        for c in self.children:
-            c._stopping = True
-            c._send(("shutdown",))
+        for c in self.children:  # all children stop at once, then each is joined
+            c.request_shutdown()
         for c in self.children:
             c.shutdown(timeout)
