@@ -37,6 +37,7 @@ sys.path.insert(0, str(REPO))
 
 from service.api.mtserve.v1 import translation_pb2 as pb  # noqa: E402
 from service.api.mtserve.v1 import translation_pb2_grpc as pb_grpc  # noqa: E402
+from service.client import STATUS_BY_NUMBER  # noqa: E402
 from service.healthcheck import wait_serving  # noqa: E402
 
 
@@ -112,8 +113,6 @@ class ManyStream:
     """One TranslateMany stream shared by several closed-loop workers: `translate` writes an item
     and waits for the answer with its id."""
 
-    CODES = {c.value[0]: c.name for c in grpc.StatusCode}
-
     def __init__(self, stub: pb_grpc.TranslationServiceStub):
         self.call = stub.TranslateMany()
         self.waiting: dict[str, asyncio.Future] = {}
@@ -135,7 +134,8 @@ class ManyStream:
             await self.call.write(pb.TranslateManyRequest(id=id_, request=req, timeout_ms=int(timeout * 1000)))
         r = await future
         if r.HasField("error"):
-            return self.CODES.get(r.error.code, "UNKNOWN"), None
+            code = STATUS_BY_NUMBER.get(r.error.code)
+            return code.name if code else "UNKNOWN", None
         return "OK", r.response.translations[0]
 
     async def close(self) -> None:

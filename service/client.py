@@ -29,7 +29,7 @@ from service.api.mtserve.v1 import translation_pb2 as pb
 from service.api.mtserve.v1 import translation_pb2_grpc as pb_grpc
 
 DEFAULT_SERVER = "localhost:50051"
-_CODES = {c.value[0]: c for c in grpc.StatusCode}
+STATUS_BY_NUMBER = {c.value[0]: c for c in grpc.StatusCode}  # an ItemError's `code` -> grpc.StatusCode
 
 
 class ItemFailed(Exception):
@@ -141,7 +141,7 @@ class Client:
                 out[int(r.id)] = r.response.translations[0]
         if failed:
             index, error = min(failed, key=lambda f: f[0])
-            raise ItemFailed(index, _CODES.get(error.code), error.message)
+            raise ItemFailed(index, STATUS_BY_NUMBER.get(error.code), error.message)
         return out
 
     def encode(self, texts: Sequence[str], return_token_embeddings: bool = False) -> list[dict]:

@@ -77,6 +77,15 @@ async def _checked(requests):
         yield request
 
 
+def _parsed(request, streaming: bool):
+    """The request checked now (INVALID_ARGUMENT if malformed), or a client stream checked message
+    by message as it is read."""
+    if streaming:
+        return _checked(request)
+    _check_parsed(request)
+    return request
+
+
 class ErrorAndMetricsInterceptor(grpc.aio.ServerInterceptor):
     """Maps ServiceError subclasses to their status code with their message; anything unexpected
     becomes INTERNAL with a request id that is logged with the traceback. Counts and times RPCs."""
@@ -146,11 +155,7 @@ class ErrorAndMetricsInterceptor(grpc.aio.ServerInterceptor):
             gauge.inc()
             cancelled = False
             try:
-                if streaming_request:
-                    request = _checked(request)
-                else:
-                    _check_parsed(request)
-                return await inner(request, context)
+                return await inner(_parsed(request, streaming_request), context)
             except AbortError:
                 raise
             except asyncio.CancelledError:
@@ -174,11 +179,7 @@ class ErrorAndMetricsInterceptor(grpc.aio.ServerInterceptor):
                 gauge.inc()
                 cancelled = False
                 try:
-                    if streaming_request:
-                        request = _checked(request)
-                    else:
-                        _check_parsed(request)
-                    async for message in inner(request, context):
+                    async for message in inner(_parsed(request, streaming_request), context):
                         yield message
                 except AbortError:
                     raise

@@ -26,6 +26,7 @@ from hypothesis.control import currently_in_test_context
 from tokenizers import Tokenizer
 
 from service.api.mtserve.v1 import translation_pb2 as pb
+from service.client import STATUS_BY_NUMBER
 
 SCALE = float(os.environ.get("MTSERVE_FUZZ_SCALE", "1"))
 TIMEOUT = 30.0
@@ -211,7 +212,7 @@ def check_many_item(fz, req: pb.TranslateManyRequest, answer: pb.TranslateManyRe
     assert answer.id == req.id
     problem = fz.check.translate(list(req.request.texts), req.request.options)
     if answer.HasField("error"):
-        code = grpc.StatusCode(next(c.value for c in grpc.StatusCode if c.value[0] == answer.error.code))
+        code = STATUS_BY_NUMBER[answer.error.code]
         if code == grpc.StatusCode.DEADLINE_EXCEEDED and 0 < req.timeout_ms < TIMEOUT * 1000:
             return  # its own deadline, which the oracle does not model
         expect(code, answer.error.message, problem)
