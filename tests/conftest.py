@@ -181,3 +181,15 @@ def make_server(tiny_onnx_dir):
     for s in started:
         if s.thread.is_alive() and not getattr(s, "stopped", False):
             s.stop()
+
+
+@pytest.fixture(scope="module")
+def server(make_server) -> RunningServer:
+    """The tiny model served with two decode workers (modules with other needs define their own)."""
+    return make_server(decode_workers=2)
+
+
+@pytest.fixture()
+def client(server):
+    with server.client(timeout=30) as c:
+        yield c

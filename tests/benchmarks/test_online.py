@@ -8,11 +8,6 @@ import pytest
 from benchmarks.online import run_level
 
 
-@pytest.fixture(scope="module")
-def server(make_server):
-    return make_server(decode_workers=2)
-
-
 @pytest.mark.parametrize("api, streams", [("unary", 1), ("many", 1), ("many", 3)])
 def test_every_request_is_answered(server, test_split, api, streams):
     texts, refs = test_split[0][:20], test_split[1][:20]

@@ -21,17 +21,6 @@ SENTENCES = ["Ein Hund rennt durch den Schnee.", "Zwei Männer sitzen auf einer 
              "Eine Frau mit einem roten Hut spielt Gitarre auf der Straße vor vielen Menschen.", "Ein Kind lacht."]
 
 
-@pytest.fixture(scope="module")
-def server(make_server):
-    return make_server(decode_workers=2)
-
-
-@pytest.fixture()
-def client(server):
-    with server.client(timeout=30) as c:
-        yield c
-
-
 def code_of(call) -> grpc.StatusCode:
     with pytest.raises(grpc.RpcError) as e:
         call()

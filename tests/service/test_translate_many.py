@@ -24,17 +24,6 @@ def item(id_: str, *texts: str, options=GREEDY, timeout_ms: int = 0) -> pb.Trans
                                    timeout_ms=timeout_ms)
 
 
-@pytest.fixture(scope="module")
-def server(make_server):
-    return make_server(decode_workers=2)
-
-
-@pytest.fixture()
-def client(server):
-    with server.client(timeout=30) as c:
-        yield c
-
-
 
 def test_translate_all_gives_what_translate_gives_in_input_order(client):
     texts = SENTENCES * 5
