@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import subprocess
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -132,8 +133,6 @@ class RunningServer:
     def wait_idle(self, seconds: float = 5.0) -> bool:
         """Until the scheduler holds no sentence (answers go out just before their rows' bookkeeping
         ends); whether it got there within `seconds`."""
-        import time
-
         end = time.time() + seconds
         while not self.server.scheduler.idle and time.time() < end:
             time.sleep(0.01)
@@ -141,8 +140,6 @@ class RunningServer:
 
     def slow_down(self, seconds: float) -> None:
         """Fault injection for timing tests: every decoder step of every worker sleeps first."""
-        import time
-
         for model in {id(m): m for m in self.server.scheduler.models}.values():  # workers may share one
             def step(*a, _orig=model.step, **kw):
                 time.sleep(seconds)
