@@ -115,12 +115,14 @@ def beam_search(model: Transformer, src: list[list[int]], beam: int = 4, length_
     B, K, V = len(src), beam, cfg.vocab_size
     src_ids, src_mask = pad_batch(src, cfg.pad_id, device)
     memory = model.encode(src_ids, src_mask)
-    # Every sentence is repeated K times: row b*K + k is beam k of sentence b.
-    src_mask = src_mask.repeat_interleave(K, dim=0)
+    # Row b*K + k is beam k of sentence b. The cached step takes the cross-attention keys/values
+    # once per sentence (decode_step folds the beams into the query); the textbook loop repeats
+    # the memory for every beam.
     if use_cache:
-        cross = [(k.repeat_interleave(K, 0), v.repeat_interleave(K, 0)) for k, v in model.cross_kv(memory)]
+        cross = model.cross_kv(memory)
     else:
         memory = memory.repeat_interleave(K, dim=0)
+        src_mask = src_mask.repeat_interleave(K, dim=0)
     max_len = [max_output_len(len(s), a, b, cfg.max_positions) for s in src]
     past = _empty_cache(model, B * K, device)
     tokens = torch.full((B * K, 1), cfg.bos_id, dtype=torch.long, device=device)

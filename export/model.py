@@ -189,8 +189,10 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x, self_bias, cross_k, cross_v, src_bias, past_kv=None, need_weights=False):
         """x: (B, T, d_model) new target positions. past_kv: optional (k, v), each (B, H, P, d_k),
-        prepended to this call's keys/values. Returns x, this call's (k, v) and the cross-attention
-        weights averaged over heads (B, T, S) when asked for."""
+        prepended to this call's keys/values. cross_k/cross_v: (n, H, S, d_k) and src_bias
+        (n, 1, 1, S) for n sentences, each owning B // n consecutive rows of x (its beams; n == B
+        without beams). Returns x, this call's (k, v) and the cross-attention weights averaged
+        over heads (B, T, S) when asked for."""
         new_kv = []
 
         def self_attn(h):
@@ -201,8 +203,13 @@ class DecoderLayer(nn.Module):
             return self.self_attn.attend(q, k, v, self_bias)
 
         def cross_attn(h):
-            q = self.cross_attn.split_heads(self.cross_attn.q_proj(h))  # (B, H, T, d_k)
-            return self.cross_attn.attend(q, cross_k, cross_v, src_bias, need_weights)
+            # A sentence's beams share its keys and values: fold them into the query, so that each
+            # sentence and head attends once with B // n * T queries instead of B // n times.
+            B, T, _ = h.shape
+            a, n = self.cross_attn, cross_k.shape[0]
+            q = a.q_proj(h).reshape(n, -1, a.n_heads, a.d_k).transpose(1, 2)  # (n, H, B // n * T, d_k)
+            out, weights = a.attend(q, cross_k, cross_v, src_bias, need_weights)  # (n, B // n * T, d_model)
+            return out.reshape(B, T, -1), (weights.reshape(B, T, -1) if need_weights else None)
 
         x, _ = self.res_self(x, self_attn)
         x, weights = self.res_cross(x, cross_attn)
@@ -300,8 +307,9 @@ class Transformer(nn.Module):
         positions: (B,)   that token's position in its row (rows may be at different steps)
         past_kv:   per layer (k, v), each (B, H, P, d_k): self-attention keys/values so far
         past_mask: (B, P) 1 where the row's past entry is valid, 0 where it is padding
-        cross_kv:  per layer (k, v), each (B, H, S, d_k), from `cross_kv(memory)`
-        src_mask:  (B, S)
+        cross_kv:  per layer (k, v), each (n, H, S, d_k), from `cross_kv(memory)`: n sentences,
+                   each owning B // n consecutive rows (its beams; n == B without beams)
+        src_mask:  (n, S)
         Returns log-probabilities (B, vocab), this step's (k, v) per layer, each (B, H, 1, d_k),
         and, when asked, the last layer's cross-attention weights (B, S).
         """

@@ -4,8 +4,11 @@ Two graphs per precision, cut where the serving loop needs them:
 - encoder:      src_ids, src_mask (B, S) -> memory (B, S, d_model) and every decoder layer's
                 cross-attention keys/values cross_key_{i} / cross_value_{i} (B, H, S, d_k);
 - decoder step: one incremental step of `Transformer.decode_step` with an explicit key/value
-                cache: tokens (B, 1), positions (B,), past_key_{i} / past_value_{i} (B, H, P, d_k),
-                past_mask (B, P), cross_key_{i} / cross_value_{i}, src_mask (B, S), top_k (1,)
+                cache over B rows of n sentences (each sentence's beams are consecutive rows; n == B
+                for greedy search): tokens (B, 1), positions (B,), past_key_{i} / past_value_{i}
+                (B, H, P, d_k), past_mask (B, P), cross_key_{i} / cross_value_{i} (n, H, S, d_k) and
+                src_mask (n, S) once per sentence (the beams are folded into the cross-attention
+                query, one attention per sentence and head instead of one per row), top_k (1,)
                 -> log_probs (B, V); the search's inputs computed in the graph, so that the
                 serving loop never scans the vocabulary in numpy: top_log_probs / top_ids (B, k),
                 the k best tokens of each row best first, and eos_log_prob (B,); present_key_{i} /
@@ -14,7 +17,7 @@ Two graphs per precision, cut where the serving loop needs them:
                 cross_attention (B, S), the last layer's cross-attention averaged over heads.
                 The output projection has its own copy of the (tied) embedding matrix, so that
                 int8 quantisation reaches it: at batch 32 it is a third of a decoder step.
-Axes batch, src_len and past_len are dynamic (past_len may be 0, the first step); rows of a call
+Axes batch, sentences, src_len and past_len are dynamic (past_len may be 0, the first step); rows of a call
 may be at different positions, their past padded and masked by past_mask.
 
 Exporter: `torch.onnx.export(dynamo=True)` (torch.export + onnxscript, the default and maintained
@@ -96,7 +99,7 @@ def encoder_io(cfg: ModelConfig) -> tuple[list[TensorSpec], list[TensorSpec]]:
 def decoder_io(cfg: ModelConfig) -> tuple[list[TensorSpec], list[TensorSpec]]:
     L, H, dk = cfg.n_decoder_layers, cfg.n_heads, cfg.d_k
     past = ["batch", H, "past_len", dk]
-    cross = ["batch", H, "src_len", dk]
+    cross = ["sentences", H, "src_len", dk]  # once per sentence; its beams are consecutive rows
     inputs = [TensorSpec(name="tokens", dtype="int64", shape=["batch", 1]),
               TensorSpec(name="positions", dtype="int64", shape=["batch"])]
     for i in range(L):
@@ -106,7 +109,7 @@ def decoder_io(cfg: ModelConfig) -> tuple[list[TensorSpec], list[TensorSpec]]:
     for i in range(L):
         inputs += [TensorSpec(name=f"cross_key_{i}", dtype="float32", shape=cross),
                    TensorSpec(name=f"cross_value_{i}", dtype="float32", shape=cross)]
-    inputs.append(TensorSpec(name="src_mask", dtype="int64", shape=["batch", "src_len"]))
+    inputs.append(TensorSpec(name="src_mask", dtype="int64", shape=["sentences", "src_len"]))
     inputs.append(TensorSpec(name="top_k", dtype="int64", shape=[1]))
     outputs = [TensorSpec(name="log_probs", dtype="float32", shape=["batch", cfg.vocab_size]),
                TensorSpec(name="top_log_probs", dtype="float32", shape=["batch", "top_k"]),
@@ -203,19 +206,21 @@ def add_search_outputs(path: Path, cfg: ModelConfig) -> None:
     onnx.save(model, str(path))
 
 
-def example_inputs(cfg: ModelConfig, B: int = 3, S: int = 5, P: int = 4, seed: int = 0):
-    """Example inputs for tracing. Every dynamic axis gets a distinct size > 1 so that nothing is
-    specialised to the example (torch.export specialises sizes 0 and 1)."""
+def example_inputs(cfg: ModelConfig, B: int = 3, S: int = 5, P: int = 4, seed: int = 0, K: int = 2):
+    """Example inputs for tracing: the encoder's B sentences, the decoder's B x K rows (K beams
+    each). Every dynamic axis gets a distinct size > 1 so that nothing is specialised to the
+    example (torch.export specialises sizes 0 and 1)."""
     g = torch.Generator().manual_seed(seed)
     src_ids = torch.randint(4, cfg.vocab_size, (B, S), generator=g)
     src_mask = torch.ones(B, S, dtype=torch.long)
     src_mask[1, S - 2:] = 0
     src_ids[src_mask == 0] = cfg.pad_id
     H, dk, L = cfg.n_heads, cfg.d_k, cfg.n_decoder_layers
-    tokens = torch.randint(4, cfg.vocab_size, (B, 1), generator=g)
-    positions = torch.full((B,), P, dtype=torch.long)
-    past = tuple(torch.randn(B, H, P, dk, generator=g) for _ in range(2 * L))
-    past_mask = torch.ones(B, P)
+    R = B * K
+    tokens = torch.randint(4, cfg.vocab_size, (R, 1), generator=g)
+    positions = torch.full((R,), P, dtype=torch.long)
+    past = tuple(torch.randn(R, H, P, dk, generator=g) for _ in range(2 * L))
+    past_mask = torch.ones(R, P)
     past_mask[2, :2] = 0
     cross = tuple(torch.randn(B, H, S, dk, generator=g) for _ in range(2 * L))
     return (src_ids, src_mask), (tokens, positions, past, past_mask, cross, src_mask)
@@ -258,12 +263,12 @@ def export_raw(model: Transformer, out_dir: Path, exporter: str = "dynamo") -> t
     if exporter == "dynamo":
         from torch.export import Dim
 
-        batch, src_len, past_len = Dim("batch"), Dim("src_len"), Dim("past_len")
+        batch, sentences, src_len, past_len = Dim("batch"), Dim("sentences"), Dim("src_len"), Dim("past_len")
         enc_ds = ({0: batch, 1: src_len}, {0: batch, 1: src_len})
         L = cfg.n_decoder_layers
         dec_ds = ({0: batch}, {0: batch}, tuple({0: batch, 2: past_len} for _ in range(2 * L)),
-                  {0: batch, 1: past_len}, tuple({0: batch, 2: src_len} for _ in range(2 * L)),
-                  {0: batch, 1: src_len})
+                  {0: batch, 1: past_len}, tuple({0: sentences, 2: src_len} for _ in range(2 * L)),
+                  {0: sentences, 1: src_len})
     with torch.no_grad():
         _export_graph(EncoderGraph(model), enc_args, *encoder_io(cfg), enc_path, exporter, enc_ds)
         dec_in, dec_out = decoder_io(cfg)
@@ -451,7 +456,7 @@ def parity_check(model: Transformer, enc_path: Path, dec_path: Path, seed: int =
         cross = model.cross_kv(memory)
         eo = enc.run(None, {"src_ids": src_ids.numpy(), "src_mask": src_mask.numpy()})
         diffs["encoder_memory"] = float(np.abs(eo[0] - memory.numpy()).max())
-        for P in (0, 3):
+        for P, n in ((0, B), (3, B // 2)):  # the second step: n sentences of B // n beams each
             tokens = torch.randint(4, cfg.vocab_size, (B, 1), generator=g)
             positions = torch.full((B,), P, dtype=torch.long)
             past = [(torch.randn(B, cfg.n_heads, P, cfg.d_k, generator=g),
@@ -459,12 +464,16 @@ def parity_check(model: Transformer, enc_path: Path, dec_path: Path, seed: int =
             past_mask = torch.ones(B, P)
             if P:
                 past_mask[1, 1:] = 0
-            lp, new_kv, w = model.decode_step(tokens, positions, past, past_mask, cross, src_mask, need_weights=True)
+            # The reference repeats each sentence's keys/values for its rows (no folding involved).
+            rep = torch.arange(n).repeat_interleave(B // n)
+            lp, new_kv, w = model.decode_step(tokens, positions, past, past_mask,
+                                              [(ck[rep], cv[rep]) for ck, cv in cross], src_mask[rep],
+                                              need_weights=True)
             feed = {"tokens": tokens.numpy(), "positions": positions.numpy(), "past_mask": past_mask.numpy(),
-                    "src_mask": src_mask.numpy(), "top_k": np.array([k], dtype=np.int64)}
+                    "src_mask": src_mask[:n].numpy(), "top_k": np.array([k], dtype=np.int64)}
             for i in range(L):
                 feed[f"past_key_{i}"], feed[f"past_value_{i}"] = past[i][0].numpy(), past[i][1].numpy()
-                feed[f"cross_key_{i}"], feed[f"cross_value_{i}"] = eo[1 + 2 * i], eo[2 + 2 * i]
+                feed[f"cross_key_{i}"], feed[f"cross_value_{i}"] = eo[1 + 2 * i][:n], eo[2 + 2 * i][:n]
             do = dict(zip(out_names, dec.run(None, feed)))
             if not all(np.isfinite(x).all() for x in do.values()):
                 raise RuntimeError(f"{dec_path.name}: non-finite outputs")

@@ -11,9 +11,10 @@ It reproduces exactly the semantics of the PyTorch reference (export/generate.py
 - `beam == 1` is greedy search (score = plain sum of log-probabilities).
 
 The state of a running batch is a `DecodeBatch` (the text-generation-inference `Seq2SeqLMBatch`
-pattern): every row carries its own source mask, cross-attention keys/values, self-attention
-cache with a `past_mask`, position and score, so rows at different steps share a decoder call.
-A sentence occupies `beam` consecutive rows. The serving loop:
+pattern): every row carries its own self-attention cache with a `past_mask`, position and score,
+so rows at different steps share a decoder call. A sentence occupies `beam` consecutive rows and
+carries its source mask and cross-attention keys/values once, for all its beams (the graph folds
+the beams into the cross-attention query). The serving loop:
 
     batch = DecodeBatch.from_sources(model, src_ids_lists, keys, beam=4)   # encoder pass
     while len(batch):
@@ -141,10 +142,10 @@ def _as_list(value, n: int, name: str) -> list:
 class DecodeBatch:
     """Decoding state of a set of sentences, `beam` consecutive rows each (see the module doc).
 
-    Per row: src_mask (R, S) int64, cross_k/cross_v per layer (R, H, S, d_k), past_k/past_v per
-    layer (R, H, P, d_k), past_mask (R, P) float32, positions (R,) int64 (the position of the
-    row's next input token), tokens (R,) int64 (that token), scores (R,) float32 (greedy: sum of
-    log-probabilities; beam: the beam's cumulative score) and its output so far. Per sentence:
+    Per row: past_k/past_v per layer (R, H, P, d_k), past_mask (R, P) float32, positions (R,)
+    int64 (the position of the row's next input token), tokens (R,) int64 (that token), scores
+    (R,) float32 (greedy: sum of log-probabilities; beam: the beam's cumulative score) and its
+    output so far. Per sentence: src_mask (n, S) int64, cross_k/cross_v per layer (n, H, S, d_k),
     key, max_len, length_penalty, want_alignment, src_len (real length), done, finished hypotheses.
     """
 
@@ -195,10 +196,6 @@ class DecodeBatch:
             return self
         K = beam
         lens, mask, ck, cv = encode_sources(model, src_ids_lists)
-        if K > 1:
-            mask = np.repeat(mask, K, axis=0)
-            ck = [np.repeat(k, K, axis=0) for k in ck]
-            cv = [np.repeat(v, K, axis=0) for v in cv]
         R = n * K
         self.keys = list(keys)
         rule = [max_output_len(int(L), max_len_a, max_len_b, model.max_positions) for L in lens]
@@ -419,9 +416,9 @@ class DecodeBatch:
         self.hist = [self.hist[r] for r in rows.tolist()]
         self.positions, self.tokens, self.scores = self.positions[rows], self.tokens[rows], self.scores[rows]
         S = int(self.src_lens.max()) if len(idx) else 0
-        self.src_mask = self.src_mask[rows, :S]
-        self.cross_k = [k[rows, :, :S] for k in self.cross_k]
-        self.cross_v = [v[rows, :, :S] for v in self.cross_v]
+        self.src_mask = self.src_mask[sent, :S]
+        self.cross_k = [k[sent, :, :S] for k in self.cross_k]
+        self.cross_v = [v[sent, :, :S] for v in self.cross_v]
         pm = self.past_mask[rows]
         used = np.flatnonzero(pm.any(axis=0)) if len(rows) else np.zeros(0, dtype=np.int64)
         if len(used) == pm.shape[1]:
@@ -458,22 +455,23 @@ class DecodeBatch:
         out.finished = [f for b in batches for f in b.finished]
         out.hist = [h for b in batches for h in b.hist]
         out._last = {k: t for b in batches for k, t in b._last.items()}
-        R = sum(len(b) for b in batches)
         S = max(b.src_len for b in batches)
         P = max(b.past_len for b in batches)
-        starts = np.cumsum([0] + [len(b) for b in batches])
 
         def stack(arrays: list[np.ndarray], axis_len: int, dtype) -> np.ndarray:
-            """Rows of every batch, padded with zeros along axis 1 (masks) or 2 (k/v) to axis_len."""
+            """The first axes of all batches' arrays (rows, or sentences) one after the other,
+            padded with zeros along axis 1 (masks) or 2 (k/v) to axis_len."""
             shape = list(arrays[0].shape)
             pad_axis = 1 if len(shape) == 2 else 2
-            shape[0], shape[pad_axis] = R, axis_len
+            shape[0], shape[pad_axis] = sum(a.shape[0] for a in arrays), axis_len
             res = np.zeros(shape, dtype=dtype)
-            for a, r0 in zip(arrays, starts):
+            r0 = 0
+            for a in arrays:
                 if pad_axis == 1:
                     res[r0: r0 + a.shape[0], : a.shape[1]] = a
                 else:
                     res[r0: r0 + a.shape[0], :, : a.shape[2]] = a
+                r0 += a.shape[0]
             return res
 
         out.src_mask = stack([b.src_mask for b in batches], S, np.int64)

@@ -23,7 +23,10 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 MANIFEST = "manifest.json"
-FORMAT_VERSION = 2  # 2: the decoder step takes top_k and returns the search outputs and the present cache
+# 2: the decoder step takes top_k and returns the search outputs and the present cache;
+# 3: the decoder step takes the cross-attention keys/values and src_mask once per sentence
+#    (its beams are consecutive rows), not once per row
+FORMAT_VERSION = 3
 Precision = Literal["fp32", "int8", "fp16"]
 PRECISIONS: tuple[str, ...] = ("fp32", "int8", "fp16")
 
@@ -106,7 +109,7 @@ class Variant(_Model):
 
 
 class Manifest(_Model):
-    format_version: Literal[2] = FORMAT_VERSION
+    format_version: Literal[3] = FORMAT_VERSION
     name: str  # model name, e.g. "de-en"
     version: str  # model version: config.json's "version", else the weights' hash prefix
     src_lang: str

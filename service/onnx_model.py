@@ -151,9 +151,11 @@ class OnnxSeq2Seq:
     def step(self, tokens: np.ndarray, positions: np.ndarray, past_k: list[np.ndarray], past_v: list[np.ndarray],
              past_mask: np.ndarray, cross_k: list[np.ndarray], cross_v: list[np.ndarray], src_mask: np.ndarray,
              top_k: int = 1, log_probs: bool = False) -> StepOutput:
-        """One decoder step. tokens (B, 1) or (B,), positions (B,) int64; past_k/past_v per layer
-        (B, H, P, d_k) float32, P may be 0; past_mask (B, P) float32 (1 valid, 0 padding); cross_k/v
-        per layer (B, H, S, d_k); src_mask (B, S) int64; top_k: candidates per row (<= vocab).
+        """One decoder step over B rows of n sentences, each sentence's beams consecutive rows
+        (n == B without beams). tokens (B, 1) or (B,), positions (B,) int64; past_k/past_v per
+        layer (B, H, P, d_k) float32, P may be 0; past_mask (B, P) float32 (1 valid, 0 padding);
+        cross_k/v per layer (n, H, S, d_k) and src_mask (n, S) int64, once per sentence; top_k:
+        candidates per row (<= vocab).
         The full (B, V) log-probabilities come back only when `log_probs` is asked for."""
         tokens = np.asarray(tokens, dtype=np.int64)
         feed = {"tokens": tokens.reshape(-1, 1), "positions": np.asarray(positions, dtype=np.int64),

@@ -76,6 +76,8 @@ def test_manifest_lists_every_variant_with_its_contract(tiny_onnx_dir, tiny_mode
         assert v.optimization.startswith("ORT_ENABLE_EXTENDED") or p == "fp16"
     dec = m.variants["fp32"].decoder
     assert dec.input("past_key_0").shape == ["batch", cfg.n_heads, "past_len", cfg.d_k]
+    assert dec.input("cross_key_0").shape == ["sentences", cfg.n_heads, "src_len", cfg.d_k]
+    assert dec.input("src_mask").shape == ["sentences", "src_len"]
     assert dec.input("past_mask").dtype == "float32" and dec.input("src_mask").dtype == "int64"
     assert dec.output("cross_attention").shape == ["batch", "src_len"]
     assert m.variants["fp32"].parity["log_probs"] <= 1e-4
@@ -93,7 +95,8 @@ def test_shipped_graphs_pass_the_full_checker_with_dynamic_axes(tiny_onnx_dir, p
             if value.name == "top_k":
                 assert dims == [1]
                 continue
-            assert dims[0] == "batch", (value.name, dims)
+            per_sentence = part == "decoder" and (value.name == "src_mask" or value.name.startswith(("cross_key", "cross_value")))
+            assert dims[0] == ("sentences" if per_sentence else "batch"), (value.name, dims)
             assert value.type.tensor_type.elem_type in (onnx.TensorProto.INT64, onnx.TensorProto.FLOAT)
         names = {v.name: [d.dim_param for d in v.type.tensor_type.shape.dim] for v in model.graph.input}
         if part == "decoder":
@@ -208,6 +211,38 @@ def test_rows_at_different_positions_in_one_call_equal_per_row_results(tiny_onnx
     assert np.abs(out.log_probs - ref[0]).max() < 1e-4
 
 
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_beams_share_their_sentence_cross_attention(tiny_onnx_dir, tiny_model, precision):
+    """Format 3: n sentences' cross keys/values and src_mask, once each, for n x K rows (the K
+    beams of a sentence consecutive) give what the same step gives with them repeated per row, in
+    ONNX Runtime and in PyTorch; the cross-attention weights come back per row."""
+    model = OnnxSeq2Seq(tiny_onnx_dir, precision=precision)
+    cfg, L = tiny_model.cfg, tiny_model.cfg.n_decoder_layers
+    rng = np.random.default_rng(11)
+    n, K, S, P = 3, 4, 9, 5
+    ids, mask = random_batch(rng, n, S, cfg.vocab_size, lengths=[9, 4, 6])
+    _, ck, cv = model.encode(ids, mask)
+    R = n * K
+    pk, pv = random_past(rng, R, cfg.n_heads, P, cfg.d_k, L)
+    past_mask = np.ones((R, P), np.float32)
+    past_mask[5, :2] = 0
+    tokens = rng.integers(4, cfg.vocab_size, size=R)
+    positions = np.full(R, P)
+    rep = np.repeat(np.arange(n), K)
+    folded = model.step(tokens, positions, pk, pv, past_mask, ck, cv, mask, top_k=8, log_probs=True)
+    per_row = model.step(tokens, positions, pk, pv, past_mask, [k[rep] for k in ck], [v[rep] for v in cv],
+                         mask[rep], top_k=8, log_probs=True)
+    tol = 1e-5 if precision != "fp16" else 2e-3
+    np.testing.assert_allclose(folded.log_probs, per_row.log_probs, atol=tol)
+    np.testing.assert_allclose(folded.cross_attention, per_row.cross_attention, atol=tol)
+    assert folded.cross_attention.shape == (R, S)
+    assert np.abs(folded.cross_attention[rep == 1][:, 4:]).max() < 1e-6  # sentence 1's padding
+    if precision == "fp32":
+        ref = torch_step(tiny_model, tokens, positions, pk, pv, past_mask, ck, cv, mask)
+        np.testing.assert_allclose(folded.log_probs, ref[0], atol=1e-4)
+        np.testing.assert_allclose(folded.cross_attention, ref[3], atol=1e-5)
+
+
 def test_no_nan_even_for_rows_that_are_entirely_padding(tiny_onnx_dir, tiny_model):
     cfg = tiny_model.cfg
     rng = np.random.default_rng(3)
@@ -297,7 +332,7 @@ def test_cli_export_with_the_torchscript_fallback_keeps_variants_side_by_side(ti
     assert m.variants["fp32"].parity["log_probs"] <= 1e-4
     assert sorted(p.name for p in out.glob("*.onnx")) == ["decoder.fp32.onnx", "decoder.int8.onnx",
                                                           "encoder.fp32.onnx", "encoder.int8.onnx"]
-    assert json.loads((out / "manifest.json").read_text())["format_version"] == FORMAT_VERSION == 2
+    assert json.loads((out / "manifest.json").read_text())["format_version"] == FORMAT_VERSION == 3
 
 
 def test_an_export_of_an_older_format_is_redone(tiny_model_dir, tmp_path):
