@@ -18,9 +18,13 @@ $(STAMP): pyproject.toml setup.py $(wildcard protos/*/*.proto protos/*/*/*.proto
 
 install: $(STAMP)
 
-# Export the shipped checkpoint to ONNX when its graphs are missing, then serve it.
+# Whether MODEL/onnx holds an export this version can serve (a manifest of the current graph format).
+EXPORTED = $(PY) -c "import sys; from service.manifest import load_manifest; load_manifest(sys.argv[1], verify_checksums=False)" \
+	$(MODEL)/onnx 2>/dev/null
+
+# Export the shipped checkpoint to ONNX when its graphs are missing or of an older format, then serve it.
 serve: $(STAMP)
-	test -f $(MODEL)/onnx/manifest.json || $(PY) -m service.cli export --model $(MODEL) --precision all
+	$(EXPORTED) || $(PY) -m service.cli export --model $(MODEL) --precision all
 	$(PY) -m service.cli serve --model-dir $(MODEL) --address $(ADDRESS) --metrics-port $(METRICS_PORT)
 
 export: $(STAMP)
@@ -47,11 +51,11 @@ fuzz: $(STAMP)
 	MTSERVE_FUZZ_SCALE=$(FUZZ_SCALE) $(PY) -m pytest -q -p no:cacheprovider tests/service/test_fuzz.py
 
 soak: $(STAMP)
-	test -f $(MODEL)/onnx/manifest.json || $(PY) -m service.cli export --model $(MODEL) --precision all
+	$(EXPORTED) || $(PY) -m service.cli export --model $(MODEL) --precision all
 	$(PY) benchmarks/soak.py --model-dir $(MODEL) --minutes $(SOAK_MINUTES) --concurrency 64
 
 overload: $(STAMP)
-	test -f $(MODEL)/onnx/manifest.json || $(PY) -m service.cli export --model $(MODEL) --precision all
+	$(EXPORTED) || $(PY) -m service.cli export --model $(MODEL) --precision all
 	$(PY) benchmarks/soak.py --model-dir $(MODEL) --scenario overload --clients 512 --rounds 3
 
 # Benchmarks side by side (benchmarks/run.py, docs/benchmarks.md): offline engines (PyTorch with and

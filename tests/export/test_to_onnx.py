@@ -337,7 +337,8 @@ def test_cli_export_with_the_torchscript_fallback_keeps_variants_side_by_side(ti
 
 def test_an_export_of_an_older_format_is_redone(tiny_model_dir, tmp_path):
     """Graphs of an older contract (format 1: no top_k, new_key outputs) would fail every request:
-    `ensure_exported`, as `mtserve serve` runs it, exports again instead of reusing them."""
+    `ensure_exported`, as `mtserve verify` runs it, exports again instead of reusing them (`mtserve
+    serve` refuses them, and `make serve` exports again)."""
     from export.to_onnx import ensure_exported
 
     out = tmp_path / "onnx"

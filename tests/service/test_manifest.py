@@ -74,6 +74,19 @@ def test_malformed_manifests_are_rejected(export_copy, edit, match):
         load_manifest(export_copy)
 
 
+def test_an_export_of_an_older_graph_format_says_how_to_redo_it(export_copy):
+    """Graphs of another contract would fail every request: the server refuses them at start-up
+    with the command that exports them again (and `make serve` runs it by itself)."""
+    from service.manifest import FORMAT_VERSION
+
+    m = json.loads((export_copy / "manifest.json").read_text())
+    m["format_version"] = FORMAT_VERSION - 1
+    (export_copy / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(ManifestError, match=rf"format_version {FORMAT_VERSION - 1}; this version reads "
+                                            rf"{FORMAT_VERSION}: export again with `mtserve export --model .* --out "):
+        load_manifest(export_copy, verify_checksums=False)
+
+
 def test_serving_modules_do_not_import_torch():
     """Every module of the serving package, present and future, imports without torch."""
     code = ("import importlib, pkgutil, sys, service\n"
