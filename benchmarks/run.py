@@ -29,6 +29,9 @@ with the headline ratios:
                             call per sentence / CTranslate2 int8 offline throughput (best layout),
                             same beam
   service_many_over_ct2_int8  the same with the sentences as items of one TranslateMany stream
+  service_default_over_ct2_int8  the same for the server's default layout in the main online
+                            levels only (the layout sweep samples it again later; on a machine
+                            whose speed drifts, the best of two samples reads high)
   latency_c1_over_ct2       service p50 latency at concurrency 1 / CTranslate2's single-sentence
                             p50 latency (the faster of float32 and int8), same beam
   service_over_torch_eager  service throughput at concurrency 64 / the textbook PyTorch loop's
@@ -241,6 +244,11 @@ def summarize(res: dict, beam: int) -> dict:
     c64 = [lv for _, lv in pts if lv["concurrency"] == 64 and not lv["errors"]]
     c1 = [lv for _, lv in pts if lv["concurrency"] == 1 and not lv["errors"]]
     svc64 = max((lv["sentences_per_s"] for lv in c64), default=None)
+    # The default layout alone, from the main online levels (the sweep measures it again later: on a
+    # machine whose speed drifts, the best of the two samples reads high).
+    svc64_default = max((lv["sentences_per_s"] for r in res.get("online", {}).get("runs", [])
+                         if r.get("beam") == beam and r.get("api", "unary") == "unary"
+                         for lv in r["levels"] if lv["concurrency"] == 64 and not lv["errors"]), default=None)
     svc1 = min((lv["p50_ms"] for lv in c1), default=None)
     many64 = max((lv["sentences_per_s"] for _, lv in service_points(res, beam, "many")
                   if lv["concurrency"] == 64 and not lv["errors"]), default=None)
@@ -265,6 +273,8 @@ def summarize(res: dict, beam: int) -> dict:
         "ort_int8_layout": ort and f"{ort['workers']}x{max(1, ort['threads'] // ort['workers'])} batch {ort['batch_size']}",
         "batcher_c64_sentences_per_s": batcher, "torch_eager_sentences_per_s": eager and eager["sentences_per_s"],
         "service_over_ct2_int8": ratio(svc64, ct2 and ct2["sentences_per_s"]),
+        "service_default_c64_sentences_per_s": svc64_default,
+        "service_default_over_ct2_int8": ratio(svc64_default, ct2 and ct2["sentences_per_s"]),
         "service_many_over_ct2_int8": ratio(many64, ct2 and ct2["sentences_per_s"]),
         "latency_c1_over_ct2": ratio(svc1, ct2_lat),
         "service_over_torch_eager": ratio(svc64, eager and eager["sentences_per_s"]),
@@ -280,6 +290,20 @@ def server_defaults() -> str:
             f"continuous batching {'on' if d.continuous_batching else 'off'}, max batch {d.max_batch_sentences} rows / "
             f"{d.max_batch_tokens} source tokens, admit at {d.admit_fraction:g} of the batch or after "
             f"{d.admit_delay_ms:g} ms, compact at {d.compact_fraction:g}, idle-batch delay {d.max_queue_delay_ms:g} ms")
+
+
+def cpu_isa() -> str:
+    """The vector extensions that decide int8 GEMM speed (one 'AMD EPYC' may have AVX-512 VNNI,
+    another AVX2 only, at half the speed or less), and the CPU family/model."""
+    info = Path("/proc/cpuinfo")
+    if not info.exists():
+        return platform.machine()
+    text = info.read_text()
+    flags = set(next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), []))
+    field = {k.strip(): v.strip() for k, v in (line.split(":", 1) for line in text.splitlines()[:30] if ":" in line)}
+    isa = ("AVX-512 VNNI" if "avx512_vnni" in flags else "AVX-512" if "avx512f" in flags
+           else "AVX-VNNI" if "avx_vnni" in flags else "AVX2" if "avx2" in flags else "no AVX2")
+    return f"{isa} (family {field.get('cpu family', '?')}, model {field.get('model', '?')})"
 
 
 def environment(threads: int) -> dict:
@@ -300,7 +324,7 @@ def environment(threads: int) -> dict:
                                 cwd=REPO).stdout.strip()
     except OSError:
         commit = ""
-    return {"date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "cpu": cpu,
+    return {"date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "cpu": cpu, "isa": cpu_isa(),
             "cores": os.cpu_count(), "memory_gib": mem, "python": platform.python_version(),
             "platform": platform.platform(), "versions": versions, "thread_budget": threads, "commit": commit,
             "load_average": os.getloadavg()}
@@ -391,7 +415,7 @@ def write_markdown(res: dict, path: Path, plot_name: str) -> None:
           "- **Target tokens**: generated subword tokens, `</s>` included.", ""]
     L += ["## Machine and settings", "",
           f"- date: {env['date']}, commit `{env['commit']}`",
-          f"- CPU: {env['cpu']}, {env['cores']} cores, {env['memory_gib']} GiB; load average at start "
+          f"- CPU: {env['cpu']}, {env.get('isa', '')}, {env['cores']} cores, {env['memory_gib']} GiB; load average at start "
           f"{', '.join(f'{x:.1f}' for x in env['load_average'])}",
           f"- Python {env['python']}; " + ", ".join(f"{k} {v}" for k, v in env["versions"].items() if v),
           f"- thread budget: {env['thread_budget']} threads for every engine; test set test_2016_flickr "
@@ -463,15 +487,19 @@ def write_markdown(res: dict, path: Path, plot_name: str) -> None:
         L += [f"| {k} | {100 * v:.1f}% |" for k, v in pr["share"].items()]
         L.append("")
     L += ["## Headline ratios", "", "| beam | service c64 sent/s | CT2 int8 sent/s | service / CT2 int8 | "
-          "TranslateMany c64 / CT2 int8 | service c1 p50 ms | CT2 single p50 ms | c1 latency / CT2 | "
-          "service / torch eager |",
-          "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+          "default layout, main levels / CT2 int8 | TranslateMany c64 / CT2 int8 | service c1 p50 ms | "
+          "CT2 single p50 ms | c1 latency / CT2 | service / torch eager |",
+          "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for s in res["summary_by_beam"]:
         L.append(f"| {s['beam']} | {s['service_c64_sentences_per_s']} | {s['ct2_int8_sentences_per_s']} "
-                 f"({s['ct2_int8_layout']}) | {s['service_over_ct2_int8']} | {s.get('service_many_over_ct2_int8')} | "
+                 f"({s['ct2_int8_layout']}) | {s['service_over_ct2_int8']} | "
+                 f"{s.get('service_default_c64_sentences_per_s')} → {s.get('service_default_over_ct2_int8')} | "
+                 f"{s.get('service_many_over_ct2_int8')} | "
                  f"{s['service_c1_p50_ms']} | {s['ct2_single_p50_ms']} | {s['latency_c1_over_ct2']} | "
                  f"{s['service_over_torch_eager']} |")
-    L += ["", "\"service\" is one `Translate` call per sentence; \"TranslateMany\" sends the same sentences as items "
+    L += ["", "\"service\" is one `Translate` call per sentence, at the best layout over the online levels and the "
+          "sweep (the default layout is sampled in both); \"default layout, main levels\" is the default layout's "
+          "online levels alone. \"TranslateMany\" sends the same sentences as items "
           "of one stream. Targets of issue #6: service / CT2 int8 >= 1.0, c1 latency / CT2 <= 1.5, service / torch eager >= 30. "
           "Where the time goes and why: [performance.md](performance.md).",
           "", f"![latency against throughput, beam 4]({plot_name})", ""]
@@ -499,6 +527,7 @@ def main() -> None:
         res = json.loads(Path(args.report).read_text())
         if args.note:
             res["note"] = args.note
+        res["summary_by_beam"] = [summarize(res, s["beam"]) for s in res["summary_by_beam"]]  # today's summary
         md = REPO / "docs" / "benchmarks.md" if res["mode"] == "full" or args.docs else RESULTS / f"{res['mode']}.md"
         write_plots(res, md)
         write_markdown(res, md, md.with_suffix(".png").name)
@@ -568,11 +597,11 @@ def main() -> None:
     write_markdown(res, md, png.name)
     log(f"wrote {RESULTS / f'{mode}-{stamp}.json'}, {md}, {png} in {res['seconds']} s")
     keys = ("service_over_ct2_int8", "latency_c1_over_ct2", "service_over_torch_eager", "service_many_over_ct2_int8",
-            "service_c64_sentences_per_s", "service_many_c64_sentences_per_s",
+            "service_default_over_ct2_int8", "service_c64_sentences_per_s", "service_default_c64_sentences_per_s", "service_many_c64_sentences_per_s",
             "ct2_int8_sentences_per_s", "service_c1_p50_ms", "ct2_single_p50_ms", "torch_eager_sentences_per_s")
     head = next(s for s in res["summary_by_beam"] if s["beam"] == head_beam)
     print(json.dumps({"mode": mode, "beam": head_beam, **{k: head[k] for k in keys},
-                      "by_beam": {str(s["beam"]): {k: s[k] for k in keys[:4]} for s in res["summary_by_beam"]},
+                      "by_beam": {str(s["beam"]): {k: s[k] for k in keys[:5]} for s in res["summary_by_beam"]},
                       "ct2_greedy_identical": f"{res['ct2_check']['identical']}/{res['ct2_check']['sentences']}",
                       # offline sentences per engine (0 = all 1,000): quick-mode ratios come from subsets
                       "offline_sentences": p["limits"]}))
