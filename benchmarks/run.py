@@ -227,10 +227,11 @@ def single_latency(rows: list[dict], engines: list[str], beam: int) -> float | N
     return min(vals, default=None)
 
 
-def service_points(res: dict, beam: int, api: str = "unary") -> list[tuple[str, dict]]:
-    """(label, level row) of every online run at this beam and API: the main runs and the sweep."""
+def service_points(res: dict, beam: int, api: str = "unary", sweep: bool = True) -> list[tuple[str, dict]]:
+    """(label, level row) of every online run at this beam and API: the main runs and (with
+    `sweep`) the layout sweep."""
     pts = []
-    for r in res.get("online", {}).get("runs", []) + res.get("sweep", []):
+    for r in res.get("online", {}).get("runs", []) + (res.get("sweep", []) if sweep else []):
         if r.get("beam") != beam or r.get("api", "unary") != api:
             continue
         label = " ".join(r["server_args"])
@@ -246,9 +247,8 @@ def summarize(res: dict, beam: int) -> dict:
     svc64 = max((lv["sentences_per_s"] for lv in c64), default=None)
     # The default layout alone, from the main online levels (the sweep measures it again later: on a
     # machine whose speed drifts, the best of the two samples reads high).
-    svc64_default = max((lv["sentences_per_s"] for r in res.get("online", {}).get("runs", [])
-                         if r.get("beam") == beam and r.get("api", "unary") == "unary"
-                         for lv in r["levels"] if lv["concurrency"] == 64 and not lv["errors"]), default=None)
+    svc64_default = max((lv["sentences_per_s"] for _, lv in service_points(res, beam, sweep=False)
+                         if lv["concurrency"] == 64 and not lv["errors"]), default=None)
     svc1 = min((lv["p50_ms"] for lv in c1), default=None)
     many64 = max((lv["sentences_per_s"] for _, lv in service_points(res, beam, "many")
                   if lv["concurrency"] == 64 and not lv["errors"]), default=None)
@@ -292,13 +292,12 @@ def server_defaults() -> str:
             f"{d.admit_delay_ms:g} ms, compact at {d.compact_fraction:g}, idle-batch delay {d.max_queue_delay_ms:g} ms")
 
 
-def cpu_isa() -> str:
-    """The vector extensions that decide int8 GEMM speed (one 'AMD EPYC' may have AVX-512 VNNI,
-    another AVX2 only, at half the speed or less), and the CPU family/model."""
-    info = Path("/proc/cpuinfo")
-    if not info.exists():
+def cpu_isa(text: str) -> str:
+    """From /proc/cpuinfo's text: the vector extensions that decide int8 GEMM speed (one 'AMD
+    EPYC' may have AVX-512 VNNI, another AVX2 only, at half the speed or less), and the CPU
+    family/model."""
+    if not text:
         return platform.machine()
-    text = info.read_text()
     flags = set(next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), []))
     field = {k.strip(): v.strip() for k, v in (line.split(":", 1) for line in text.splitlines()[:30] if ":" in line)}
     isa = ("AVX-512 VNNI" if "avx512_vnni" in flags else "AVX-512" if "avx512f" in flags
@@ -309,8 +308,9 @@ def cpu_isa() -> str:
 def environment(threads: int) -> dict:
     import importlib.metadata as md
 
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else ""
+    cpuinfo = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    cpu = next((line.split(":", 1)[1].strip() for line in cpuinfo.splitlines()
+                if line.startswith("model name")), platform.processor()) if cpuinfo else ""
     mem = next((int(line.split()[1]) // 1024 // 1024 for line in Path("/proc/meminfo").read_text().splitlines()
                 if line.startswith("MemTotal")), None) if Path("/proc/meminfo").exists() else None
     versions = {}
@@ -324,7 +324,7 @@ def environment(threads: int) -> dict:
                                 cwd=REPO).stdout.strip()
     except OSError:
         commit = ""
-    return {"date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "cpu": cpu, "isa": cpu_isa(),
+    return {"date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "cpu": cpu, "isa": cpu_isa(cpuinfo),
             "cores": os.cpu_count(), "memory_gib": mem, "python": platform.python_version(),
             "platform": platform.platform(), "versions": versions, "thread_budget": threads, "commit": commit,
             "load_average": os.getloadavg()}
@@ -597,7 +597,8 @@ def main() -> None:
     write_markdown(res, md, png.name)
     log(f"wrote {RESULTS / f'{mode}-{stamp}.json'}, {md}, {png} in {res['seconds']} s")
     keys = ("service_over_ct2_int8", "latency_c1_over_ct2", "service_over_torch_eager", "service_many_over_ct2_int8",
-            "service_default_over_ct2_int8", "service_c64_sentences_per_s", "service_default_c64_sentences_per_s", "service_many_c64_sentences_per_s",
+            "service_default_over_ct2_int8", "service_c64_sentences_per_s", "service_default_c64_sentences_per_s",
+            "service_many_c64_sentences_per_s",
             "ct2_int8_sentences_per_s", "service_c1_p50_ms", "ct2_single_p50_ms", "torch_eager_sentences_per_s")
     head = next(s for s in res["summary_by_beam"] if s["beam"] == head_beam)
     print(json.dumps({"mode": mode, "beam": head_beam, **{k: head[k] for k in keys},

@@ -17,7 +17,6 @@ shapes with symbolic axis names), and the SHA-256 of every file, checked on load
 from __future__ import annotations
 
 import hashlib
-import json
 from pathlib import Path
 from typing import Literal
 
@@ -174,20 +173,16 @@ def load_manifest(onnx_dir: str | Path, verify_checksums: bool = True, precision
     With `verify_checksums`, every listed file (only the tokenizer and `precision`'s graphs when
     given) must exist and match its SHA-256. Raises ManifestError with the reason."""
     d = resolve_onnx_dir(onnx_dir)
-    text = (d / MANIFEST).read_text(encoding="utf-8")
     try:
-        found = json.loads(text).get("format_version")
-    except (ValueError, AttributeError):
-        found = None
-    if isinstance(found, int) and found != FORMAT_VERSION:
-        # Graphs of another contract would fail every request: say what to do about it.
-        model_dir = d.parent if d.name == "onnx" else d
-        raise ManifestError(f"{d} holds graphs of format_version {found}; this version reads {FORMAT_VERSION}: "
-                            f"export again with `mtserve export --model {model_dir} --out {d}` "
-                            f"(`make serve` does it for the shipped model)")
-    try:
-        manifest = Manifest.model_validate_json(text)
+        manifest = Manifest.model_validate_json((d / MANIFEST).read_text(encoding="utf-8"))
     except ValidationError as e:
+        found = next((err["input"] for err in e.errors() if err["loc"] == ("format_version",)), None)
+        if isinstance(found, int):
+            # Graphs of another contract would fail every request: say what to do about it.
+            model_dir = d.parent if d.name == "onnx" else d
+            raise ManifestError(f"{d} holds graphs of format_version {found}; this version reads {FORMAT_VERSION}: "
+                                f"export again with `mtserve export --model {model_dir} --out {d}` "
+                                f"(`make serve` does it for the shipped model)") from e
         raise ManifestError(f"{d / MANIFEST} is not a valid manifest:\n{e}") from e
     if precision is not None:
         manifest.variant(precision)
