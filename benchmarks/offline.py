@@ -144,14 +144,16 @@ def run(args) -> dict:
     }
     if args.latency:
         # One sentence per call, in test-set order: what a lone client waits for.
-        lat_eng = eng if eng.workers == 1 else Engine(args.engine, Path(args.model), args.threads, 1, args.batch_size)
+        lat_threads = args.latency_threads or args.threads
+        lat_eng = eng if eng.workers == 1 and lat_threads == args.threads else \
+            Engine(args.engine, Path(args.model), lat_threads, 1, args.batch_size)
         times = []
         for s in src[: args.latency]:
             t = time.perf_counter()
             lat_eng.translate_ids([s], args.beam)
             times.append(time.perf_counter() - t)
         times.sort()
-        result["latency_single"] = {"n": len(times), "p50_ms": round(1000 * statistics.median(times), 2),
+        result["latency_single"] = {"n": len(times), "threads": lat_threads, "p50_ms": round(1000 * statistics.median(times), 2),
                                     "p95_ms": round(1000 * times[min(len(times) - 1, int(0.95 * len(times)))], 2),
                                     "mean_ms": round(1000 * statistics.fmean(times), 2)}
     if args.hyps:
@@ -172,6 +174,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--limit", type=int, default=0, help="first N sentences only (0 = all)")
     p.add_argument("--latency", type=int, default=0, help="also time N single-sentence calls")
+    p.add_argument("--latency-threads", type=int, default=0,
+                   help="threads of the single-sentence engine (default: --threads, in one decode loop)")
     p.add_argument("--hyps", help="write the output ids here (JSON)")
     p.add_argument("--json", help="write the result here too")
 

@@ -17,7 +17,9 @@
    between an offline engine and the service into batching and RPC.
 3. A sweep of the serving thread layout (decode workers x intra-op threads, inter-op threads,
    precision) at concurrency 64 and 1.
-4. Optionally (`--profile`) a py-spy breakdown of the server at concurrency 64.
+4. The headline ratios in interleaved pairs: CTranslate2 int8 offline right next to the server's
+   default layout at concurrency 64 and 1, on the same sentences, several times per beam.
+5. Optionally (`--profile`) a py-spy breakdown of the server at concurrency 64.
 
 Everything goes to benchmarks/results/MODE-DATE.json (and MODE-latest.json); the report (a
 Markdown table with machine, versions, settings and date) and the latency/throughput plot go to
@@ -25,17 +27,23 @@ docs/benchmarks.md and docs/benchmarks.png for a full run, benchmarks/results/qu
 quick one (`--docs` sends a quick run's to docs/ too). The last line printed is one JSON object
 with the headline ratios:
 
-  service_over_ct2_int8     service throughput at concurrency 64 (best layout), one Translate
-                            call per sentence / CTranslate2 int8 offline throughput (best layout),
-                            same beam
-  service_many_over_ct2_int8  the same with the sentences as items of one TranslateMany stream
-  service_default_over_ct2_int8  the same for the server's default layout in the main online
-                            levels only (the layout sweep samples it again later; on a machine
-                            whose speed drifts, the best of two samples reads high)
-  latency_c1_over_ct2       service p50 latency at concurrency 1 / CTranslate2's single-sentence
-                            p50 latency (the faster of float32 and int8), same beam
-  service_over_torch_eager  service throughput at concurrency 64 / the textbook PyTorch loop's
-                            offline throughput, same beam
+  service_over_ct2_int8     service throughput at concurrency 64 (default layout), one Translate
+                            call per sentence / CTranslate2 int8 offline throughput (its best
+                            layout), same beam: the median ratio of the interleaved pairs
+  latency_c1_over_ct2       service p50 latency at concurrency 1 / CTranslate2 int8's
+                            single-sentence p50 latency with 1 thread, same beam: the median ratio
+                            of the interleaved pairs
+  service_over_torch_eager  the pairs' median service throughput / the textbook PyTorch loop
+                            (no cache) over length-sorted batches of 64, same beam
+  service_over_torch_eager_single  the same / the textbook loop one sentence at a time
+  service_best_over_ct2_int8, latency_c1_best_over_ct2  the best service sample over the online
+                            levels and the sweep (any layout) against CTranslate2's figures from
+                            the offline part (the faster of float32 and int8 for latency), taken
+                            minutes apart
+  service_many_over_ct2_int8  the best sample with the sentences as items of one TranslateMany
+                            stream, against the offline part's CTranslate2 int8
+  service_default_over_ct2_int8  the same for the default layout's unary calls in the main online
+                            levels only
 """
 
 from __future__ import annotations
@@ -72,15 +80,17 @@ def plan(quick: bool) -> dict:
     """Sentences, layouts and request counts of each mode."""
     if quick:
         return {
-            "limits": {"torch-eager": 12, "torch-cache": 64, "default": 200},
+            "limits": {"torch-eager": 12, "torch-cache": 64, "default": 200, "torch-eager-single": 12},
             "beams": [1, 4], "online_beams": [1, 4], "latency_n": 20, "online_requests": 100, "rounds": 2,
             "offline_layouts": {"ct2": [(2, 32), (1, 32)], "ort": [(2, 32)], "torch": [(1, 64)]},
             "sweep": [["--decode-workers", "1", "--intra-op-threads", "2"],
                       ["--decode-workers", "2", "--intra-op-threads", "1", "--precision", "fp32"]],
             "sweep_levels": [1, 64], "profile_seconds": 8, "batcher_sentences": 400,
+            "pairs": 3, "pair_sentences": 200, "pair_requests": 400,
+            "continuous_batching": [False],  # the server's default only
         }
     return {
-        "limits": {"default": 0},
+        "limits": {"default": 0, "torch-eager-single": 200},
         "beams": [1, 4], "online_beams": [1, 4], "latency_n": 200, "online_requests": 1000, "rounds": 4,
         "offline_layouts": {"ct2": [(2, 32), (1, 32), (2, 64), (1, 64)], "ort": [(1, 32), (2, 32), (2, 64)],
                             "torch": [(1, 64)]},
@@ -91,6 +101,8 @@ def plan(quick: bool) -> dict:
                             ["--decode-workers", "4", "--intra-op-threads", "1"],
                             ["--decode-workers", "2", "--intra-op-threads", "1", "--inter-op-threads", "2"])],
         "sweep_levels": [1, 64], "profile_seconds": 20, "batcher_sentences": 3000,
+        "pairs": 5, "pair_sentences": 1000, "pair_requests": 1000,
+        "continuous_batching": [True, False],
     }
 
 
@@ -104,7 +116,11 @@ def run_offline(p: dict, threads: int, model: str, tmp: Path) -> tuple[list[dict
         for eng in engines:
             family = eng.split("-")[0]
             limit = p["limits"].get(eng, p["limits"]["default"])
-            for workers, batch in p["offline_layouts"][family]:
+            layouts = [(w, b, limit) for w, b in p["offline_layouts"][family]]
+            if eng == "torch-eager":
+                # The textbook loop as the Annotated Transformer runs it: one sentence at a time.
+                layouts.append((1, 1, p["limits"]["torch-eager-single"]))
+            for workers, batch, limit in layouts:
                 first = (workers, batch) == p["offline_layouts"][family][0]
                 out = tmp / f"{eng}-{beam}-{workers}-{batch}.ids.json"
                 cmd = [sys.executable, str(REPO / "benchmarks" / "offline.py"), "--engine", eng, "--beam", str(beam),
@@ -166,7 +182,7 @@ def ct2_greedy_check(model: str, limit: int) -> dict:
 def run_online(p: dict, model: str, texts, refs) -> dict:
     out = {"levels": LEVELS, "runs": []}
     for beam in p["online_beams"]:
-        for cb in (True, False):
+        for cb in p.get("continuous_batching", (True, False)):
             args = ["--continuous-batching" if cb else "--no-continuous-batching"]
             log(f"online: beam {beam}, continuous batching {'on' if cb else 'off'} (default layout)")
             r = online_mod.run(model, texts, refs, LEVELS, beam, p["online_requests"], args, log=log,
@@ -185,7 +201,7 @@ def run_online(p: dict, model: str, texts, refs) -> dict:
 def run_batcher(p: dict, model: str) -> list[dict]:
     rows = []
     for beam in p["online_beams"]:
-        for cb in (True, False):
+        for cb in p.get("continuous_batching", (True, False)):
             log(f"batcher (in-process, no gRPC): beam {beam}, concurrency 64, continuous batching {'on' if cb else 'off'}")
             cmd = [sys.executable, str(REPO / "benchmarks" / "batcher.py"), "--model", model, "--beam", str(beam),
                    "--concurrency", "64", "--sentences", str(p["batcher_sentences"]),
@@ -210,6 +226,56 @@ def run_sweep(p: dict, model: str, texts, refs, beam: int) -> list[dict]:
                            rounds=p["rounds"])
         r["beam"] = beam
         rows.append(r)
+    return rows
+
+
+def run_pairs(p: dict, model: str, threads: int, texts, refs, offline_rows: list[dict]) -> list[dict]:
+    """The headline ratios, measured in interleaved pairs: CTranslate2 int8 offline (its best layout
+    from the offline part, else 2 x 1 at batch 32; single-sentence latency with 1 thread, as the
+    issue defines it) next to the server's default layout at concurrency 64 and 1, on the same
+    sentences, `p["pairs"]` times per beam, alternating which goes first. On a machine whose
+    speed drifts by tens of percent within minutes, the median of per-pair ratios is what one run
+    can say; a ratio of figures taken ten minutes apart is not."""
+    rows = []
+    n = p["pair_sentences"]
+    for beam in p["online_beams"]:
+        ct2 = best_offline(offline_rows, "ct2-int8", beam)
+        workers, batch = (ct2["workers"], ct2["batch_size"]) if ct2 else p["offline_layouts"]["ct2"][0]
+        log(f"pairs: beam {beam}, CT2 int8 {workers}x{max(1, threads // workers)} batch {batch} (single: 1x1) "
+            f"against the server's default layout, {p['pairs']} pairs")
+        cmd = [sys.executable, str(REPO / "benchmarks" / "offline.py"), "--engine", "ct2-int8", "--beam", str(beam),
+               "--threads", str(threads), "--workers", str(workers), "--batch-size", str(batch), "--limit", str(n),
+               "--model", model, "--latency", str(p["latency_n"]), "--latency-threads", "1"]
+        with online_mod.Server(model, []) as srv:
+            for i in range(p["pairs"]):
+                row: dict = {"beam": beam, "pair": i}
+                for part in (("ct2", "service") if i % 2 == 0 else ("service", "ct2")):
+                    if part == "ct2":
+                        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
+                        if proc.returncode != 0:
+                            row["error"] = proc.stderr.strip()[-500:]
+                            break
+                        off = json.loads(proc.stdout.strip().splitlines()[-1])
+                        row["ct2_sentences_per_s"] = off["sentences_per_s"]
+                        row["ct2_single_p50_ms"] = off["latency_single"]["p50_ms"]
+                    else:
+                        c64 = online_mod.run_level(srv.address, texts[:n], refs[:n], 64,
+                                                   online_mod.requests_for(64, p["pair_requests"], p["rounds"]), beam)
+                        c1 = online_mod.run_level(srv.address, texts, refs, 1, p["latency_n"], beam)
+                        if c64["errors"] or c1["errors"]:
+                            row["error"] = f"service errors: {c64['errors']} {c1['errors']}"
+                            break
+                        row["service_c64_sentences_per_s"] = c64["sentences_per_s"]
+                        row["service_c1_p50_ms"] = c1["p50_ms"]
+                if "error" in row:
+                    log(f"  pair {i}: failed: {row['error']}")
+                else:
+                    row["throughput_ratio"] = round(row["service_c64_sentences_per_s"] / row["ct2_sentences_per_s"], 3)
+                    row["latency_ratio"] = round(row["service_c1_p50_ms"] / row["ct2_single_p50_ms"], 3)
+                    log(f"  pair {i}: service c64 {row['service_c64_sentences_per_s']:.1f} / CT2 "
+                        f"{row['ct2_sentences_per_s']:.1f} sent/s = {row['throughput_ratio']:.3f}; c1 p50 "
+                        f"{row['service_c1_p50_ms']:.1f} / {row['ct2_single_p50_ms']:.1f} ms = {row['latency_ratio']:.3f}")
+                rows.append(row)
     return rows
 
 
@@ -240,6 +306,12 @@ def service_points(res: dict, beam: int, api: str = "unary", sweep: bool = True)
     return pts
 
 
+def median(xs: list[float]) -> float | None:
+    import statistics
+
+    return round(statistics.median(xs), 3) if xs else None
+
+
 def summarize(res: dict, beam: int) -> dict:
     pts = service_points(res, beam)
     c64 = [lv for _, lv in pts if lv["concurrency"] == 64 and not lv["errors"]]
@@ -258,10 +330,23 @@ def summarize(res: dict, beam: int) -> dict:
     batcher = max((r["sentences_per_s"] for r in res.get("batcher", []) if r.get("beam") == beam and "error" not in r),
                   default=None)
     ct2_lat = single_latency(res["offline"], ["ct2-int8", "ct2-float32"], beam)
+    eager1 = next((r for r in res["offline"] if r.get("engine") == "torch-eager" and r.get("beam") == beam
+                   and r.get("batch_size") == 1 and "error" not in r), None)
+    pairs = [r for r in res.get("pairs", []) if r.get("beam") == beam and "error" not in r]
 
     def ratio(a, b):
         return None if a is None or not b else round(a / b, 3)
 
+    best = {
+        "service_over_ct2_int8": ratio(svc64, ct2 and ct2["sentences_per_s"]),
+        "latency_c1_over_ct2": ratio(svc1, ct2_lat),
+    }
+    paired = {
+        "service_over_ct2_int8": median([r["throughput_ratio"] for r in pairs]),
+        "latency_c1_over_ct2": median([r["latency_ratio"] for r in pairs]),
+    }
+    svc_paired = median([r["service_c64_sentences_per_s"] for r in pairs])
+    svc = svc_paired if pairs else svc64  # what the textbook-loop ratios divide
     return {
         "beam": beam,
         "service_c64_sentences_per_s": svc64, "service_c1_p50_ms": svc1,
@@ -272,12 +357,23 @@ def summarize(res: dict, beam: int) -> dict:
         "ort_int8_sentences_per_s": ort and ort["sentences_per_s"],
         "ort_int8_layout": ort and f"{ort['workers']}x{max(1, ort['threads'] // ort['workers'])} batch {ort['batch_size']}",
         "batcher_c64_sentences_per_s": batcher, "torch_eager_sentences_per_s": eager and eager["sentences_per_s"],
-        "service_over_ct2_int8": ratio(svc64, ct2 and ct2["sentences_per_s"]),
+        # The targets' ratios: the median of the interleaved pairs when they ran (else, for results
+        # of older runs, the best samples of the separate parts).
+        "service_over_ct2_int8": paired["service_over_ct2_int8"] if pairs else best["service_over_ct2_int8"],
+        "latency_c1_over_ct2": paired["latency_c1_over_ct2"] if pairs else best["latency_c1_over_ct2"],
+        "pairs": len(pairs),
+        "pairs_service_c64_sentences_per_s": svc_paired,
+        "pairs_ct2_int8_sentences_per_s": median([r["ct2_sentences_per_s"] for r in pairs]),
+        "pairs_service_c1_p50_ms": median([r["service_c1_p50_ms"] for r in pairs]),
+        "pairs_ct2_single_p50_ms": median([r["ct2_single_p50_ms"] for r in pairs]),
+        "service_best_over_ct2_int8": best["service_over_ct2_int8"],
+        "latency_c1_best_over_ct2": best["latency_c1_over_ct2"],
         "service_default_c64_sentences_per_s": svc64_default,
         "service_default_over_ct2_int8": ratio(svc64_default, ct2 and ct2["sentences_per_s"]),
         "service_many_over_ct2_int8": ratio(many64, ct2 and ct2["sentences_per_s"]),
-        "latency_c1_over_ct2": ratio(svc1, ct2_lat),
-        "service_over_torch_eager": ratio(svc64, eager and eager["sentences_per_s"]),
+        "service_over_torch_eager": ratio(svc, eager and eager["sentences_per_s"]),
+        "torch_eager_single_sentences_per_s": eager1 and eager1["sentences_per_s"],
+        "service_over_torch_eager_single": ratio(svc, eager1 and eager1["sentences_per_s"]),
     }
 
 
@@ -486,22 +582,43 @@ def write_markdown(res: dict, path: Path, plot_name: str) -> None:
               "| bucket | share |", "| --- | --- |"]
         L += [f"| {k} | {100 * v:.1f}% |" for k, v in pr["share"].items()]
         L.append("")
-    L += ["## Headline ratios", "", "| beam | service c64 sent/s | CT2 int8 sent/s | service / CT2 int8 | "
-          "default layout, main levels / CT2 int8 | TranslateMany c64 / CT2 int8 | service c1 p50 ms | "
-          "CT2 single p50 ms | c1 latency / CT2 | service / torch eager |",
-          "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    pairs = res.get("pairs", [])
+    if pairs:
+        L += ["## Headline ratios in interleaved pairs", "",
+              "Each pair runs CTranslate2 int8 offline (its best layout from the offline part; single-sentence latency "
+              "with 1 thread) and the server's default layout at concurrency 64 and 1 on the same sentences, one "
+              "right after the other, alternating which goes first. The targets' ratios are the medians of the "
+              "per-pair ratios.", "",
+              "| beam | pair | service c64 sent/s | CT2 int8 sent/s | ratio | service c1 p50 ms | CT2 single p50 ms | ratio |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+        for r in pairs:
+            if "error" in r:
+                L.append(f"| {r['beam']} | {r['pair']} | failed | | | | | |")
+                continue
+            L.append(f"| {r['beam']} | {r['pair']} | {r['service_c64_sentences_per_s']:.1f} | {r['ct2_sentences_per_s']:.1f} | "
+                     f"{r['throughput_ratio']:.3f} | {r['service_c1_p50_ms']:.1f} | {r['ct2_single_p50_ms']:.1f} | "
+                     f"{r['latency_ratio']:.3f} |")
+        L.append("")
+    L += ["## Headline ratios", "", "| beam | service / CT2 int8 (target >= 1.0) | c1 latency / CT2 (target <= 1.5) | "
+          "service / torch eager, batched | service / torch eager, one sentence at a time (target >= 30) | "
+          "best samples: service c64 / CT2 int8 | default layout, main levels / CT2 int8 | TranslateMany c64 / CT2 int8 | "
+          "best samples: service c1 / CT2 single |",
+          "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for s in res["summary_by_beam"]:
-        L.append(f"| {s['beam']} | {s['service_c64_sentences_per_s']} | {s['ct2_int8_sentences_per_s']} "
-                 f"({s['ct2_int8_layout']}) | {s['service_over_ct2_int8']} | "
+        L.append(f"| {s['beam']} | **{s['service_over_ct2_int8']}** | **{s['latency_c1_over_ct2']}** | "
+                 f"{s['service_over_torch_eager']} | **{s.get('service_over_torch_eager_single')}** | "
+                 f"{s['service_c64_sentences_per_s']} / {s['ct2_int8_sentences_per_s']} ({s['ct2_int8_layout']}) "
+                 f"= {s.get('service_best_over_ct2_int8')} | "
                  f"{s.get('service_default_c64_sentences_per_s')} → {s.get('service_default_over_ct2_int8')} | "
                  f"{s.get('service_many_over_ct2_int8')} | "
-                 f"{s['service_c1_p50_ms']} | {s['ct2_single_p50_ms']} | {s['latency_c1_over_ct2']} | "
-                 f"{s['service_over_torch_eager']} |")
-    L += ["", "\"service\" is one `Translate` call per sentence, at the best layout over the online levels and the "
-          "sweep (the default layout is sampled in both); \"default layout, main levels\" is the default layout's "
-          "online levels alone. \"TranslateMany\" sends the same sentences as items "
-          "of one stream. Targets of issue #6: service / CT2 int8 >= 1.0, c1 latency / CT2 <= 1.5, service / torch eager >= 30. "
-          "Where the time goes and why: [performance.md](performance.md).",
+                 f"{s['service_c1_p50_ms']} / {s['ct2_single_p50_ms']} = {s.get('latency_c1_best_over_ct2')} |")
+    L += ["", "The first two columns are the medians of the interleaved pairs above (for results without pairs, the "
+          "best samples). The textbook-loop ratios divide the pairs' median service throughput (or the best sample) "
+          "by the PyTorch loop without a cache, run over length-sorted batches of 64 (\"batched\") and one sentence "
+          "at a time as the Annotated Transformer does (the issue's ~20 sent/s reference). \"best samples\": the best "
+          "service figure over the online levels and the sweep, against CTranslate2's figures from the offline part "
+          "(minutes apart: on a drifting machine they read high or low). \"TranslateMany\" sends the same sentences "
+          "as items of one stream. Where the time goes and why: [performance.md](performance.md).",
           "", f"![latency against throughput, beam 4]({plot_name})", ""]
     for b in res["plan"]["online_beams"][:-1]:
         L += [f"![latency against throughput, beam {b}]({Path(plot_name).stem}-beam{b}.png)", ""]
@@ -516,7 +633,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="short mode (about 3 minutes)")
     ap.add_argument("--model", default="models/de-en")
     ap.add_argument("--threads", type=int, default=2, help="thread budget of every engine")
-    ap.add_argument("--skip", default="", help="comma-separated parts to skip: offline,online,batcher,sweep")
+    ap.add_argument("--skip", default="", help="comma-separated parts to skip: offline,online,batcher,sweep,pairs")
     ap.add_argument("--profile", action="store_true", help="also profile the server with py-spy at concurrency 64")
     ap.add_argument("--docs", action="store_true", help="write docs/benchmarks.md and .png even for --quick")
     ap.add_argument("--note", default="", help="a line for the top of the report (e.g. the machine was busy)")
@@ -568,6 +685,8 @@ def main() -> None:
         res["batcher"] = run_batcher(p, model)
     if "sweep" not in skip:
         res["sweep"] = run_sweep(p, model, texts, refs, beam=p["online_beams"][-1])
+    if "pairs" not in skip:
+        res["pairs"] = run_pairs(p, model, args.threads, texts, refs, res["offline"])
     if args.profile:
         from benchmarks.profile_server import profile
 
@@ -596,13 +715,15 @@ def main() -> None:
         log("matplotlib missing: no plot (pip install -e '.[bench]')")
     write_markdown(res, md, png.name)
     log(f"wrote {RESULTS / f'{mode}-{stamp}.json'}, {md}, {png} in {res['seconds']} s")
-    keys = ("service_over_ct2_int8", "latency_c1_over_ct2", "service_over_torch_eager", "service_many_over_ct2_int8",
-            "service_default_over_ct2_int8", "service_c64_sentences_per_s", "service_default_c64_sentences_per_s",
-            "service_many_c64_sentences_per_s",
-            "ct2_int8_sentences_per_s", "service_c1_p50_ms", "ct2_single_p50_ms", "torch_eager_sentences_per_s")
+    keys = ("service_over_ct2_int8", "latency_c1_over_ct2", "service_over_torch_eager", "service_over_torch_eager_single",
+            "service_many_over_ct2_int8", "service_default_over_ct2_int8", "service_best_over_ct2_int8",
+            "latency_c1_best_over_ct2", "pairs", "pairs_service_c64_sentences_per_s", "pairs_ct2_int8_sentences_per_s",
+            "pairs_service_c1_p50_ms", "pairs_ct2_single_p50_ms", "service_c64_sentences_per_s",
+            "service_default_c64_sentences_per_s", "service_many_c64_sentences_per_s", "ct2_int8_sentences_per_s",
+            "service_c1_p50_ms", "ct2_single_p50_ms", "torch_eager_sentences_per_s", "torch_eager_single_sentences_per_s")
     head = next(s for s in res["summary_by_beam"] if s["beam"] == head_beam)
     print(json.dumps({"mode": mode, "beam": head_beam, **{k: head[k] for k in keys},
-                      "by_beam": {str(s["beam"]): {k: s[k] for k in keys[:5]} for s in res["summary_by_beam"]},
+                      "by_beam": {str(s["beam"]): {k: s[k] for k in keys[:8]} for s in res["summary_by_beam"]},
                       "ct2_greedy_identical": f"{res['ct2_check']['identical']}/{res['ct2_check']['sentences']}",
                       # offline sentences per engine (0 = all 1,000): quick-mode ratios come from subsets
                       "offline_sentences": p["limits"]}))

@@ -170,6 +170,8 @@ class DecodeBatch:
         self.scores = np.zeros(0, dtype=np.float32)
         self.hist: list[_Node | None] = []
         self._last: dict[Hashable, list[int]] = {}
+        self._row_last_pos: np.ndarray | None = None  # (R,) each row's last allowed position (cached)
+        self._padding: float | None = None  # padding_ratio (cached; sources change only in filter)
 
     # -- construction ---------------------------------------------------------
 
@@ -246,7 +248,9 @@ class DecodeBatch:
     @property
     def padding_ratio(self) -> float:
         """Share of padding in the source tensors of the next decoder step."""
-        return 0.0 if self.src_mask.size == 0 else 1.0 - float(self.src_mask.sum()) / self.src_mask.size
+        if self._padding is None:
+            self._padding = 0.0 if self.src_mask.size == 0 else 1.0 - float(self.src_mask.sum()) / self.src_mask.size
+        return self._padding
 
     @property
     def live_rows(self) -> int:
@@ -277,7 +281,9 @@ class DecodeBatch:
         out = model.step(self.tokens, self.positions, self.past_k, self.past_v, self.past_mask,
                          self.cross_k, self.cross_v, self.src_mask, top_k=k_row)
         top_lp, top_ids, att = out.top_log_probs, out.top_ids, out.cross_attention
-        force = self.positions >= np.repeat(self.max_len, K) - 1  # (R,) last allowed step: </s> only
+        if self._row_last_pos is None:  # per row: the position of its sentence's last allowed step
+            self._row_last_pos = np.repeat(self.max_len, K) - 1
+        force = self.positions >= self._row_last_pos  # (R,) last allowed step: </s> only
         if force.any():
             top_lp, top_ids = top_lp.copy(), top_ids.copy()
             top_lp[force] = NEG_INF
@@ -286,16 +292,18 @@ class DecodeBatch:
             top_ids[force, 0] = self.eos_id
         if K == 1:
             finished, rows = self._greedy(top_lp[:, 0], top_ids[:, 0], att), None
+        elif self.n_sentences == 1:
+            finished, rows = self._beam_one(top_lp, top_ids, att, force)
         else:
             finished, rows = self._beam(top_lp, top_ids, att, force)
         self._advance_cache(out.present_k, out.present_v, rows)
-        self.steps[live_before] += 1
+        self.steps += live_before
         return finished
 
     def _greedy(self, best: np.ndarray, nxt: np.ndarray, att: np.ndarray) -> list[Finished]:
         """best, nxt: (R,) each row's best log-probability and token."""
         live = ~self.done
-        self.scores = self.scores + np.where(live, best, np.float32(0)).astype(np.float32)
+        self.scores = self.scores + np.where(live, best, np.float32(0))  # float32 (best is)
         finished = []
         eos, pad = self.eos_id, self.pad_id
         nxt_list = nxt.tolist()
@@ -352,18 +360,7 @@ class DecodeBatch:
         stop = live & ((np.array([len(f) for f in self.finished]) >= K) | sent_force | (kept == 0))
         finished = []
         for i in np.flatnonzero(stop).tolist():
-            self.done[i] = True
-            if self.finished[i]:
-                score, s, node, eos_att = max(self.finished[i], key=lambda h: h[0])
-            else:  # cannot happen with a vocabulary larger than 2 * beam; kept for safety
-                score, s, node, eos_att = NEG_INF, NEG_INF, None, None
-            toks, atts = _walk(node)
-            alignment = None
-            if self.want_alignment[i] and eos_att is not None:
-                L = self.src_lens[i]
-                alignment = np.stack([a[:L] for a in atts] + [eos_att[:L]]).astype(np.float32, copy=False)
-            finished.append(Finished(self.keys[i], toks, score, s, alignment, int(self.steps[i]) + 1))
-            self.finished[i] = []
+            finished.append(self._conclude(i))
             new_scores[i] = NEG_INF
             new_src[i] = np.arange(K)
 
@@ -378,6 +375,59 @@ class DecodeBatch:
         self.scores = new_scores.reshape(-1).astype(np.float32, copy=False)
         self.tokens = tok_flat.astype(np.int64, copy=False)
         return finished, rows
+
+    def _beam_one(self, top_lp: np.ndarray, top_ids: np.ndarray, att: np.ndarray,
+                  force: np.ndarray) -> tuple[list[Finished], np.ndarray]:
+        """`_beam` for a batch of one sentence (a lone request): the same selection over Python
+        lists of its K x k candidates, where numpy's cost per call would be most of the step's
+        host time. The candidates' scores are the same float32 sums; Python's sort is stable, as
+        `_beam`'s argsort is."""
+        K, k_row = self.beam, top_lp.shape[1]
+        eos, pad = self.eos_id, self.pad_id
+        cand = (self.scores[:, None] + top_lp).reshape(-1).tolist()  # by (beam, rank), float32 values
+        ids = top_ids.reshape(-1).tolist()
+        order = sorted(range(len(cand)), key=lambda j: -cand[j])[: 2 * K]  # the 2K best, best first
+        live = not self.done[0]
+        goes: list[tuple[float, int, int]] = []  # (score, beam, token) of the first K going on
+        for rank, j in enumerate(order):
+            s, tok, b = cand[j], ids[j], j // k_row
+            if s == NEG_INF:
+                continue
+            if tok == eos:
+                if rank < K and live:  # finishes when ranked within the first K
+                    self.finished[0].append((s / (_length(self.hist[b]) + 1) ** float(self.length_penalty[0]), s,
+                                             self.hist[b], att[b] if self.want_alignment[0] else None))
+            elif len(goes) < K:
+                goes.append((s, b, tok))
+        new_scores = [g[0] for g in goes] + [NEG_INF] * (K - len(goes))
+        rows = [g[1] for g in goes] + [0] * (K - len(goes))
+        new_tok = [g[2] for g in goes] + [pad] * (K - len(goes))
+        finished = []
+        stop = live and (len(self.finished[0]) >= K or bool(force[0]) or not goes)
+        if stop:
+            finished.append(self._conclude(0))
+            new_scores, rows = [NEG_INF] * K, list(range(K))
+        old, want = self.hist, self.want_alignment[0]
+        self.hist = [_node(new_tok[r], att[rows[r]] if want else None, old[rows[r]]) for r in range(K)] \
+            if live and not stop else [None] * K
+        self.scores = np.array(new_scores, dtype=np.float32)
+        self.tokens = np.array(new_tok, dtype=np.int64)
+        return finished, np.array(rows, dtype=np.int64)
+
+    def _conclude(self, i: int) -> Finished:
+        """Sentence i stops: its best finished hypothesis (by length-normalised score)."""
+        self.done[i] = True
+        if self.finished[i]:
+            score, s, node, eos_att = max(self.finished[i], key=lambda h: h[0])
+        else:  # cannot happen with a vocabulary larger than 2 * beam; kept for safety
+            score, s, node, eos_att = NEG_INF, NEG_INF, None, None
+        toks, atts = _walk(node)
+        alignment = None
+        if self.want_alignment[i] and eos_att is not None:
+            L = self.src_lens[i]
+            alignment = np.stack([a[:L] for a in atts] + [eos_att[:L]]).astype(np.float32, copy=False)
+        self.finished[i] = []
+        return Finished(self.keys[i], toks, score, s, alignment, int(self.steps[i]) + 1)
 
     def _advance_cache(self, present_k: list[np.ndarray], present_v: list[np.ndarray],
                        rows: np.ndarray | None) -> None:
@@ -395,7 +445,7 @@ class DecodeBatch:
         self.past_mask = mask if rows is None else mask[rows]
         # Rows of finished sentences may ride along until the next filter(): they stay at their
         # last position, which is within the position table (the next ones may not be).
-        self.positions = self.positions + np.repeat(~self.done, self.beam)
+        self.positions = self.positions + (~self.done if self.beam == 1 else np.repeat(~self.done, self.beam))
 
     # -- batch surgery --------------------------------------------------------
 
@@ -412,6 +462,7 @@ class DecodeBatch:
         self.keys = [self.keys[i] for i in idx]
         for name in ("max_len", "length_penalty", "want_alignment", "src_lens", "done", "steps"):
             setattr(self, name, getattr(self, name)[sent])
+        self._row_last_pos = self._padding = None
         self.finished = [self.finished[i] for i in idx]
         self.hist = [self.hist[r] for r in rows.tolist()]
         self.positions, self.tokens, self.scores = self.positions[rows], self.tokens[rows], self.scores[rows]

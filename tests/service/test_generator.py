@@ -9,6 +9,7 @@ import pytest
 from service.generator import (
     DecodeBatch,
     Finished,
+    _walk,
     encode_sources,
     generate,
     max_output_len,
@@ -194,3 +195,68 @@ def test_filter_drops_cache_entries_and_source_columns_no_row_uses(tiny_onnx, so
     results: dict = {}
     run_to_end(tiny_onnx, batch, results)
     assert results[2].tokens == want.tokens and results[2].score == pytest.approx(want.score, abs=1e-4)
+
+
+def test_one_sentence_at_a_time_equals_the_reference(tiny_onnx, tiny_model, sources):
+    """A batch of one sentence takes the list-based beam step (`_beam_one`), as a lone request does."""
+    src = sources[:12]
+    ref = reference(tiny_model, src, 4)
+    got = generate(tiny_onnx, src, beam=4, batch_size=1)
+    assert [h.tokens for h in got] == [h.tokens for h in ref]
+    np.testing.assert_allclose([h.score for h in got], [h.score for h in ref], atol=1e-4)
+
+
+def _one_sentence_state(K: int, S: int, want_alignment: bool, rng) -> DecodeBatch:
+    b = DecodeBatch(K, eos_id=2, pad_id=0)
+    b.keys = ["s"]
+    b.max_len = np.array([30])
+    b.length_penalty = np.array([float(rng.choice([0.0, 0.6, 1.0]))])
+    b.want_alignment = np.array([want_alignment])
+    b.src_lens = np.array([S])
+    b.done = np.zeros(1, dtype=bool)
+    b.steps = np.zeros(1, dtype=np.int64)
+    b.finished = [[]]
+    b.hist = [None] * K
+    b.scores = np.array([0.0] + [float("-inf")] * (K - 1), dtype=np.float32)
+    b.tokens = np.full(K, 1, dtype=np.int64)
+    return b
+
+
+@pytest.mark.parametrize("K", [2, 4])
+@pytest.mark.parametrize("want_alignment", [False, True])
+def test_the_one_sentence_beam_step_selects_as_the_batched_one(K, want_alignment):
+    """`_beam_one` against `_beam` on the same states, step by step to the end, with many ties,
+    </s> candidates at every rank, -inf candidates and forced last steps."""
+    import copy
+
+    rng = np.random.default_rng(K + 10 * want_alignment)
+    k_row, S = 2 * K, 5
+    levels = np.array([-0.5, -1.0, -1.0, -2.0, -3.5, float("-inf")], dtype=np.float32)
+    for _ in range(60):
+        a = _one_sentence_state(K, S, want_alignment, rng)
+        b = copy.deepcopy(a)
+        for step in range(12):
+            top_lp = -np.sort(-rng.choice(levels, size=(K, k_row)), axis=1)  # each row's best first
+            top_ids = np.stack([rng.choice(np.arange(2, 2 + 3 * k_row), size=k_row, replace=False) for _ in range(K)])
+            att = rng.random((K, S), dtype=np.float32)
+            force = np.full(K, step == 11 or rng.random() < 0.05)
+            fa, rows_a = a._beam(top_lp, top_ids, att, force)
+            fb, rows_b = b._beam_one(top_lp, top_ids, att, force)
+            assert rows_a.tolist() == rows_b.tolist()
+            assert a.scores.dtype == b.scores.dtype and a.tokens.dtype == b.tokens.dtype
+            np.testing.assert_array_equal(a.scores, b.scores)
+            np.testing.assert_array_equal(a.tokens, b.tokens)
+            assert a.done.tolist() == b.done.tolist()
+            assert [(f.key, f.tokens, f.score, f.log_prob, f.steps) for f in fa] == \
+                [(f.key, f.tokens, f.score, f.log_prob, f.steps) for f in fb]
+            for x, y in zip(fa, fb):
+                assert (x.alignment is None) == (y.alignment is None)
+                if x.alignment is not None:
+                    np.testing.assert_array_equal(x.alignment, y.alignment)
+            assert [[(h[0], h[1], _walk(h[2])[0]) for h in f] for f in a.finished] == \
+                [[(h[0], h[1], _walk(h[2])[0]) for h in f] for f in b.finished]
+            assert [h and _walk(h)[0] for h in a.hist] == [h and _walk(h)[0] for h in b.hist]
+            if a.done[0]:
+                break
+            a.steps += 1
+            b.steps += 1
