@@ -229,13 +229,15 @@ def run_sweep(p: dict, model: str, texts, refs, beam: int) -> list[dict]:
     return rows
 
 
-def run_pairs(p: dict, model: str, threads: int, texts, refs, offline_rows: list[dict]) -> list[dict]:
+def run_pairs(p: dict, model: str, threads: int, texts, refs, offline_rows: list[dict],
+              data_dir: str | Path | None = None) -> list[dict]:
     """The headline ratios, measured in interleaved pairs: CTranslate2 int8 offline (its best layout
     from the offline part, else 2 x 1 at batch 32; single-sentence latency with 1 thread, as the
     issue defines it) next to the server's default layout at concurrency 64 and 1, on the same
     sentences, `p["pairs"]` times per beam, alternating which goes first. On a machine whose
     speed drifts by tens of percent within minutes, the median of per-pair ratios is what one run
-    can say; a ratio of figures taken ten minutes apart is not."""
+    can say; a ratio of figures taken ten minutes apart is not. `texts`/`refs`: the test split
+    read from `data_dir` (offline.py's default corpus when None)."""
     rows = []
     n = p["pair_sentences"]
     for beam in p["online_beams"]:
@@ -246,6 +248,8 @@ def run_pairs(p: dict, model: str, threads: int, texts, refs, offline_rows: list
         cmd = [sys.executable, str(REPO / "benchmarks" / "offline.py"), "--engine", "ct2-int8", "--beam", str(beam),
                "--threads", str(threads), "--workers", str(workers), "--batch-size", str(batch), "--limit", str(n),
                "--model", model, "--latency", str(p["latency_n"]), "--latency-threads", "1"]
+        if data_dir is not None:
+            cmd += ["--data", str(data_dir)]
         with online_mod.Server(model, []) as srv:
             for i in range(p["pairs"]):
                 row: dict = {"beam": beam, "pair": i}
@@ -686,7 +690,7 @@ def main() -> None:
     if "sweep" not in skip:
         res["sweep"] = run_sweep(p, model, texts, refs, beam=p["online_beams"][-1])
     if "pairs" not in skip:
-        res["pairs"] = run_pairs(p, model, args.threads, texts, refs, res["offline"])
+        res["pairs"] = run_pairs(p, model, args.threads, texts, refs, res["offline"], DEFAULT_DATA_DIR)
     if args.profile:
         from benchmarks.profile_server import profile
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 from benchmarks.run import run_pairs, summarize
 
 
-def test_pairs_measure_ct2_and_the_server_side_by_side(tiny_onnx_dir, tiny_model_dir, test_split):
+def test_pairs_measure_ct2_and_the_server_side_by_side(tiny_onnx_dir, tiny_model_dir, data_dir, test_split):
     plan = {"online_beams": [1, 2], "pairs": 2, "pair_sentences": 12, "pair_requests": 70, "rounds": 1,
             "latency_n": 3, "offline_layouts": {"ct2": [(1, 8)]}}
     texts, refs = test_split
-    rows = run_pairs(plan, str(tiny_model_dir), 1, texts, refs, offline_rows=[])
+    rows = run_pairs(plan, str(tiny_model_dir), 1, texts, refs, offline_rows=[], data_dir=data_dir)
     assert [(r["beam"], r["pair"]) for r in rows] == [(1, 0), (1, 1), (2, 0), (2, 1)]
     for r in rows:
         assert "error" not in r, r.get("error")
