@@ -503,7 +503,7 @@ def write_markdown(res: dict, path: Path, plot_name: str) -> None:
     L += ["## What is measured", "",
           "- **Offline** (one process per engine, `benchmarks/offline.py`): the test sentences sorted by length into "
           "batches, timed after a warm-up. `torch-eager` is the textbook loop without a cache (every step runs "
-          "`Transformer.decode` over the whole prefix); `torch-cache` is the reference search of `export/generate.py`; "
+          "`Transformer.decode` over the whole prefix), over batches and at batch 1 (one sentence at a time); `torch-cache` is the reference search of `export/generate.py`; "
           "`ort-*` is `service.generator.generate` over the ONNX graphs (what the server runs, without the server); "
           "`ct2-*` is CTranslate2 over the same weights (`benchmarks/ct2_convert.py`). Layout `W x T`: W decode loops "
           "(CTranslate2: `inter_threads`) of T threads each. Single-sentence latency: one sentence per call.",
@@ -512,6 +512,8 @@ def write_markdown(res: dict, path: Path, plot_name: str) -> None:
           "(API `many`); warm-up of 2N requests not counted; the client shares the cores.",
           "- **Batcher** (`benchmarks/batcher.py`): the same scheduler and decode workers in one process with no gRPC, "
           "64 sentences in flight: what batching arrivals of mixed length costs, apart from the RPC layer.",
+          "- **Pairs** (`run_pairs`): CTranslate2 int8 offline and the server's default layout at concurrency 64 "
+          "and 1, one right after the other on the same sentences, several times per beam: the headline ratios.",
           "- **Target tokens**: generated subword tokens, `</s>` included.", ""]
     L += ["## Machine and settings", "",
           f"- date: {env['date']}, commit `{env['commit']}`",
