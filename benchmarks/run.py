@@ -53,6 +53,7 @@ import datetime as dt
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -182,7 +183,7 @@ def ct2_greedy_check(model: str, limit: int) -> dict:
 def run_online(p: dict, model: str, texts, refs) -> dict:
     out = {"levels": LEVELS, "runs": []}
     for beam in p["online_beams"]:
-        for cb in p.get("continuous_batching", (True, False)):
+        for cb in p["continuous_batching"]:
             args = ["--continuous-batching" if cb else "--no-continuous-batching"]
             log(f"online: beam {beam}, continuous batching {'on' if cb else 'off'} (default layout)")
             r = online_mod.run(model, texts, refs, LEVELS, beam, p["online_requests"], args, log=log,
@@ -201,7 +202,7 @@ def run_online(p: dict, model: str, texts, refs) -> dict:
 def run_batcher(p: dict, model: str) -> list[dict]:
     rows = []
     for beam in p["online_beams"]:
-        for cb in p.get("continuous_batching", (True, False)):
+        for cb in p["continuous_batching"]:
             log(f"batcher (in-process, no gRPC): beam {beam}, concurrency 64, continuous batching {'on' if cb else 'off'}")
             cmd = [sys.executable, str(REPO / "benchmarks" / "batcher.py"), "--model", model, "--beam", str(beam),
                    "--concurrency", "64", "--sentences", str(p["batcher_sentences"]),
@@ -251,26 +252,28 @@ def run_pairs(p: dict, model: str, threads: int, texts, refs, offline_rows: list
         if data_dir is not None:
             cmd += ["--data", str(data_dir)]
         with online_mod.Server(model, []) as srv:
+            def ct2_part() -> dict:
+                proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
+                if proc.returncode != 0:
+                    return {"error": proc.stderr.strip()[-500:]}
+                off = json.loads(proc.stdout.strip().splitlines()[-1])
+                return {"ct2_sentences_per_s": off["sentences_per_s"],
+                        "ct2_single_p50_ms": off["latency_single"]["p50_ms"]}
+
+            def service_part() -> dict:
+                c64 = online_mod.run_level(srv.address, texts[:n], refs[:n], 64,
+                                           online_mod.requests_for(64, p["pair_requests"], p["rounds"]), beam)
+                c1 = online_mod.run_level(srv.address, texts, refs, 1, p["latency_n"], beam)
+                if c64["errors"] or c1["errors"]:
+                    return {"error": f"service errors: {c64['errors']} {c1['errors']}"}
+                return {"service_c64_sentences_per_s": c64["sentences_per_s"], "service_c1_p50_ms": c1["p50_ms"]}
+
             for i in range(p["pairs"]):
                 row: dict = {"beam": beam, "pair": i}
-                for part in (("ct2", "service") if i % 2 == 0 else ("service", "ct2")):
-                    if part == "ct2":
-                        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
-                        if proc.returncode != 0:
-                            row["error"] = proc.stderr.strip()[-500:]
-                            break
-                        off = json.loads(proc.stdout.strip().splitlines()[-1])
-                        row["ct2_sentences_per_s"] = off["sentences_per_s"]
-                        row["ct2_single_p50_ms"] = off["latency_single"]["p50_ms"]
-                    else:
-                        c64 = online_mod.run_level(srv.address, texts[:n], refs[:n], 64,
-                                                   online_mod.requests_for(64, p["pair_requests"], p["rounds"]), beam)
-                        c1 = online_mod.run_level(srv.address, texts, refs, 1, p["latency_n"], beam)
-                        if c64["errors"] or c1["errors"]:
-                            row["error"] = f"service errors: {c64['errors']} {c1['errors']}"
-                            break
-                        row["service_c64_sentences_per_s"] = c64["sentences_per_s"]
-                        row["service_c1_p50_ms"] = c1["p50_ms"]
+                for part in ((ct2_part, service_part) if i % 2 == 0 else (service_part, ct2_part)):
+                    row.update(part())
+                    if "error" in row:
+                        break
                 if "error" in row:
                     log(f"  pair {i}: failed: {row['error']}")
                 else:
@@ -311,8 +314,6 @@ def service_points(res: dict, beam: int, api: str = "unary", sweep: bool = True)
 
 
 def median(xs: list[float]) -> float | None:
-    import statistics
-
     return round(statistics.median(xs), 3) if xs else None
 
 
@@ -341,14 +342,7 @@ def summarize(res: dict, beam: int) -> dict:
     def ratio(a, b):
         return None if a is None or not b else round(a / b, 3)
 
-    best = {
-        "service_over_ct2_int8": ratio(svc64, ct2 and ct2["sentences_per_s"]),
-        "latency_c1_over_ct2": ratio(svc1, ct2_lat),
-    }
-    paired = {
-        "service_over_ct2_int8": median([r["throughput_ratio"] for r in pairs]),
-        "latency_c1_over_ct2": median([r["latency_ratio"] for r in pairs]),
-    }
+    best_tp, best_lat = ratio(svc64, ct2 and ct2["sentences_per_s"]), ratio(svc1, ct2_lat)
     svc_paired = median([r["service_c64_sentences_per_s"] for r in pairs])
     svc = svc_paired if pairs else svc64  # what the textbook-loop ratios divide
     return {
@@ -363,15 +357,15 @@ def summarize(res: dict, beam: int) -> dict:
         "batcher_c64_sentences_per_s": batcher, "torch_eager_sentences_per_s": eager and eager["sentences_per_s"],
         # The targets' ratios: the median of the interleaved pairs when they ran (else, for results
         # of older runs, the best samples of the separate parts).
-        "service_over_ct2_int8": paired["service_over_ct2_int8"] if pairs else best["service_over_ct2_int8"],
-        "latency_c1_over_ct2": paired["latency_c1_over_ct2"] if pairs else best["latency_c1_over_ct2"],
+        "service_over_ct2_int8": median([r["throughput_ratio"] for r in pairs]) if pairs else best_tp,
+        "latency_c1_over_ct2": median([r["latency_ratio"] for r in pairs]) if pairs else best_lat,
         "pairs": len(pairs),
         "pairs_service_c64_sentences_per_s": svc_paired,
         "pairs_ct2_int8_sentences_per_s": median([r["ct2_sentences_per_s"] for r in pairs]),
         "pairs_service_c1_p50_ms": median([r["service_c1_p50_ms"] for r in pairs]),
         "pairs_ct2_single_p50_ms": median([r["ct2_single_p50_ms"] for r in pairs]),
-        "service_best_over_ct2_int8": best["service_over_ct2_int8"],
-        "latency_c1_best_over_ct2": best["latency_c1_over_ct2"],
+        "service_best_over_ct2_int8": best_tp,
+        "latency_c1_best_over_ct2": best_lat,
         "service_default_c64_sentences_per_s": svc64_default,
         "service_default_over_ct2_int8": ratio(svc64_default, ct2 and ct2["sentences_per_s"]),
         "service_many_over_ct2_int8": ratio(many64, ct2 and ct2["sentences_per_s"]),

@@ -170,8 +170,6 @@ class DecodeBatch:
         self.scores = np.zeros(0, dtype=np.float32)
         self.hist: list[_Node | None] = []
         self._last: dict[Hashable, list[int]] = {}
-        self._row_last_pos: np.ndarray | None = None  # (R,) each row's last allowed position (cached)
-        self._padding: float | None = None  # padding_ratio (cached; sources change only in filter)
 
     # -- construction ---------------------------------------------------------
 
@@ -248,9 +246,7 @@ class DecodeBatch:
     @property
     def padding_ratio(self) -> float:
         """Share of padding in the source tensors of the next decoder step."""
-        if self._padding is None:
-            self._padding = 0.0 if self.src_mask.size == 0 else 1.0 - float(self.src_mask.sum()) / self.src_mask.size
-        return self._padding
+        return 0.0 if self.src_mask.size == 0 else 1.0 - float(self.src_mask.sum()) / self.src_mask.size
 
     @property
     def live_rows(self) -> int:
@@ -281,9 +277,7 @@ class DecodeBatch:
         out = model.step(self.tokens, self.positions, self.past_k, self.past_v, self.past_mask,
                          self.cross_k, self.cross_v, self.src_mask, top_k=k_row)
         top_lp, top_ids, att = out.top_log_probs, out.top_ids, out.cross_attention
-        if self._row_last_pos is None:  # per row: the position of its sentence's last allowed step
-            self._row_last_pos = np.repeat(self.max_len, K) - 1
-        force = self.positions >= self._row_last_pos  # (R,) last allowed step: </s> only
+        force = self.positions >= np.repeat(self.max_len, K) - 1  # (R,) last allowed step: </s> only
         if force.any():
             top_lp, top_ids = top_lp.copy(), top_ids.copy()
             top_lp[force] = NEG_INF
@@ -350,11 +344,7 @@ class DecodeBatch:
         base = (np.arange(n) * K)[:, None]
 
         for i, r in zip(*np.nonzero(ends)):
-            src_row = int(base[i, 0] + beam_idx[i, r])
-            s = float(top_s[i, r])
-            n_toks = _length(self.hist[src_row])
-            self.finished[i].append((s / (n_toks + 1) ** float(self.length_penalty[i]), s, self.hist[src_row],
-                                     att[src_row] if self.want_alignment[i] else None))
+            self._add_finished(i, int(base[i, 0] + beam_idx[i, r]), float(top_s[i, r]), att)
         kept = valid.sum(axis=1)
         sent_force = force.reshape(n, K)[:, 0]
         stop = live & ((np.array([len(f) for f in self.finished]) >= K) | sent_force | (kept == 0))
@@ -395,8 +385,7 @@ class DecodeBatch:
                 continue
             if tok == eos:
                 if rank < K and live:  # finishes when ranked within the first K
-                    self.finished[0].append((s / (_length(self.hist[b]) + 1) ** float(self.length_penalty[0]), s,
-                                             self.hist[b], att[b] if self.want_alignment[0] else None))
+                    self._add_finished(0, b, s, att)
             elif len(goes) < K:
                 goes.append((s, b, tok))
         new_scores = [g[0] for g in goes] + [NEG_INF] * (K - len(goes))
@@ -413,6 +402,11 @@ class DecodeBatch:
         self.scores = np.array(new_scores, dtype=np.float32)
         self.tokens = np.array(new_tok, dtype=np.int64)
         return finished, np.array(rows, dtype=np.int64)
+
+    def _add_finished(self, i: int, row: int, log_prob: float, att: np.ndarray) -> None:
+        """Sentence i's hypothesis of row `row` ends with </s> (sum of log-probabilities `log_prob`)."""
+        score = log_prob / (_length(self.hist[row]) + 1) ** float(self.length_penalty[i])
+        self.finished[i].append((score, log_prob, self.hist[row], att[row] if self.want_alignment[i] else None))
 
     def _conclude(self, i: int) -> Finished:
         """Sentence i stops: its best finished hypothesis (by length-normalised score)."""
@@ -445,7 +439,7 @@ class DecodeBatch:
         self.past_mask = mask if rows is None else mask[rows]
         # Rows of finished sentences may ride along until the next filter(): they stay at their
         # last position, which is within the position table (the next ones may not be).
-        self.positions = self.positions + (~self.done if self.beam == 1 else np.repeat(~self.done, self.beam))
+        self.positions = self.positions + np.repeat(~self.done, self.beam)
 
     # -- batch surgery --------------------------------------------------------
 
@@ -462,7 +456,6 @@ class DecodeBatch:
         self.keys = [self.keys[i] for i in idx]
         for name in ("max_len", "length_penalty", "want_alignment", "src_lens", "done", "steps"):
             setattr(self, name, getattr(self, name)[sent])
-        self._row_last_pos = self._padding = None
         self.finished = [self.finished[i] for i in idx]
         self.hist = [self.hist[r] for r in rows.tolist()]
         self.positions, self.tokens, self.scores = self.positions[rows], self.tokens[rows], self.scores[rows]

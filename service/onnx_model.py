@@ -103,7 +103,6 @@ class OnnxSeq2Seq:
         self._step_out = [o.name for o in variant.decoder.outputs if o.name != "log_probs"]
         self._step_out_lp = self._step_out + ["log_probs"]
         self._cross_names = [(f"cross_key_{i}", f"cross_value_{i}") for i in range(L)]
-        self._top_k: dict[int, np.ndarray] = {}  # the top_k input, one array per value (read-only)
         self._check_io(variant)
 
     def _check_tokenizer(self) -> None:
@@ -161,7 +160,7 @@ class OnnxSeq2Seq:
         tokens = np.asarray(tokens, dtype=np.int64)
         feed = {"tokens": tokens.reshape(-1, 1), "positions": np.asarray(positions, dtype=np.int64),
                 "past_mask": np.asarray(past_mask, dtype=np.float32), "src_mask": np.asarray(src_mask, dtype=np.int64),
-                "top_k": self._top_k_input(top_k)}
+                "top_k": np.array([top_k], dtype=np.int64)}
         for (kn, vn), k, v in zip(self._past_names, past_k, past_v):
             feed[kn], feed[vn] = k, v
         for (kn, vn), k, v in zip(self._cross_names, cross_k, cross_v):
@@ -172,13 +171,6 @@ class OnnxSeq2Seq:
         return StepOutput(top_log_probs=out[0], top_ids=out[1], eos_log_prob=out[2],
                           present_k=out[3:3 + 2 * L:2], present_v=out[4:4 + 2 * L:2],
                           cross_attention=out[3 + 2 * L], log_probs=out[4 + 2 * L] if log_probs else None)
-
-    def _top_k_input(self, top_k: int) -> np.ndarray:
-        arr = self._top_k.get(top_k)
-        if arr is None:
-            arr = self._top_k[top_k] = np.array([top_k], dtype=np.int64)
-            arr.flags.writeable = False
-        return arr
 
     def empty_past(self, batch: int) -> tuple[list[np.ndarray], list[np.ndarray], np.ndarray]:
         """A zero-length cache: per layer (batch, H, 0, d_k), and past_mask (batch, 0)."""
