@@ -105,7 +105,7 @@ USER 10001:10001
 WORKDIR /home
 EXPOSE 50051 9090
 STOPSIGNAL SIGTERM
-HEALTHCHECK --interval=10s --timeout=5s --start-period=120s --retries=3 CMD ["python3", "-m", "service.healthcheck"]
+HEALTHCHECK --interval=10s --timeout=5s --start-period=120s --retries=3 CMD ["python3", "-m", "service.client.healthcheck"]
 ENTRYPOINT ["mtserve", "serve"]
 
 # ---------------------------------------------------------------------------- CPU runtime image
@@ -121,5 +121,5 @@ USER 10001:10001
 WORKDIR /home
 EXPOSE 50051 9090
 STOPSIGNAL SIGTERM
-HEALTHCHECK --interval=10s --timeout=5s --start-period=60s --retries=3 CMD ["python3", "-m", "service.healthcheck"]
+HEALTHCHECK --interval=10s --timeout=5s --start-period=60s --retries=3 CMD ["python3", "-m", "service.client.healthcheck"]
 ENTRYPOINT ["mtserve", "serve"]

@@ -8,27 +8,35 @@ MODEL ?= models/de-en
 ADDRESS ?= localhost:50051
 METRICS_PORT ?= 9090
 
-.PHONY: install serve export test test-slow test-container fuzz soak overload bench bench-quick clean
+.PHONY: install serve export lint test test-slow test-container fuzz soak overload bench bench-quick clean
 
 $(STAMP): pyproject.toml setup.py $(wildcard protos/*/*.proto protos/*/*/*.proto)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[export,test]'
+	$(PY) -m pip install -q -e '.[export,test,lint]'
 	touch $(STAMP)
 
 install: $(STAMP)
 
 # Whether MODEL/onnx holds an export this version can serve (a manifest of the current graph format).
-EXPORTED = $(PY) -c "import sys; from service.manifest import load_manifest; load_manifest(sys.argv[1], verify_checksums=False)" \
+EXPORTED = $(PY) -c "import sys; from contract.manifest import load_manifest; load_manifest(sys.argv[1], verify_checksums=False)" \
 	$(MODEL)/onnx 2>/dev/null
 
 # Export the shipped checkpoint to ONNX when its graphs are missing or of an older format, then serve it.
 serve: $(STAMP)
-	$(EXPORTED) || $(PY) -m service.cli export --model $(MODEL) --precision all
-	$(PY) -m service.cli serve --model-dir $(MODEL) --address $(ADDRESS) --metrics-port $(METRICS_PORT)
+	$(EXPORTED) || $(PY) -m mtserve export --model $(MODEL) --precision all
+	$(PY) -m mtserve serve --model-dir $(MODEL) --address $(ADDRESS) --metrics-port $(METRICS_PORT)
 
 export: $(STAMP)
-	$(PY) -m service.cli export --model $(MODEL) --precision all
+	$(PY) -m mtserve export --model $(MODEL) --precision all
+
+# Formatter, linter, types and the import contracts (pyproject.toml: [tool.ruff], [tool.mypy],
+# [tool.importlinter]); .ci/run runs it before the tests.
+lint: $(STAMP)
+	$(PY) -m ruff format --check .
+	$(PY) -m ruff check .
+	$(PY) -m mypy
+	$(VENV)/bin/lint-imports
 
 test: $(STAMP)
 	$(PY) -m pytest -q -m "not slow"
@@ -51,11 +59,11 @@ fuzz: $(STAMP)
 	MTSERVE_FUZZ_SCALE=$(FUZZ_SCALE) $(PY) -m pytest -q -p no:cacheprovider tests/service/test_fuzz.py
 
 soak: $(STAMP)
-	$(EXPORTED) || $(PY) -m service.cli export --model $(MODEL) --precision all
+	$(EXPORTED) || $(PY) -m mtserve export --model $(MODEL) --precision all
 	$(PY) benchmarks/soak.py --model-dir $(MODEL) --minutes $(SOAK_MINUTES) --concurrency 64
 
 overload: $(STAMP)
-	$(EXPORTED) || $(PY) -m service.cli export --model $(MODEL) --precision all
+	$(EXPORTED) || $(PY) -m mtserve export --model $(MODEL) --precision all
 	$(PY) benchmarks/soak.py --model-dir $(MODEL) --scenario overload --clients 512 --rounds 3
 
 # Benchmarks side by side (benchmarks/run.py, docs/benchmarks.md): offline engines (PyTorch with and

@@ -18,8 +18,17 @@ def generate() -> None:
     include = str(Path(protoc.__file__).parent / "_proto")
     for proto in sorted(PROTOS.rglob("*.proto")):
         rel = proto.relative_to(PROTOS)
-        code = protoc.main(["grpc_tools.protoc", f"-I{PROTOS}", f"-I{include}", f"--python_out={OUT}",
-                            f"--pyi_out={OUT}", f"--grpc_python_out={OUT}", str(rel)])
+        code = protoc.main(
+            [
+                "grpc_tools.protoc",
+                f"-I{PROTOS}",
+                f"-I{include}",
+                f"--python_out={OUT}",
+                f"--pyi_out={OUT}",
+                f"--grpc_python_out={OUT}",
+                str(rel),
+            ]
+        )
         if code != 0:
             raise SystemExit(f"protoc failed on {rel}")
     # protoc writes imports relative to the proto root (`from mtserve.v1 import ...`); make them

@@ -70,8 +70,11 @@ def build_spec(model_dir: str | Path):
         raise NotImplementedError("the benchmark converter handles pre-norm models with tied embeddings only")
     w = load_file(str(model_dir / "model.safetensors"))
     spec = transformer_spec.TransformerSpec.from_config(
-        (cfg["n_encoder_layers"], cfg["n_decoder_layers"]), cfg["n_heads"], pre_norm=True,
-        activation=common_spec.Activation.RELU)
+        (cfg["n_encoder_layers"], cfg["n_decoder_layers"]),
+        cfg["n_heads"],
+        pre_norm=True,
+        activation=common_spec.Activation.RELU,
+    )
     pe = sinusoidal_table(cfg["max_positions"], cfg["d_model"])
     emb = w["embed.weight"]
 
@@ -122,7 +125,10 @@ def build_spec(model_dir: str | Path):
     spec.register_source_vocabulary(tokens)
     spec.register_target_vocabulary(tokens)
     spec.config.unk_token, spec.config.bos_token, spec.config.eos_token = (
-        tokens[cfg["unk_id"]], tokens[cfg["bos_id"]], tokens[cfg["eos_id"]])
+        tokens[cfg["unk_id"]],
+        tokens[cfg["bos_id"]],
+        tokens[cfg["eos_id"]],
+    )
     spec.config.decoder_start_token = tokens[cfg["bos_id"]]
     spec.config.add_source_bos = False
     spec.config.add_source_eos = False
@@ -145,26 +151,49 @@ def convert(model_dir: str | Path, out_dir: str | Path, quantization: str | None
 class Ct2Translator:
     """CTranslate2 over a converted model, speaking our ids and our length rule."""
 
-    def __init__(self, ct2_dir: str | Path, model_dir: str | Path, compute_type: str = "float32",
-                 inter_threads: int = 1, intra_threads: int = 1):
+    def __init__(
+        self,
+        ct2_dir: str | Path,
+        model_dir: str | Path,
+        compute_type: str = "float32",
+        inter_threads: int = 1,
+        intra_threads: int = 1,
+    ):
         import ctranslate2
 
-        self.translator = ctranslate2.Translator(str(ct2_dir), device="cpu", compute_type=compute_type,
-                                                 inter_threads=inter_threads, intra_threads=intra_threads)
+        self.translator = ctranslate2.Translator(
+            str(ct2_dir),
+            device="cpu",
+            compute_type=compute_type,
+            inter_threads=inter_threads,
+            intra_threads=intra_threads,
+        )
         cfg = json.loads((Path(model_dir) / "config.json").read_text())["model"]
         self.tokens = vocabulary(Path(model_dir) / "tokenizer.json")
         self.index = {t: i for i, t in enumerate(self.tokens)}
         self.max_positions, self.eos_id = cfg["max_positions"], cfg["eos_id"]
         self.compute_type, self.inter_threads, self.intra_threads = compute_type, inter_threads, intra_threads
 
-    def translate_ids(self, src: list[list[int]], beam: int = 4, length_penalty: float = 1.0,
-                      max_len_a: float = 1.5, max_len_b: int = 10, batch_size: int = 32) -> list[list[int]]:
+    def translate_ids(
+        self,
+        src: list[list[int]],
+        beam: int = 4,
+        length_penalty: float = 1.0,
+        max_len_a: float = 1.5,
+        max_len_b: int = 10,
+        batch_size: int = 32,
+    ) -> list[list[int]]:
         """src: ids each ending with </s> -> emitted ids without </s>, in input order."""
         limits = [max(1, min(int(max_len_a * len(s) + max_len_b), self.max_positions - 1)) for s in src]
         results = self.translator.translate_batch(
-            [[self.tokens[i] for i in s] for s in src], beam_size=beam, length_penalty=length_penalty,
-            max_decoding_length=max(limits), max_batch_size=batch_size, batch_type="examples",
-            return_scores=False)
+            [[self.tokens[i] for i in s] for s in src],
+            beam_size=beam,
+            length_penalty=length_penalty,
+            max_decoding_length=max(limits),
+            max_batch_size=batch_size,
+            batch_type="examples",
+            return_scores=False,
+        )
         out = []
         for r, limit in zip(results, limits):
             ids = [self.index[t] for t in r.hypotheses[0]]

@@ -9,7 +9,7 @@ Engines (all on models/de-en, all on the CPU, `--threads` threads in all):
                 over the whole prefix again (Transformer.decode), greedy and beam search with the
                 reference semantics of export/generate.py
   torch-cache   PyTorch with the key/value cache: export.generate (the reference search)
-  ort-fp32      ONNX Runtime: service.generator.generate over OnnxSeq2Seq (what the server runs)
+  ort-fp32      ONNX Runtime: service.decoding.generator.generate over OnnxSeq2Seq (what the server runs)
   ort-int8      the same over the dynamically quantised int8 graphs
   ct2-float32   CTranslate2 over the same weights (benchmarks/ct2_convert.py), float32
   ct2-int8      the same, int8 (quantised when loaded)
@@ -33,7 +33,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from benchmarks.online import print_result  # noqa: E402
+from benchmarks.online import print_result
 
 ENGINES = ["torch-eager", "torch-cache", "ort-fp32", "ort-int8", "ct2-float32", "ct2-int8"]
 
@@ -58,20 +58,22 @@ class Engine:
             self.model = load_model(model_dir)
             self.workers = 1
         elif name.startswith("ort"):
-            from service.memory import keep_freed_memory
-            from service.onnx_model import OnnxSeq2Seq
+            from service.runtime.memory import keep_freed_memory
+            from service.runtime.onnx_model import OnnxSeq2Seq
 
             keep_freed_memory()  # as `mtserve serve` does
 
-            self.models = [OnnxSeq2Seq(model_dir, precision=name.split("-")[1], intra_op_threads=intra)
-                           for _ in range(workers)]
+            self.models = [
+                OnnxSeq2Seq(model_dir, precision=name.split("-")[1], intra_op_threads=intra) for _ in range(workers)
+            ]
         elif name.startswith("ct2"):
             from benchmarks.ct2_convert import Ct2Translator, convert
 
             self._tmp = tempfile.TemporaryDirectory(prefix="mtserve-ct2-")
             convert(model_dir, self._tmp.name)
-            self.ct2 = Ct2Translator(self._tmp.name, model_dir, compute_type=name.split("-")[1],
-                                     inter_threads=workers, intra_threads=intra)
+            self.ct2 = Ct2Translator(
+                self._tmp.name, model_dir, compute_type=name.split("-")[1], inter_threads=workers, intra_threads=intra
+            )
         else:
             raise ValueError(f"unknown engine {name!r}")
         from tokenizers import Tokenizer
@@ -90,7 +92,7 @@ class Engine:
         if self.name.startswith("ct2"):
             return self.ct2.translate_ids(src, beam=beam, batch_size=self.batch_size)
         order = sorted(range(len(src)), key=lambda i: len(src[i]))
-        chunks = [order[s: s + self.batch_size] for s in range(0, len(order), self.batch_size)]
+        chunks = [order[s : s + self.batch_size] for s in range(0, len(order), self.batch_size)]
         out: list[list[int]] = [[] for _ in src]
         if self.name.startswith("torch"):
             from export.generate import beam_search
@@ -102,12 +104,13 @@ class Engine:
                 for i, toks in zip(idx, res):
                     out[i] = toks
             return out
-        from service.generator import generate
+        from service.decoding.generator import generate
 
         def work(w: int) -> None:  # worker w takes chunks w, w + W, ... (long and short alike)
-            for idx in chunks[w:: self.workers]:
-                for i, h in zip(idx, generate(self.models[w], [src[i] for i in idx], beam=beam,
-                                              batch_size=self.batch_size)):
+            for idx in chunks[w :: self.workers]:
+                for i, h in zip(
+                    idx, generate(self.models[w], [src[i] for i in idx], beam=beam, batch_size=self.batch_size)
+                ):
                     out[i] = h.tokens
 
         if self.workers == 1:
@@ -137,25 +140,39 @@ def run(args) -> dict:
     texts = eng.detokenize(hyps)
     n_tokens = sum(len(h) + 1 for h in hyps)
     result = {
-        "engine": args.engine, "beam": args.beam, "threads": args.threads, "workers": eng.workers,
-        "batch_size": args.batch_size, "sentences": len(src), "seconds": round(seconds, 3),
-        "sentences_per_s": round(len(src) / seconds, 2), "target_tokens_per_s": round(n_tokens / seconds, 1),
-        "bleu": round(sacrebleu.corpus_bleu(texts, [ref]).score, 2), "load_s": round(load_s, 2),
+        "engine": args.engine,
+        "beam": args.beam,
+        "threads": args.threads,
+        "workers": eng.workers,
+        "batch_size": args.batch_size,
+        "sentences": len(src),
+        "seconds": round(seconds, 3),
+        "sentences_per_s": round(len(src) / seconds, 2),
+        "target_tokens_per_s": round(n_tokens / seconds, 1),
+        "bleu": round(sacrebleu.corpus_bleu(texts, [ref]).score, 2),
+        "load_s": round(load_s, 2),
     }
     if args.latency:
         # One sentence per call, in test-set order: what a lone client waits for.
         lat_threads = args.latency_threads or args.threads
-        lat_eng = eng if eng.workers == 1 and lat_threads == args.threads else \
-            Engine(args.engine, Path(args.model), lat_threads, 1, args.batch_size)
+        lat_eng = (
+            eng
+            if eng.workers == 1 and lat_threads == args.threads
+            else Engine(args.engine, Path(args.model), lat_threads, 1, args.batch_size)
+        )
         times = []
         for s in src[: args.latency]:
             t = time.perf_counter()
             lat_eng.translate_ids([s], args.beam)
             times.append(time.perf_counter() - t)
         times.sort()
-        result["latency_single"] = {"n": len(times), "threads": lat_threads, "p50_ms": round(1000 * statistics.median(times), 2),
-                                    "p95_ms": round(1000 * times[min(len(times) - 1, int(0.95 * len(times)))], 2),
-                                    "mean_ms": round(1000 * statistics.fmean(times), 2)}
+        result["latency_single"] = {
+            "n": len(times),
+            "threads": lat_threads,
+            "p50_ms": round(1000 * statistics.median(times), 2),
+            "p95_ms": round(1000 * times[min(len(times) - 1, int(0.95 * len(times)))], 2),
+            "mean_ms": round(1000 * statistics.fmean(times), 2),
+        }
     if args.hyps:
         Path(args.hyps).write_text(json.dumps(hyps))
     return result
@@ -174,8 +191,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--limit", type=int, default=0, help="first N sentences only (0 = all)")
     p.add_argument("--latency", type=int, default=0, help="also time N single-sentence calls")
-    p.add_argument("--latency-threads", type=int, default=0,
-                   help="threads of the single-sentence engine (default: --threads, in one decode loop)")
+    p.add_argument(
+        "--latency-threads",
+        type=int,
+        default=0,
+        help="threads of the single-sentence engine (default: --threads, in one decode loop)",
+    )
     p.add_argument("--hyps", help="write the output ids here (JSON)")
     p.add_argument("--json", help="write the result here too")
 

@@ -35,10 +35,10 @@ import grpc
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from service.api.mtserve.v1 import translation_pb2 as pb  # noqa: E402
-from service.api.mtserve.v1 import translation_pb2_grpc as pb_grpc  # noqa: E402
-from service.client import STATUS_BY_NUMBER  # noqa: E402
-from service.healthcheck import wait_serving  # noqa: E402
+from service.api.mtserve.v1 import translation_pb2 as pb
+from service.api.mtserve.v1 import translation_pb2_grpc as pb_grpc
+from service.client import STATUS_BY_NUMBER
+from service.client.healthcheck import wait_serving
 
 
 def free_port() -> int:
@@ -51,15 +51,30 @@ class Server:
     """`mtserve serve` in a subprocess on 127.0.0.1:<free port>, metrics off, warnings only (flags
     in `args` come last, so they override those)."""
 
-    def __init__(self, model_dir: str | Path, args: list[str] = (), env: dict | None = None,
-                 log_prefix: str = "mtserve-bench-"):
+    def __init__(
+        self, model_dir: str | Path, args: list[str] = (), env: dict | None = None, log_prefix: str = "mtserve-bench-"
+    ):
         self.address = f"127.0.0.1:{free_port()}"
         self.log = tempfile.NamedTemporaryFile("w+", prefix=log_prefix, suffix=".log", delete=False)
-        cmd = [sys.executable, "-m", "service.cli", "serve", "--address", self.address, "--metrics-port", "0",
-               "--model-dir", str(model_dir), "--log-level", "warning", *args]
+        cmd = [
+            sys.executable,
+            "-m",
+            "mtserve",
+            "serve",
+            "--address",
+            self.address,
+            "--metrics-port",
+            "0",
+            "--model-dir",
+            str(model_dir),
+            "--log-level",
+            "warning",
+            *args,
+        ]
         self.cmd = cmd
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, cwd=REPO,
-                                     env={**os.environ, **(env or {})})
+        self.proc = subprocess.Popen(
+            cmd, stdout=self.log, stderr=subprocess.STDOUT, cwd=REPO, env={**os.environ, **(env or {})}
+        )
         self.pid = self.proc.pid
 
     def wait_ready(self, timeout: float = 120) -> None:
@@ -87,7 +102,7 @@ class Server:
                 self.proc.wait()
         return self.proc.returncode
 
-    def __enter__(self) -> "Server":
+    def __enter__(self) -> Server:
         self.wait_ready()
         return self
 
@@ -143,8 +158,17 @@ class ManyStream:
         await self.reader
 
 
-async def _load(address: str, texts: list[str], concurrency: int, n_requests: int, beam: int,
-                timeout: float, duration: float | None = None, api: str = "unary", streams: int = 1) -> dict:
+async def _load(
+    address: str,
+    texts: list[str],
+    concurrency: int,
+    n_requests: int,
+    beam: int,
+    timeout: float,
+    duration: float | None = None,
+    api: str = "unary",
+    streams: int = 1,
+) -> dict:
     opts = [("grpc.max_receive_message_length", 16 * 1024 * 1024)]
     async with grpc.aio.insecure_channel(address, options=opts) as ch:
         stub = pb_grpc.TranslationServiceStub(ch)
@@ -185,8 +209,18 @@ async def _load(address: str, texts: list[str], concurrency: int, n_requests: in
     return {"results": results, "seconds": seconds}
 
 
-def run_level(address: str, texts: list[str], refs: list[str], concurrency: int, n_requests: int, beam: int,
-              timeout: float = 120.0, duration: float | None = None, api: str = "unary", streams: int = 1) -> dict:
+def run_level(
+    address: str,
+    texts: list[str],
+    refs: list[str],
+    concurrency: int,
+    n_requests: int,
+    beam: int,
+    timeout: float = 120.0,
+    duration: float | None = None,
+    api: str = "unary",
+    streams: int = 1,
+) -> dict:
     """`n_requests` single-sentence requests, `concurrency` at a time (or fewer when `duration`
     seconds pass first), as Translate calls or as items of `streams` TranslateMany streams."""
     import sacrebleu
@@ -203,12 +237,20 @@ def run_level(address: str, texts: list[str], refs: list[str], concurrency: int,
         ref = [refs[r[0] % len(refs)] for r in ok]
         bleu = round(sacrebleu.corpus_bleu(hyp, [ref]).score, 2)
     return {
-        "concurrency": concurrency, "beam": beam, "api": api, "requests": len(results), "ok": len(ok),
-        "errors": dict(errors), "seconds": round(seconds, 3),
-        "sentences_per_s": round(len(ok) / seconds, 2), "target_tokens_per_s": round(tokens / seconds, 1),
-        "p50_ms": round(1000 * percentile(lat, 0.50), 2), "p95_ms": round(1000 * percentile(lat, 0.95), 2),
+        "concurrency": concurrency,
+        "beam": beam,
+        "api": api,
+        "requests": len(results),
+        "ok": len(ok),
+        "errors": dict(errors),
+        "seconds": round(seconds, 3),
+        "sentences_per_s": round(len(ok) / seconds, 2),
+        "target_tokens_per_s": round(tokens / seconds, 1),
+        "p50_ms": round(1000 * percentile(lat, 0.50), 2),
+        "p95_ms": round(1000 * percentile(lat, 0.95), 2),
         "p99_ms": round(1000 * percentile(lat, 0.99), 2),
-        "mean_ms": round(1000 * sum(lat) / len(lat), 2) if lat else None, "bleu": bleu,
+        "mean_ms": round(1000 * sum(lat) / len(lat), 2) if lat else None,
+        "bleu": bleu,
     }
 
 
@@ -226,22 +268,36 @@ def process_cpu_s(pid: int | None = None) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def run(model_dir: str | Path, texts: list[str], refs: list[str], levels: list[int], beam: int, base_requests: int,
-        server_args: list[str] = (), log=print, rounds: int = 4, api: str = "unary", streams: int = 1) -> dict:
+def run(
+    model_dir: str | Path,
+    texts: list[str],
+    refs: list[str],
+    levels: list[int],
+    beam: int,
+    base_requests: int,
+    server_args: list[str] = (),
+    log=print,
+    rounds: int = 4,
+    api: str = "unary",
+    streams: int = 1,
+) -> dict:
     with Server(model_dir, list(server_args)) as srv:
         rows = []
         for c in levels:
             cpu0, t0 = (process_cpu_s(srv.pid), process_cpu_s()), time.perf_counter()
-            row = run_level(srv.address, texts, refs, c, requests_for(c, base_requests, rounds), beam,
-                            api=api, streams=streams)
+            row = run_level(
+                srv.address, texts, refs, c, requests_for(c, base_requests, rounds), beam, api=api, streams=streams
+            )
             # CPU used during the level (warm-up included) by the server and by this load generator,
             # in cores: both share the machine.
             wall = time.perf_counter() - t0
             row["server_cpu_cores"] = round((process_cpu_s(srv.pid) - cpu0[0]) / wall, 2)
             row["client_cpu_cores"] = round((process_cpu_s() - cpu0[1]) / wall, 2)
-            log(f"  online {api:5s} c={c:<4} beam={beam} {row['sentences_per_s']:8.1f} sent/s  p50 {row['p50_ms']:8.1f} ms  "
+            log(
+                f"  online {api:5s} c={c:<4} beam={beam} {row['sentences_per_s']:8.1f} sent/s  p50 {row['p50_ms']:8.1f} ms  "
                 f"p99 {row['p99_ms']:8.1f} ms  errors {row['errors'] or 0}  cpu: server {row['server_cpu_cores']:.2f} "
-                f"client {row['client_cpu_cores']:.2f} cores")
+                f"client {row['client_cpu_cores']:.2f} cores"
+            )
             rows.append(row)
         rc = srv.stop()
     return {"server_args": list(server_args), "api": api, "streams": streams, "levels": rows, "server_exit": rc}
@@ -256,18 +312,36 @@ def main() -> None:
     p.add_argument("--concurrency", default="1,8,32,64,128")
     p.add_argument("--beam", type=int, default=4)
     p.add_argument("--requests", type=int, default=1000, help="requests per level (at least 4 x concurrency)")
-    p.add_argument("--continuous-batching", action=argparse.BooleanOptionalAction, default=False,
-                   help="the server's setting (default off, as the server's own default)")
-    p.add_argument("--api", choices=["unary", "many"], default="unary",
-                   help="unary: a Translate call per sentence; many: items of TranslateMany streams")
+    p.add_argument(
+        "--continuous-batching",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="the server's setting (default off, as the server's own default)",
+    )
+    p.add_argument(
+        "--api",
+        choices=["unary", "many"],
+        default="unary",
+        help="unary: a Translate call per sentence; many: items of TranslateMany streams",
+    )
     p.add_argument("--streams", type=int, default=1, help="TranslateMany streams the concurrency is split over")
     p.add_argument("--server-arg", action="append", default=[], help="extra `mtserve serve` flag (repeatable)")
     p.add_argument("--json", help="write the result here")
     args = p.parse_args()
     texts, refs = read_parallel(args.data, "test_2016_flickr")
     extra = ["--continuous-batching" if args.continuous_batching else "--no-continuous-batching", *args.server_arg]
-    result = run(args.model, texts, refs, [int(c) for c in args.concurrency.split(",")], args.beam, args.requests, extra,
-                 log=lambda m: print(m, file=sys.stderr), api=args.api, streams=args.streams)
+    result = run(
+        args.model,
+        texts,
+        refs,
+        [int(c) for c in args.concurrency.split(",")],
+        args.beam,
+        args.requests,
+        extra,
+        log=lambda m: print(m, file=sys.stderr),
+        api=args.api,
+        streams=args.streams,
+    )
     print_result(result, args.json)
 
 

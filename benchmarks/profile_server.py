@@ -34,7 +34,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from benchmarks.online import Server, run_level  # noqa: E402
+from benchmarks.online import Server, run_level
 
 BUCKETS = ["onnxruntime", "tokenization", "numpy cache", "numpy search", "scheduler", "grpc/protobuf", "other"]
 _CACHE_FUNCS = {"concatenate", "filter", "_advance_cache", "from_sources", "stack", "empty_past", "_empty_state"}
@@ -57,8 +57,10 @@ def bucket(frames: list[str]) -> str:
             return "numpy search"
     if "scheduler.py" in text:
         return "scheduler"
-    if any(k in text for k in ("grpc", "protobuf", "asyncio", "servicer.py", "engine.py", "interceptors.py",
-                               "selectors.py")):
+    if any(
+        k in text
+        for k in ("grpc", "protobuf", "asyncio", "servicer.py", "engine.py", "interceptors.py", "selectors.py")
+    ):
         return "grpc/protobuf"
     return "other"
 
@@ -71,34 +73,69 @@ def breakdown(raw: str) -> dict:
             continue
         counts[bucket(stack.split(";"))] += int(n)
     total = sum(counts.values()) or 1
-    return {"samples": sum(counts.values()),
-            "share": {b: round(counts.get(b, 0) / total, 3) for b in BUCKETS}}
+    return {"samples": sum(counts.values()), "share": {b: round(counts.get(b, 0) / total, 3) for b in BUCKETS}}
 
 
-def profile(model_dir, texts, refs, concurrency: int, seconds: float, beam: int, server_args: list[str],
-            rate: int = 100, raw_out: str | None = None) -> dict:
+def profile(
+    model_dir,
+    texts,
+    refs,
+    concurrency: int,
+    seconds: float,
+    beam: int,
+    server_args: list[str],
+    rate: int = 100,
+    raw_out: str | None = None,
+) -> dict:
     spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     if not Path(spy).exists():
         raise RuntimeError("py-spy not found: pip install py-spy")
     with Server(model_dir, server_args) as srv:
         # Load for longer than the sampling window, so that every sample sees a full server.
         load: dict = {}
-        th = threading.Thread(target=lambda: load.update(
-            run_level(srv.address, texts, refs, concurrency, 10**9, beam, duration=seconds + 2.0)))
+        th = threading.Thread(
+            target=lambda: load.update(
+                run_level(srv.address, texts, refs, concurrency, 10**9, beam, duration=seconds + 2.0)
+            )
+        )
         th.start()
         raw_path = raw_out or tempfile.NamedTemporaryFile(suffix=".txt", delete=False).name
         time.sleep(1.0)  # past the warm-up
-        proc = subprocess.run([spy, "record", "--pid", str(srv.pid), "--duration", str(int(seconds)),
-                               "--rate", str(rate), "--format", "raw", "--output", raw_path, "--nonblocking"],
-                              capture_output=True, text=True)
+        proc = subprocess.run(
+            [
+                spy,
+                "record",
+                "--pid",
+                str(srv.pid),
+                "--duration",
+                str(int(seconds)),
+                "--rate",
+                str(rate),
+                "--format",
+                "raw",
+                "--output",
+                raw_path,
+                "--nonblocking",
+            ],
+            capture_output=True,
+            text=True,
+        )
         if proc.returncode != 0:
             srv.stop()
             th.join()
             raise RuntimeError(f"py-spy failed: {proc.stderr.strip()[-500:]}")
         th.join()
         result = breakdown(Path(raw_path).read_text())
-    result.update({"concurrency": concurrency, "beam": beam, "seconds": seconds, "server_args": server_args,
-                   "load": {k: load.get(k) for k in ("sentences_per_s", "p50_ms", "errors")}, "raw": raw_path})
+    result.update(
+        {
+            "concurrency": concurrency,
+            "beam": beam,
+            "seconds": seconds,
+            "server_args": server_args,
+            "load": {k: load.get(k) for k in ("sentences_per_s", "p50_ms", "errors")},
+            "raw": raw_path,
+        }
+    )
     return result
 
 
@@ -114,8 +151,13 @@ def main() -> None:
     p.add_argument("--raw", help="keep py-spy's collapsed stacks here")
     args = p.parse_args()
     texts, refs = read_parallel(DEFAULT_DATA_DIR, "test_2016_flickr")
-    print(json.dumps(profile(args.model, texts, refs, args.concurrency, args.seconds, args.beam, args.server_arg,
-                             raw_out=args.raw)))
+    print(
+        json.dumps(
+            profile(
+                args.model, texts, refs, args.concurrency, args.seconds, args.beam, args.server_arg, raw_out=args.raw
+            )
+        )
+    )
 
 
 if __name__ == "__main__":

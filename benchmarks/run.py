@@ -5,7 +5,7 @@
     python benchmarks/run.py --quick    # short mode (about 3 minutes): subsets, fewer requests
 
 1. Offline (benchmarks/offline.py, one process per engine): PyTorch without a cache (the textbook
-   loop), PyTorch with the key/value cache, ONNX Runtime fp32 and int8 (service.generator),
+   loop), PyTorch with the key/value cache, ONNX Runtime fp32 and int8 (service.decoding.generator),
    CTranslate2 float32 and int8 (the same weights, converted by benchmarks/ct2_convert.py), greedy
    and beam 4: sentences/s, target tokens/s, BLEU, single-sentence latency. Before timing, the
    CTranslate2 greedy output is compared token for token with ours.
@@ -63,7 +63,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from benchmarks import online as online_mod  # noqa: E402
+from benchmarks import online as online_mod
 
 RESULTS = REPO / "benchmarks" / "results"
 LEVELS = [1, 8, 32, 64, 128]
@@ -82,27 +82,53 @@ def plan(quick: bool) -> dict:
     if quick:
         return {
             "limits": {"torch-eager": 12, "torch-cache": 64, "default": 200, "torch-eager-single": 12},
-            "beams": [1, 4], "online_beams": [1, 4], "latency_n": 20, "online_requests": 100, "rounds": 2,
+            "beams": [1, 4],
+            "online_beams": [1, 4],
+            "latency_n": 20,
+            "online_requests": 100,
+            "rounds": 2,
             "offline_layouts": {"ct2": [(2, 32), (1, 32)], "ort": [(2, 32)], "torch": [(1, 64)]},
-            "sweep": [["--decode-workers", "1", "--intra-op-threads", "2"],
-                      ["--decode-workers", "2", "--intra-op-threads", "1", "--precision", "fp32"]],
-            "sweep_levels": [1, 64], "profile_seconds": 8, "batcher_sentences": 400,
-            "pairs": 3, "pair_sentences": 200, "pair_requests": 400,
+            "sweep": [
+                ["--decode-workers", "1", "--intra-op-threads", "2"],
+                ["--decode-workers", "2", "--intra-op-threads", "1", "--precision", "fp32"],
+            ],
+            "sweep_levels": [1, 64],
+            "profile_seconds": 8,
+            "batcher_sentences": 400,
+            "pairs": 3,
+            "pair_sentences": 200,
+            "pair_requests": 400,
             "continuous_batching": [False],  # the server's default only
         }
     return {
         "limits": {"default": 0, "torch-eager-single": 200},
-        "beams": [1, 4], "online_beams": [1, 4], "latency_n": 200, "online_requests": 1000, "rounds": 4,
-        "offline_layouts": {"ct2": [(2, 32), (1, 32), (2, 64), (1, 64)], "ort": [(1, 32), (2, 32), (2, 64)],
-                            "torch": [(1, 64)]},
-        "sweep": [[*w, *p] for p in (["--precision", "fp32"], ["--precision", "int8"])
-                  for w in (["--decode-workers", "1", "--intra-op-threads", "1"],
-                            ["--decode-workers", "1", "--intra-op-threads", "2"],
-                            ["--decode-workers", "2", "--intra-op-threads", "1"],
-                            ["--decode-workers", "4", "--intra-op-threads", "1"],
-                            ["--decode-workers", "2", "--intra-op-threads", "1", "--inter-op-threads", "2"])],
-        "sweep_levels": [1, 64], "profile_seconds": 20, "batcher_sentences": 3000,
-        "pairs": 5, "pair_sentences": 1000, "pair_requests": 1000,
+        "beams": [1, 4],
+        "online_beams": [1, 4],
+        "latency_n": 200,
+        "online_requests": 1000,
+        "rounds": 4,
+        "offline_layouts": {
+            "ct2": [(2, 32), (1, 32), (2, 64), (1, 64)],
+            "ort": [(1, 32), (2, 32), (2, 64)],
+            "torch": [(1, 64)],
+        },
+        "sweep": [
+            [*w, *p]
+            for p in (["--precision", "fp32"], ["--precision", "int8"])
+            for w in (
+                ["--decode-workers", "1", "--intra-op-threads", "1"],
+                ["--decode-workers", "1", "--intra-op-threads", "2"],
+                ["--decode-workers", "2", "--intra-op-threads", "1"],
+                ["--decode-workers", "4", "--intra-op-threads", "1"],
+                ["--decode-workers", "2", "--intra-op-threads", "1", "--inter-op-threads", "2"],
+            )
+        ],
+        "sweep_levels": [1, 64],
+        "profile_seconds": 20,
+        "batcher_sentences": 3000,
+        "pairs": 5,
+        "pair_sentences": 1000,
+        "pair_requests": 1000,
         "continuous_batching": [True, False],
     }
 
@@ -124,25 +150,51 @@ def run_offline(p: dict, threads: int, model: str, tmp: Path) -> tuple[list[dict
             for workers, batch, limit in layouts:
                 first = (workers, batch) == p["offline_layouts"][family][0]
                 out = tmp / f"{eng}-{beam}-{workers}-{batch}.ids.json"
-                cmd = [sys.executable, str(REPO / "benchmarks" / "offline.py"), "--engine", eng, "--beam", str(beam),
-                       "--threads", str(threads), "--workers", str(workers), "--batch-size", str(batch),
-                       "--limit", str(limit), "--model", model, "--hyps", str(out)]
+                cmd = [
+                    sys.executable,
+                    str(REPO / "benchmarks" / "offline.py"),
+                    "--engine",
+                    eng,
+                    "--beam",
+                    str(beam),
+                    "--threads",
+                    str(threads),
+                    "--workers",
+                    str(workers),
+                    "--batch-size",
+                    str(batch),
+                    "--limit",
+                    str(limit),
+                    "--model",
+                    model,
+                    "--hyps",
+                    str(out),
+                ]
                 if family in ("ort", "ct2") and workers == 1:
                     cmd += ["--latency", str(p["latency_n"])]
                 proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
                 if proc.returncode != 0:
                     log(f"  offline {eng} beam {beam}: FAILED\n{proc.stderr[-2000:]}")
-                    rows.append({"engine": eng, "beam": beam, "workers": workers, "batch_size": batch,
-                                 "error": proc.stderr[-500:]})
+                    rows.append(
+                        {
+                            "engine": eng,
+                            "beam": beam,
+                            "workers": workers,
+                            "batch_size": batch,
+                            "error": proc.stderr[-500:],
+                        }
+                    )
                     continue
                 row = json.loads(proc.stdout.strip().splitlines()[-1])
                 rows.append(row)
                 if first:
                     hyps[(eng, beam)] = json.loads(out.read_text())
                 lat = row.get("latency_single", {}).get("p50_ms")
-                log(f"  offline {eng:<12} beam {beam} {workers}x{max(1, threads // workers)} thr, batch {batch:<3} "
+                log(
+                    f"  offline {eng:<12} beam {beam} {workers}x{max(1, threads // workers)} thr, batch {batch:<3} "
                     f"n={row['sentences']:<5} {row['sentences_per_s']:9.1f} sent/s {row['target_tokens_per_s']:9.0f} tok/s"
-                    f"  BLEU {row['bleu']:5.2f}" + (f"  single p50 {lat:.1f} ms" if lat is not None else ""))
+                    f"  BLEU {row['bleu']:5.2f}" + (f"  single p50 {lat:.1f} ms" if lat is not None else "")
+                )
     return rows, hyps
 
 
@@ -159,8 +211,8 @@ def ct2_greedy_check(model: str, limit: int) -> dict:
     checks against the PyTorch reference), before any timing."""
     from benchmarks.ct2_convert import Ct2Translator, convert
     from export.data import DEFAULT_DATA_DIR, read_parallel
-    from service.generator import generate
-    from service.onnx_model import OnnxSeq2Seq
+    from service.decoding.generator import generate
+    from service.runtime.onnx_model import OnnxSeq2Seq
 
     src, _ = read_parallel(DEFAULT_DATA_DIR, "test_2016_flickr")
     if limit:
@@ -173,8 +225,12 @@ def ct2_greedy_check(model: str, limit: int) -> dict:
         theirs = Ct2Translator(d, model, "float32", 1, 2).translate_ids(ids, beam=1)
     same = sum(a == b for a, b in zip(ours, theirs))
     first_diff = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), None)
-    return {"sentences": len(ids), "identical": same, "first_difference": first_diff,
-            "against": "ort-fp32 greedy (service.generator)"}
+    return {
+        "sentences": len(ids),
+        "identical": same,
+        "first_difference": first_diff,
+        "against": "ort-fp32 greedy (service.decoding.generator)",
+    }
 
 
 # ----------------------------------------------------------------------------- online
@@ -186,14 +242,26 @@ def run_online(p: dict, model: str, texts, refs) -> dict:
         for cb in p["continuous_batching"]:
             args = ["--continuous-batching" if cb else "--no-continuous-batching"]
             log(f"online: beam {beam}, continuous batching {'on' if cb else 'off'} (default layout)")
-            r = online_mod.run(model, texts, refs, LEVELS, beam, p["online_requests"], args, log=log,
-                               rounds=p["rounds"])
+            r = online_mod.run(
+                model, texts, refs, LEVELS, beam, p["online_requests"], args, log=log, rounds=p["rounds"]
+            )
             r.update({"beam": beam, "continuous_batching": cb})
             out["runs"].append(r)
         # The same single-sentence requests as items of one TranslateMany stream (static batching).
         log(f"online: beam {beam}, TranslateMany (one stream), continuous batching off (default layout)")
-        r = online_mod.run(model, texts, refs, MANY_LEVELS, beam, p["online_requests"], ["--no-continuous-batching"],
-                           log=log, rounds=p["rounds"], api="many", streams=1)
+        r = online_mod.run(
+            model,
+            texts,
+            refs,
+            MANY_LEVELS,
+            beam,
+            p["online_requests"],
+            ["--no-continuous-batching"],
+            log=log,
+            rounds=p["rounds"],
+            api="many",
+            streams=1,
+        )
         r.update({"beam": beam, "continuous_batching": False})
         out["runs"].append(r)
     return out
@@ -203,18 +271,32 @@ def run_batcher(p: dict, model: str) -> list[dict]:
     rows = []
     for beam in p["online_beams"]:
         for cb in p["continuous_batching"]:
-            log(f"batcher (in-process, no gRPC): beam {beam}, concurrency 64, continuous batching {'on' if cb else 'off'}")
-            cmd = [sys.executable, str(REPO / "benchmarks" / "batcher.py"), "--model", model, "--beam", str(beam),
-                   "--concurrency", "64", "--sentences", str(p["batcher_sentences"]),
-                   "--continuous-batching" if cb else "--no-continuous-batching"]
+            log(
+                f"batcher (in-process, no gRPC): beam {beam}, concurrency 64, continuous batching {'on' if cb else 'off'}"
+            )
+            cmd = [
+                sys.executable,
+                str(REPO / "benchmarks" / "batcher.py"),
+                "--model",
+                model,
+                "--beam",
+                str(beam),
+                "--concurrency",
+                "64",
+                "--sentences",
+                str(p["batcher_sentences"]),
+                "--continuous-batching" if cb else "--no-continuous-batching",
+            ]
             out = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
             if out.returncode != 0:
                 log(f"  failed: {out.stderr.strip()[-500:]}")
                 rows.append({"beam": beam, "continuous_batching": cb, "error": out.stderr.strip()[-500:]})
                 continue
             row = json.loads(out.stdout.strip().splitlines()[-1])
-            log(f"  {row['sentences_per_s']:.1f} sent/s, {row['cpu_cores']} cores, {row['rows_per_step']} rows/step, "
-                f"{row['us_per_row_step']} us/row-step")
+            log(
+                f"  {row['sentences_per_s']:.1f} sent/s, {row['cpu_cores']} cores, {row['rows_per_step']} rows/step, "
+                f"{row['us_per_row_step']} us/row-step"
+            )
             rows.append(row)
     return rows
 
@@ -223,15 +305,17 @@ def run_sweep(p: dict, model: str, texts, refs, beam: int) -> list[dict]:
     rows = []
     for args in p["sweep"]:
         log(f"sweep: {' '.join(args)} (beam {beam})")
-        r = online_mod.run(model, texts, refs, p["sweep_levels"], beam, p["online_requests"], args, log=log,
-                           rounds=p["rounds"])
+        r = online_mod.run(
+            model, texts, refs, p["sweep_levels"], beam, p["online_requests"], args, log=log, rounds=p["rounds"]
+        )
         r["beam"] = beam
         rows.append(r)
     return rows
 
 
-def run_pairs(p: dict, model: str, threads: int, texts, refs, offline_rows: list[dict],
-              data_dir: str | Path | None = None) -> list[dict]:
+def run_pairs(
+    p: dict, model: str, threads: int, texts, refs, offline_rows: list[dict], data_dir: str | Path | None = None
+) -> list[dict]:
     """The headline ratios, measured in interleaved pairs: CTranslate2 int8 offline (its best layout
     from the offline part, else 2 x 1 at batch 32; single-sentence latency with 1 thread, as the
     issue defines it) next to the server's default layout at concurrency 64 and 1, on the same
@@ -244,25 +328,55 @@ def run_pairs(p: dict, model: str, threads: int, texts, refs, offline_rows: list
     for beam in p["online_beams"]:
         ct2 = best_offline(offline_rows, "ct2-int8", beam)
         workers, batch = (ct2["workers"], ct2["batch_size"]) if ct2 else p["offline_layouts"]["ct2"][0]
-        log(f"pairs: beam {beam}, CT2 int8 {workers}x{max(1, threads // workers)} batch {batch} (single: 1x1) "
-            f"against the server's default layout, {p['pairs']} pairs")
-        cmd = [sys.executable, str(REPO / "benchmarks" / "offline.py"), "--engine", "ct2-int8", "--beam", str(beam),
-               "--threads", str(threads), "--workers", str(workers), "--batch-size", str(batch), "--limit", str(n),
-               "--model", model, "--latency", str(p["latency_n"]), "--latency-threads", "1"]
+        log(
+            f"pairs: beam {beam}, CT2 int8 {workers}x{max(1, threads // workers)} batch {batch} (single: 1x1) "
+            f"against the server's default layout, {p['pairs']} pairs"
+        )
+        cmd = [
+            sys.executable,
+            str(REPO / "benchmarks" / "offline.py"),
+            "--engine",
+            "ct2-int8",
+            "--beam",
+            str(beam),
+            "--threads",
+            str(threads),
+            "--workers",
+            str(workers),
+            "--batch-size",
+            str(batch),
+            "--limit",
+            str(n),
+            "--model",
+            model,
+            "--latency",
+            str(p["latency_n"]),
+            "--latency-threads",
+            "1",
+        ]
         if data_dir is not None:
             cmd += ["--data", str(data_dir)]
         with online_mod.Server(model, []) as srv:
-            def ct2_part() -> dict:
+
+            def ct2_part(cmd: list[str] = cmd) -> dict:
                 proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
                 if proc.returncode != 0:
                     return {"error": proc.stderr.strip()[-500:]}
                 off = json.loads(proc.stdout.strip().splitlines()[-1])
-                return {"ct2_sentences_per_s": off["sentences_per_s"],
-                        "ct2_single_p50_ms": off["latency_single"]["p50_ms"]}
+                return {
+                    "ct2_sentences_per_s": off["sentences_per_s"],
+                    "ct2_single_p50_ms": off["latency_single"]["p50_ms"],
+                }
 
-            def service_part() -> dict:
-                c64 = online_mod.run_level(srv.address, texts[:n], refs[:n], 64,
-                                           online_mod.requests_for(64, p["pair_requests"], p["rounds"]), beam)
+            def service_part(beam: int = beam) -> dict:
+                c64 = online_mod.run_level(
+                    srv.address,
+                    texts[:n],
+                    refs[:n],
+                    64,
+                    online_mod.requests_for(64, p["pair_requests"], p["rounds"]),
+                    beam,
+                )
                 c1 = online_mod.run_level(srv.address, texts, refs, 1, p["latency_n"], beam)
                 if c64["errors"] or c1["errors"]:
                     return {"error": f"service errors: {c64['errors']} {c1['errors']}"}
@@ -270,7 +384,7 @@ def run_pairs(p: dict, model: str, threads: int, texts, refs, offline_rows: list
 
             for i in range(p["pairs"]):
                 row: dict = {"beam": beam, "pair": i}
-                for part in ((ct2_part, service_part) if i % 2 == 0 else (service_part, ct2_part)):
+                for part in (ct2_part, service_part) if i % 2 == 0 else (service_part, ct2_part):
                     row.update(part())
                     if "error" in row:
                         break
@@ -279,9 +393,11 @@ def run_pairs(p: dict, model: str, threads: int, texts, refs, offline_rows: list
                 else:
                     row["throughput_ratio"] = round(row["service_c64_sentences_per_s"] / row["ct2_sentences_per_s"], 3)
                     row["latency_ratio"] = round(row["service_c1_p50_ms"] / row["ct2_single_p50_ms"], 3)
-                    log(f"  pair {i}: service c64 {row['service_c64_sentences_per_s']:.1f} / CT2 "
+                    log(
+                        f"  pair {i}: service c64 {row['service_c64_sentences_per_s']:.1f} / CT2 "
                         f"{row['ct2_sentences_per_s']:.1f} sent/s = {row['throughput_ratio']:.3f}; c1 p50 "
-                        f"{row['service_c1_p50_ms']:.1f} / {row['ct2_single_p50_ms']:.1f} ms = {row['latency_ratio']:.3f}")
+                        f"{row['service_c1_p50_ms']:.1f} / {row['ct2_single_p50_ms']:.1f} ms = {row['latency_ratio']:.3f}"
+                    )
                 rows.append(row)
     return rows
 
@@ -295,8 +411,11 @@ def best_offline(rows: list[dict], engine: str, beam: int) -> dict | None:
 
 
 def single_latency(rows: list[dict], engines: list[str], beam: int) -> float | None:
-    vals = [r["latency_single"]["p50_ms"] for r in rows
-            if r.get("engine") in engines and r.get("beam") == beam and "latency_single" in r]
+    vals = [
+        r["latency_single"]["p50_ms"]
+        for r in rows
+        if r.get("engine") in engines and r.get("beam") == beam and "latency_single" in r
+    ]
     return min(vals, default=None)
 
 
@@ -324,19 +443,42 @@ def summarize(res: dict, beam: int) -> dict:
     svc64 = max((lv["sentences_per_s"] for lv in c64), default=None)
     # The default layout alone, from the main online levels (the sweep measures it again later: on a
     # machine whose speed drifts, the best of the two samples reads high).
-    svc64_default = max((lv["sentences_per_s"] for _, lv in service_points(res, beam, sweep=False)
-                         if lv["concurrency"] == 64 and not lv["errors"]), default=None)
+    svc64_default = max(
+        (
+            lv["sentences_per_s"]
+            for _, lv in service_points(res, beam, sweep=False)
+            if lv["concurrency"] == 64 and not lv["errors"]
+        ),
+        default=None,
+    )
     svc1 = min((lv["p50_ms"] for lv in c1), default=None)
-    many64 = max((lv["sentences_per_s"] for _, lv in service_points(res, beam, "many")
-                  if lv["concurrency"] == 64 and not lv["errors"]), default=None)
+    many64 = max(
+        (
+            lv["sentences_per_s"]
+            for _, lv in service_points(res, beam, "many")
+            if lv["concurrency"] == 64 and not lv["errors"]
+        ),
+        default=None,
+    )
     ct2 = best_offline(res["offline"], "ct2-int8", beam)
     eager = best_offline(res["offline"], "torch-eager", beam)
     ort = best_offline(res["offline"], "ort-int8", beam)
-    batcher = max((r["sentences_per_s"] for r in res.get("batcher", []) if r.get("beam") == beam and "error" not in r),
-                  default=None)
+    batcher = max(
+        (r["sentences_per_s"] for r in res.get("batcher", []) if r.get("beam") == beam and "error" not in r),
+        default=None,
+    )
     ct2_lat = single_latency(res["offline"], ["ct2-int8", "ct2-float32"], beam)
-    eager1 = next((r for r in res["offline"] if r.get("engine") == "torch-eager" and r.get("beam") == beam
-                   and r.get("batch_size") == 1 and "error" not in r), None)
+    eager1 = next(
+        (
+            r
+            for r in res["offline"]
+            if r.get("engine") == "torch-eager"
+            and r.get("beam") == beam
+            and r.get("batch_size") == 1
+            and "error" not in r
+        ),
+        None,
+    )
     pairs = [r for r in res.get("pairs", []) if r.get("beam") == beam and "error" not in r]
 
     def ratio(a, b):
@@ -347,14 +489,18 @@ def summarize(res: dict, beam: int) -> dict:
     svc = svc_paired if pairs else svc64  # what the textbook-loop ratios divide
     return {
         "beam": beam,
-        "service_c64_sentences_per_s": svc64, "service_c1_p50_ms": svc1,
+        "service_c64_sentences_per_s": svc64,
+        "service_c1_p50_ms": svc1,
         "service_many_c64_sentences_per_s": many64,
         "ct2_int8_sentences_per_s": ct2 and ct2["sentences_per_s"],
-        "ct2_int8_layout": ct2 and f"{ct2['workers']}x{max(1, ct2['threads'] // ct2['workers'])} batch {ct2['batch_size']}",
+        "ct2_int8_layout": ct2
+        and f"{ct2['workers']}x{max(1, ct2['threads'] // ct2['workers'])} batch {ct2['batch_size']}",
         "ct2_single_p50_ms": ct2_lat,
         "ort_int8_sentences_per_s": ort and ort["sentences_per_s"],
-        "ort_int8_layout": ort and f"{ort['workers']}x{max(1, ort['threads'] // ort['workers'])} batch {ort['batch_size']}",
-        "batcher_c64_sentences_per_s": batcher, "torch_eager_sentences_per_s": eager and eager["sentences_per_s"],
+        "ort_int8_layout": ort
+        and f"{ort['workers']}x{max(1, ort['threads'] // ort['workers'])} batch {ort['batch_size']}",
+        "batcher_c64_sentences_per_s": batcher,
+        "torch_eager_sentences_per_s": eager and eager["sentences_per_s"],
         # The targets' ratios: the median of the interleaved pairs when they ran (else, for results
         # of older runs, the best samples of the separate parts).
         "service_over_ct2_int8": median([r["throughput_ratio"] for r in pairs]) if pairs else best_tp,
@@ -380,10 +526,12 @@ def server_defaults() -> str:
     from service.settings import Settings
 
     d = Settings()
-    return (f"{d.precision} graphs, {d.decode_workers} decode workers x {d.intra_op_threads} intra-op thread(s), "
-            f"continuous batching {'on' if d.continuous_batching else 'off'}, max batch {d.max_batch_sentences} rows / "
-            f"{d.max_batch_tokens} source tokens, admit at {d.admit_fraction:g} of the batch or after "
-            f"{d.admit_delay_ms:g} ms, compact at {d.compact_fraction:g}, idle-batch delay {d.max_queue_delay_ms:g} ms")
+    return (
+        f"{d.precision} graphs, {d.decode_workers} decode workers x {d.intra_op_threads} intra-op thread(s), "
+        f"continuous batching {'on' if d.continuous_batching else 'off'}, max batch {d.max_batch_sentences} rows / "
+        f"{d.max_batch_tokens} source tokens, admit at {d.admit_fraction:g} of the batch or after "
+        f"{d.admit_delay_ms:g} ms, compact at {d.compact_fraction:g}, idle-batch delay {d.max_queue_delay_ms:g} ms"
+    )
 
 
 def cpu_isa(text: str) -> str:
@@ -394,8 +542,17 @@ def cpu_isa(text: str) -> str:
         return platform.machine()
     flags = set(next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), []))
     field = {k.strip(): v.strip() for k, v in (line.split(":", 1) for line in text.splitlines()[:30] if ":" in line)}
-    isa = ("AVX-512 VNNI" if "avx512_vnni" in flags else "AVX-512" if "avx512f" in flags
-           else "AVX-VNNI" if "avx_vnni" in flags else "AVX2" if "avx2" in flags else "no AVX2")
+    isa = (
+        "AVX-512 VNNI"
+        if "avx512_vnni" in flags
+        else "AVX-512"
+        if "avx512f" in flags
+        else "AVX-VNNI"
+        if "avx_vnni" in flags
+        else "AVX2"
+        if "avx2" in flags
+        else "no AVX2"
+    )
     return f"{isa} (family {field.get('cpu family', '?')}, model {field.get('model', '?')})"
 
 
@@ -403,10 +560,26 @@ def environment(threads: int) -> dict:
     import importlib.metadata as md
 
     cpuinfo = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    cpu = next((line.split(":", 1)[1].strip() for line in cpuinfo.splitlines()
-                if line.startswith("model name")), platform.processor()) if cpuinfo else ""
-    mem = next((int(line.split()[1]) // 1024 // 1024 for line in Path("/proc/meminfo").read_text().splitlines()
-                if line.startswith("MemTotal")), None) if Path("/proc/meminfo").exists() else None
+    cpu = (
+        next(
+            (line.split(":", 1)[1].strip() for line in cpuinfo.splitlines() if line.startswith("model name")),
+            platform.processor(),
+        )
+        if cpuinfo
+        else ""
+    )
+    mem = (
+        next(
+            (
+                int(line.split()[1]) // 1024 // 1024
+                for line in Path("/proc/meminfo").read_text().splitlines()
+                if line.startswith("MemTotal")
+            ),
+            None,
+        )
+        if Path("/proc/meminfo").exists()
+        else None
+    )
     versions = {}
     for pkg in ("torch", "onnxruntime", "ctranslate2", "numpy", "grpcio", "protobuf", "tokenizers", "sacrebleu"):
         try:
@@ -414,14 +587,24 @@ def environment(threads: int) -> dict:
         except md.PackageNotFoundError:
             versions[pkg] = None
     try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                cwd=REPO).stdout.strip()
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO
+        ).stdout.strip()
     except OSError:
         commit = ""
-    return {"date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "cpu": cpu, "isa": cpu_isa(cpuinfo),
-            "cores": os.cpu_count(), "memory_gib": mem, "python": platform.python_version(),
-            "platform": platform.platform(), "versions": versions, "thread_budget": threads, "commit": commit,
-            "load_average": os.getloadavg()}
+    return {
+        "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "cpu": cpu,
+        "isa": cpu_isa(cpuinfo),
+        "cores": os.cpu_count(),
+        "memory_gib": mem,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "versions": versions,
+        "thread_budget": threads,
+        "commit": commit,
+        "load_average": os.getloadavg(),
+    }
 
 
 # ----------------------------------------------------------------------------- report
@@ -439,15 +622,22 @@ def write_plot(res: dict, path: Path, beam: int) -> None:
         ys = [lv["p50_ms"] for lv in rows]
         ax.plot(xs, ys, marker="o", label=f"mtserve {label}")
         for lv in rows:
-            ax.annotate(f"c{lv['concurrency']}", (lv["sentences_per_s"], lv["p50_ms"]), fontsize=7,
-                        textcoords="offset points", xytext=(3, 3))
+            ax.annotate(
+                f"c{lv['concurrency']}",
+                (lv["sentences_per_s"], lv["p50_ms"]),
+                fontsize=7,
+                textcoords="offset points",
+                xytext=(3, 3),
+            )
     engines = sorted({r["engine"] for r in res["offline"] if "error" not in r}, key=str)
     for eng in engines:
         # Per offline engine: one sentence at a time (its single-sentence layout), and whole batches
         # at its best layout (latency = the time of one batch at the measured throughput).
         best = best_offline(res["offline"], eng, beam)
-        single = next((r for r in res["offline"] if r.get("engine") == eng and r.get("beam") == beam
-                       and "latency_single" in r), None)
+        single = next(
+            (r for r in res["offline"] if r.get("engine") == eng and r.get("beam") == beam and "latency_single" in r),
+            None,
+        )
         if best is None:
             continue
         xs, ys = [], []
@@ -489,137 +679,204 @@ def _online_series(res: dict, beam: int) -> dict[str, list[dict]]:
 
 def write_markdown(res: dict, path: Path, plot_name: str) -> None:
     env = res["environment"]
-    L = [f"# Benchmarks ({res['mode']} run)", "",
-         "Generated by `benchmarks/run.py` (`make bench`; `make bench-quick` for the short mode). Do not edit by hand: "
-         "rerun it.", ""]
+    L = [
+        f"# Benchmarks ({res['mode']} run)",
+        "",
+        "Generated by `benchmarks/run.py` (`make bench`; `make bench-quick` for the short mode). Do not edit by hand: "
+        "rerun it.",
+        "",
+    ]
     if res.get("note"):
         L += [f"> **{res['note']}**", ""]
-    L += ["## What is measured", "",
-          "- **Offline** (one process per engine, `benchmarks/offline.py`): the test sentences sorted by length into "
-          "batches, timed after a warm-up. `torch-eager` is the textbook loop without a cache (every step runs "
-          "`Transformer.decode` over the whole prefix), over batches and at batch 1 (one sentence at a time); `torch-cache` is the reference search of `export/generate.py`; "
-          "`ort-*` is `service.generator.generate` over the ONNX graphs (what the server runs, without the server); "
-          "`ct2-*` is CTranslate2 over the same weights (`benchmarks/ct2_convert.py`). Layout `W x T`: W decode loops "
-          "(CTranslate2: `inter_threads`) of T threads each. Single-sentence latency: one sentence per call.",
-          "- **Online** (`benchmarks/online.py`): `mtserve serve` on loopback, a grpc.aio client keeps N single-sentence "
-          "`Translate` requests in flight (API `unary`), or the same requests as items of one `TranslateMany` stream "
-          "(API `many`); warm-up of 2N requests not counted; the client shares the cores.",
-          "- **Batcher** (`benchmarks/batcher.py`): the same scheduler and decode workers in one process with no gRPC, "
-          "64 sentences in flight: what batching arrivals of mixed length costs, apart from the RPC layer.",
-          "- **Pairs** (`run_pairs`): CTranslate2 int8 offline and the server's default layout at concurrency 64 "
-          "and 1, one right after the other on the same sentences, several times per beam: the headline ratios.",
-          "- **Target tokens**: generated subword tokens, `</s>` included.", ""]
-    L += ["## Machine and settings", "",
-          f"- date: {env['date']}, commit `{env['commit']}`",
-          f"- CPU: {env['cpu']}, {env.get('isa', '')}, {env['cores']} cores, {env['memory_gib']} GiB; load average at start "
-          f"{', '.join(f'{x:.1f}' for x in env['load_average'])}",
-          f"- Python {env['python']}; " + ", ".join(f"{k} {v}" for k, v in env["versions"].items() if v),
-          f"- thread budget: {env['thread_budget']} threads for every engine; test set test_2016_flickr "
-          f"(Multi30k), model models/de-en (fp32 weights; int8 = dynamic quantisation at export/load)",
-          f"- sentences per offline engine: {json.dumps(res['plan']['limits'])} (0 = all 1,000)", ""]
+    L += [
+        "## What is measured",
+        "",
+        "- **Offline** (one process per engine, `benchmarks/offline.py`): the test sentences sorted by length into "
+        "batches, timed after a warm-up. `torch-eager` is the textbook loop without a cache (every step runs "
+        "`Transformer.decode` over the whole prefix), over batches and at batch 1 (one sentence at a time); `torch-cache` is the reference search of `export/generate.py`; "
+        "`ort-*` is `service.decoding.generator.generate` over the ONNX graphs (what the server runs, without the server); "
+        "`ct2-*` is CTranslate2 over the same weights (`benchmarks/ct2_convert.py`). Layout `W x T`: W decode loops "
+        "(CTranslate2: `inter_threads`) of T threads each. Single-sentence latency: one sentence per call.",
+        "- **Online** (`benchmarks/online.py`): `mtserve serve` on loopback, a grpc.aio client keeps N single-sentence "
+        "`Translate` requests in flight (API `unary`), or the same requests as items of one `TranslateMany` stream "
+        "(API `many`); warm-up of 2N requests not counted; the client shares the cores.",
+        "- **Batcher** (`benchmarks/batcher.py`): the same scheduler and decode workers in one process with no gRPC, "
+        "64 sentences in flight: what batching arrivals of mixed length costs, apart from the RPC layer.",
+        "- **Pairs** (`run_pairs`): CTranslate2 int8 offline and the server's default layout at concurrency 64 "
+        "and 1, one right after the other on the same sentences, several times per beam: the headline ratios.",
+        "- **Target tokens**: generated subword tokens, `</s>` included.",
+        "",
+    ]
+    L += [
+        "## Machine and settings",
+        "",
+        f"- date: {env['date']}, commit `{env['commit']}`",
+        f"- CPU: {env['cpu']}, {env.get('isa', '')}, {env['cores']} cores, {env['memory_gib']} GiB; load average at start "
+        f"{', '.join(f'{x:.1f}' for x in env['load_average'])}",
+        f"- Python {env['python']}; " + ", ".join(f"{k} {v}" for k, v in env["versions"].items() if v),
+        f"- thread budget: {env['thread_budget']} threads for every engine; test set test_2016_flickr "
+        f"(Multi30k), model models/de-en (fp32 weights; int8 = dynamic quantisation at export/load)",
+        f"- sentences per offline engine: {json.dumps(res['plan']['limits'])} (0 = all 1,000)",
+        "",
+    ]
     chk = res.get("ct2_check")
     if chk:
-        L += [f"CTranslate2 conversion check (greedy, token for token against {chk['against']}): "
-              f"**{chk['identical']} / {chk['sentences']} identical**.", ""]
+        L += [
+            f"CTranslate2 conversion check (greedy, token for token against {chk['against']}): "
+            f"**{chk['identical']} / {chk['sentences']} identical**.",
+            "",
+        ]
     for a in res.get("agreement", []):
         if a:
             L.append(f"- agreement {a['a']} vs {a['b']}: {a['identical']} / {a['sentences']} identical")
-    L += ["", "## Offline", "",
-          "| engine | beam | layout (loops x threads) | batch | sentences | sent/s | target tok/s | BLEU | single-sentence p50 ms |",
-          "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    L += [
+        "",
+        "## Offline",
+        "",
+        "| engine | beam | layout (loops x threads) | batch | sentences | sent/s | target tok/s | BLEU | single-sentence p50 ms |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for r in res["offline"]:
         if "error" in r:
             L.append(f"| {r['engine']} | {r['beam']} | {r['workers']} | {r['batch_size']} | failed | | | | |")
             continue
         lat = r.get("latency_single", {}).get("p50_ms", "")
-        L.append(f"| {r['engine']} | {r['beam']} | {r['workers']}x{max(1, r['threads'] // r['workers'])} | "
-                 f"{r['batch_size']} | {r['sentences']} | {r['sentences_per_s']:.1f} | {r['target_tokens_per_s']:.0f} | "
-                 f"{r['bleu']:.2f} | {lat} |")
-    L += ["", "BLEU is sacreBLEU (13a, cased) over the sentences translated; it is comparable between rows only "
-          "when they translated the same sentences.", "",
-          "## Online (mtserve serve on loopback, async gRPC client, one sentence per request)", "",
-          "| beam | API | server flags | concurrency | requests | errors | sent/s | target tok/s | p50 ms | p95 ms | p99 ms "
-          "| BLEU | CPU cores: server / client |",
-          "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+        L.append(
+            f"| {r['engine']} | {r['beam']} | {r['workers']}x{max(1, r['threads'] // r['workers'])} | "
+            f"{r['batch_size']} | {r['sentences']} | {r['sentences_per_s']:.1f} | {r['target_tokens_per_s']:.0f} | "
+            f"{r['bleu']:.2f} | {lat} |"
+        )
+    L += [
+        "",
+        "BLEU is sacreBLEU (13a, cased) over the sentences translated; it is comparable between rows only "
+        "when they translated the same sentences.",
+        "",
+        "## Online (mtserve serve on loopback, async gRPC client, one sentence per request)",
+        "",
+        "| beam | API | server flags | concurrency | requests | errors | sent/s | target tok/s | p50 ms | p95 ms | p99 ms "
+        "| BLEU | CPU cores: server / client |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for r in res.get("online", {}).get("runs", []) + [dict(s, sweep=True) for s in res.get("sweep", [])]:
         flags = " ".join(r["server_args"]) + (" (sweep)" if r.get("sweep") else "")
         for lv in r["levels"]:
-            L.append(f"| {r['beam']} | {r.get('api', 'unary')} | `{flags}` | {lv['concurrency']} | {lv['requests']} | "
-                     f"{sum(lv['errors'].values()) if lv['errors'] else 0} | {lv['sentences_per_s']:.1f} | "
-                     f"{lv['target_tokens_per_s']:.0f} | {lv['p50_ms']:.1f} | {lv['p95_ms']:.1f} | {lv['p99_ms']:.1f} | "
-                     f"{lv['bleu']} | {lv.get('server_cpu_cores', '')} / {lv.get('client_cpu_cores', '')} |")
-    L += ["", f"Server defaults (flags not listed): {res.get('server_defaults', '')}. The load generator runs on "
-          "the same cores as the server; the last column is the CPU each process used during the level.", ""]
+            L.append(
+                f"| {r['beam']} | {r.get('api', 'unary')} | `{flags}` | {lv['concurrency']} | {lv['requests']} | "
+                f"{sum(lv['errors'].values()) if lv['errors'] else 0} | {lv['sentences_per_s']:.1f} | "
+                f"{lv['target_tokens_per_s']:.0f} | {lv['p50_ms']:.1f} | {lv['p95_ms']:.1f} | {lv['p99_ms']:.1f} | "
+                f"{lv['bleu']} | {lv.get('server_cpu_cores', '')} / {lv.get('client_cpu_cores', '')} |"
+            )
+    L += [
+        "",
+        f"Server defaults (flags not listed): {res.get('server_defaults', '')}. The load generator runs on "
+        "the same cores as the server; the last column is the CPU each process used during the level.",
+        "",
+    ]
     if res.get("batcher"):
-        L += ["## The batcher alone (in-process, no gRPC)", "",
-              "`benchmarks/batcher.py`: the server's scheduler and decode workers (default layout) in one process, "
-              "64 sentences in flight, each answer submitting the next test sentence; no RPC, no protobuf, no client "
-              "process. Step figures are from the scheduler's own metrics.", "",
-              "| beam | continuous batching | sentences | sent/s | CPU cores | p50 ms | p99 ms | rows/step | ms/step "
-              "| µs/row-step |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+        L += [
+            "## The batcher alone (in-process, no gRPC)",
+            "",
+            "`benchmarks/batcher.py`: the server's scheduler and decode workers (default layout) in one process, "
+            "64 sentences in flight, each answer submitting the next test sentence; no RPC, no protobuf, no client "
+            "process. Step figures are from the scheduler's own metrics.",
+            "",
+            "| beam | continuous batching | sentences | sent/s | CPU cores | p50 ms | p99 ms | rows/step | ms/step "
+            "| µs/row-step |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        ]
         for r in res["batcher"]:
             if "error" in r:
                 L.append(f"| {r['beam']} | {'on' if r['continuous_batching'] else 'off'} | failed | | | | | | | |")
                 continue
-            L.append(f"| {r['beam']} | {'on' if r['continuous_batching'] else 'off'} | {r['sentences']} | "
-                     f"{r['sentences_per_s']:.1f} | {r['cpu_cores']} | {r['p50_ms']} | {r['p99_ms']} | "
-                     f"{r['rows_per_step']} | {r['ms_per_step']} | {r['us_per_row_step']} |")
-        L += ["", "Where the gap to CTranslate2 is, step by step (best layout or mode of each, sent/s):", "",
-              "| beam | CT2 int8 offline | ORT int8 offline (sorted batches) | batcher c64 (mixed arrivals) | "
-              "service c64 TranslateMany | service c64 Translate (gRPC, client on the same cores) |",
-              "| --- | --- | --- | --- | --- | --- |"]
+            L.append(
+                f"| {r['beam']} | {'on' if r['continuous_batching'] else 'off'} | {r['sentences']} | "
+                f"{r['sentences_per_s']:.1f} | {r['cpu_cores']} | {r['p50_ms']} | {r['p99_ms']} | "
+                f"{r['rows_per_step']} | {r['ms_per_step']} | {r['us_per_row_step']} |"
+            )
+        L += [
+            "",
+            "Where the gap to CTranslate2 is, step by step (best layout or mode of each, sent/s):",
+            "",
+            "| beam | CT2 int8 offline | ORT int8 offline (sorted batches) | batcher c64 (mixed arrivals) | "
+            "service c64 TranslateMany | service c64 Translate (gRPC, client on the same cores) |",
+            "| --- | --- | --- | --- | --- | --- |",
+        ]
         for s in res["summary_by_beam"]:
-            L.append(f"| {s['beam']} | {s['ct2_int8_sentences_per_s']} ({s['ct2_int8_layout']}) | "
-                     f"{s.get('ort_int8_sentences_per_s')} ({s.get('ort_int8_layout')}) | "
-                     f"{s.get('batcher_c64_sentences_per_s')} | {s.get('service_many_c64_sentences_per_s')} | "
-                     f"{s['service_c64_sentences_per_s']} |")
+            L.append(
+                f"| {s['beam']} | {s['ct2_int8_sentences_per_s']} ({s['ct2_int8_layout']}) | "
+                f"{s.get('ort_int8_sentences_per_s')} ({s.get('ort_int8_layout')}) | "
+                f"{s.get('batcher_c64_sentences_per_s')} | {s.get('service_many_c64_sentences_per_s')} | "
+                f"{s['service_c64_sentences_per_s']} |"
+            )
         L.append("")
     if res.get("profile"):
         pr = res["profile"]
-        L += ["## Where the server's time goes", "",
-              f"py-spy, {pr['seconds']} s at concurrency {pr['concurrency']}, beam {pr['beam']}, "
-              f"{pr['samples']} busy samples (all threads):", "",
-              "| bucket | share |", "| --- | --- |"]
+        L += [
+            "## Where the server's time goes",
+            "",
+            f"py-spy, {pr['seconds']} s at concurrency {pr['concurrency']}, beam {pr['beam']}, "
+            f"{pr['samples']} busy samples (all threads):",
+            "",
+            "| bucket | share |",
+            "| --- | --- |",
+        ]
         L += [f"| {k} | {100 * v:.1f}% |" for k, v in pr["share"].items()]
         L.append("")
     pairs = res.get("pairs", [])
     if pairs:
-        L += ["## Headline ratios in interleaved pairs", "",
-              "Each pair runs CTranslate2 int8 offline (its best layout from the offline part; single-sentence latency "
-              "with 1 thread) and the server's default layout at concurrency 64 and 1 on the same sentences, one "
-              "right after the other, alternating which goes first. The targets' ratios are the medians of the "
-              "per-pair ratios.", "",
-              "| beam | pair | service c64 sent/s | CT2 int8 sent/s | ratio | service c1 p50 ms | CT2 single p50 ms | ratio |",
-              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+        L += [
+            "## Headline ratios in interleaved pairs",
+            "",
+            "Each pair runs CTranslate2 int8 offline (its best layout from the offline part; single-sentence latency "
+            "with 1 thread) and the server's default layout at concurrency 64 and 1 on the same sentences, one "
+            "right after the other, alternating which goes first. The targets' ratios are the medians of the "
+            "per-pair ratios.",
+            "",
+            "| beam | pair | service c64 sent/s | CT2 int8 sent/s | ratio | service c1 p50 ms | CT2 single p50 ms | ratio |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        ]
         for r in pairs:
             if "error" in r:
                 L.append(f"| {r['beam']} | {r['pair']} | failed | | | | | |")
                 continue
-            L.append(f"| {r['beam']} | {r['pair']} | {r['service_c64_sentences_per_s']:.1f} | {r['ct2_sentences_per_s']:.1f} | "
-                     f"{r['throughput_ratio']:.3f} | {r['service_c1_p50_ms']:.1f} | {r['ct2_single_p50_ms']:.1f} | "
-                     f"{r['latency_ratio']:.3f} |")
+            L.append(
+                f"| {r['beam']} | {r['pair']} | {r['service_c64_sentences_per_s']:.1f} | {r['ct2_sentences_per_s']:.1f} | "
+                f"{r['throughput_ratio']:.3f} | {r['service_c1_p50_ms']:.1f} | {r['ct2_single_p50_ms']:.1f} | "
+                f"{r['latency_ratio']:.3f} |"
+            )
         L.append("")
-    L += ["## Headline ratios", "", "| beam | service / CT2 int8 (target >= 1.0) | c1 latency / CT2 (target <= 1.5) | "
-          "service / torch eager, batched | service / torch eager, one sentence at a time (target >= 30) | "
-          "best samples: service c64 / CT2 int8 | default layout, main levels / CT2 int8 | TranslateMany c64 / CT2 int8 | "
-          "best samples: service c1 / CT2 single |",
-          "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    L += [
+        "## Headline ratios",
+        "",
+        "| beam | service / CT2 int8 (target >= 1.0) | c1 latency / CT2 (target <= 1.5) | "
+        "service / torch eager, batched | service / torch eager, one sentence at a time (target >= 30) | "
+        "best samples: service c64 / CT2 int8 | default layout, main levels / CT2 int8 | TranslateMany c64 / CT2 int8 | "
+        "best samples: service c1 / CT2 single |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for s in res["summary_by_beam"]:
-        L.append(f"| {s['beam']} | **{s['service_over_ct2_int8']}** | **{s['latency_c1_over_ct2']}** | "
-                 f"{s['service_over_torch_eager']} | **{s.get('service_over_torch_eager_single')}** | "
-                 f"{s['service_c64_sentences_per_s']} / {s['ct2_int8_sentences_per_s']} ({s['ct2_int8_layout']}) "
-                 f"= {s.get('service_best_over_ct2_int8')} | "
-                 f"{s.get('service_default_c64_sentences_per_s')} → {s.get('service_default_over_ct2_int8')} | "
-                 f"{s.get('service_many_over_ct2_int8')} | "
-                 f"{s['service_c1_p50_ms']} / {s['ct2_single_p50_ms']} = {s.get('latency_c1_best_over_ct2')} |")
-    L += ["", "The first two columns are the medians of the interleaved pairs above (for results without pairs, the "
-          "best samples). The textbook-loop ratios divide the pairs' median service throughput (or the best sample) "
-          "by the PyTorch loop without a cache, run over length-sorted batches of 64 (\"batched\") and one sentence "
-          "at a time as the Annotated Transformer does (the issue's ~20 sent/s reference). \"best samples\": the best "
-          "service figure over the online levels and the sweep, against CTranslate2's figures from the offline part "
-          "(minutes apart: on a drifting machine they read high or low). \"TranslateMany\" sends the same sentences "
-          "as items of one stream. Where the time goes and why: [performance.md](performance.md).",
-          "", f"![latency against throughput, beam 4]({plot_name})", ""]
+        L.append(
+            f"| {s['beam']} | **{s['service_over_ct2_int8']}** | **{s['latency_c1_over_ct2']}** | "
+            f"{s['service_over_torch_eager']} | **{s.get('service_over_torch_eager_single')}** | "
+            f"{s['service_c64_sentences_per_s']} / {s['ct2_int8_sentences_per_s']} ({s['ct2_int8_layout']}) "
+            f"= {s.get('service_best_over_ct2_int8')} | "
+            f"{s.get('service_default_c64_sentences_per_s')} → {s.get('service_default_over_ct2_int8')} | "
+            f"{s.get('service_many_over_ct2_int8')} | "
+            f"{s['service_c1_p50_ms']} / {s['ct2_single_p50_ms']} = {s.get('latency_c1_best_over_ct2')} |"
+        )
+    L += [
+        "",
+        "The first two columns are the medians of the interleaved pairs above (for results without pairs, the "
+        "best samples). The textbook-loop ratios divide the pairs' median service throughput (or the best sample) "
+        'by the PyTorch loop without a cache, run over length-sorted batches of 64 ("batched") and one sentence '
+        'at a time as the Annotated Transformer does (the issue\'s ~20 sent/s reference). "best samples": the best '
+        "service figure over the online levels and the sweep, against CTranslate2's figures from the offline part "
+        '(minutes apart: on a drifting machine they read high or low). "TranslateMany" sends the same sentences '
+        "as items of one stream. Where the time goes and why: [performance.md](performance.md).",
+        "",
+        f"![latency against throughput, beam 4]({plot_name})",
+        "",
+    ]
     for b in res["plan"]["online_beams"][:-1]:
         L += [f"![latency against throughput, beam {b}]({Path(plot_name).stem}-beam{b}.png)", ""]
     path.write_text("\n".join(L))
@@ -637,8 +894,11 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true", help="also profile the server with py-spy at concurrency 64")
     ap.add_argument("--docs", action="store_true", help="write docs/benchmarks.md and .png even for --quick")
     ap.add_argument("--note", default="", help="a line for the top of the report (e.g. the machine was busy)")
-    ap.add_argument("--report", metavar="RESULTS_JSON",
-                    help="only write the report and plot again from an earlier results file (with --docs: to docs/)")
+    ap.add_argument(
+        "--report",
+        metavar="RESULTS_JSON",
+        help="only write the report and plot again from an earlier results file (with --docs: to docs/)",
+    )
     args = ap.parse_args()
     if args.report:
         res = json.loads(Path(args.report).read_text())
@@ -657,14 +917,21 @@ def main() -> None:
     model = str((REPO / args.model).resolve()) if not Path(args.model).is_absolute() else args.model
     if not (Path(model) / "onnx" / "manifest.json").exists():
         log("exporting the ONNX graphs first (mtserve export --precision all)")
-        subprocess.run([sys.executable, "-m", "service.cli", "export", "--model", model, "--precision", "all"],
-                       check=True, cwd=REPO)
+        subprocess.run(
+            [sys.executable, "-m", "mtserve", "export", "--model", model, "--precision", "all"], check=True, cwd=REPO
+        )
 
     from export.data import DEFAULT_DATA_DIR, read_parallel
 
     texts, refs = read_parallel(DEFAULT_DATA_DIR, "test_2016_flickr")
-    res: dict = {"mode": mode, "note": args.note, "environment": environment(args.threads),
-                 "plan": {k: v for k, v in p.items()}, "offline": [], "agreement": []}
+    res: dict = {
+        "mode": mode,
+        "note": args.note,
+        "environment": environment(args.threads),
+        "plan": dict(p),
+        "offline": [],
+        "agreement": [],
+    }
     limit = p["limits"]["default"]
     log(f"CTranslate2 conversion check on {limit or 'all'} sentences")
     res["ct2_check"] = ct2_greedy_check(model, limit)
@@ -675,10 +942,12 @@ def main() -> None:
             log("offline")
             res["offline"], hyps = run_offline(p, args.threads, model, Path(tmp))
             for beam in p["beams"]:
-                res["agreement"] += [agreement(hyps, ("ct2-float32", beam), ("ort-fp32", beam)),
-                                     agreement(hyps, ("ort-fp32", beam), ("torch-cache", beam)),
-                                     agreement(hyps, ("torch-eager", beam), ("torch-cache", beam)),
-                                     agreement(hyps, ("ct2-int8", beam), ("ort-int8", beam))]
+                res["agreement"] += [
+                    agreement(hyps, ("ct2-float32", beam), ("ort-fp32", beam)),
+                    agreement(hyps, ("ort-fp32", beam), ("torch-cache", beam)),
+                    agreement(hyps, ("torch-eager", beam), ("torch-cache", beam)),
+                    agreement(hyps, ("ct2-int8", beam), ("ort-int8", beam)),
+                ]
     if "online" not in skip:
         res["online"] = run_online(p, model, texts, refs)
     if "batcher" not in skip:
@@ -715,18 +984,43 @@ def main() -> None:
         log("matplotlib missing: no plot (pip install -e '.[bench]')")
     write_markdown(res, md, png.name)
     log(f"wrote {RESULTS / f'{mode}-{stamp}.json'}, {md}, {png} in {res['seconds']} s")
-    keys = ("service_over_ct2_int8", "latency_c1_over_ct2", "service_over_torch_eager", "service_over_torch_eager_single",
-            "service_many_over_ct2_int8", "service_default_over_ct2_int8", "service_best_over_ct2_int8",
-            "latency_c1_best_over_ct2", "pairs", "pairs_service_c64_sentences_per_s", "pairs_ct2_int8_sentences_per_s",
-            "pairs_service_c1_p50_ms", "pairs_ct2_single_p50_ms", "service_c64_sentences_per_s",
-            "service_default_c64_sentences_per_s", "service_many_c64_sentences_per_s", "ct2_int8_sentences_per_s",
-            "service_c1_p50_ms", "ct2_single_p50_ms", "torch_eager_sentences_per_s", "torch_eager_single_sentences_per_s")
+    keys = (
+        "service_over_ct2_int8",
+        "latency_c1_over_ct2",
+        "service_over_torch_eager",
+        "service_over_torch_eager_single",
+        "service_many_over_ct2_int8",
+        "service_default_over_ct2_int8",
+        "service_best_over_ct2_int8",
+        "latency_c1_best_over_ct2",
+        "pairs",
+        "pairs_service_c64_sentences_per_s",
+        "pairs_ct2_int8_sentences_per_s",
+        "pairs_service_c1_p50_ms",
+        "pairs_ct2_single_p50_ms",
+        "service_c64_sentences_per_s",
+        "service_default_c64_sentences_per_s",
+        "service_many_c64_sentences_per_s",
+        "ct2_int8_sentences_per_s",
+        "service_c1_p50_ms",
+        "ct2_single_p50_ms",
+        "torch_eager_sentences_per_s",
+        "torch_eager_single_sentences_per_s",
+    )
     head = next(s for s in res["summary_by_beam"] if s["beam"] == head_beam)
-    print(json.dumps({"mode": mode, "beam": head_beam, **{k: head[k] for k in keys},
-                      "by_beam": {str(s["beam"]): {k: s[k] for k in keys[:8]} for s in res["summary_by_beam"]},
-                      "ct2_greedy_identical": f"{res['ct2_check']['identical']}/{res['ct2_check']['sentences']}",
-                      # offline sentences per engine (0 = all 1,000): quick-mode ratios come from subsets
-                      "offline_sentences": p["limits"]}))
+    print(
+        json.dumps(
+            {
+                "mode": mode,
+                "beam": head_beam,
+                **{k: head[k] for k in keys},
+                "by_beam": {str(s["beam"]): {k: s[k] for k in keys[:8]} for s in res["summary_by_beam"]},
+                "ct2_greedy_identical": f"{res['ct2_check']['identical']}/{res['ct2_check']['sentences']}",
+                # offline sentences per engine (0 = all 1,000): quick-mode ratios come from subsets
+                "offline_sentences": p["limits"],
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

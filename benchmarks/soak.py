@@ -44,17 +44,21 @@ import grpc
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from benchmarks.online import Server, free_port, percentile  # noqa: E402
-from service.api.mtserve.v1 import translation_pb2 as pb  # noqa: E402
-from service.api.mtserve.v1 import translation_pb2_grpc as pb_grpc  # noqa: E402
+from benchmarks.online import Server, free_port, percentile
+from service.api.mtserve.v1 import translation_pb2 as pb
+from service.api.mtserve.v1 import translation_pb2_grpc as pb_grpc
 
 SENTENCES = [
-    "Ein Hund.", "Ein Kind lacht.", "Zwei Männer sitzen auf einer Bank.", "Ein Hund rennt durch den Schnee.",
+    "Ein Hund.",
+    "Ein Kind lacht.",
+    "Zwei Männer sitzen auf einer Bank.",
+    "Ein Hund rennt durch den Schnee.",
     "Eine Frau mit einem roten Hut spielt Gitarre auf der Straße.",
     "Ein kleines Mädchen in einem rosa Kleid klettert auf ein Klettergerüst auf einem Spielplatz.",
     "Mehrere Männer in orangefarbenen Westen arbeiten an einer Straße, während ein Bus vorbeifährt.",
     "Eine Gruppe von Menschen steht vor einem Gebäude und wartet auf den Beginn einer Veranstaltung.",
-    "Ein Mann fährt Fahrrad.", "Leute am Strand.",
+    "Ein Mann fährt Fahrrad.",
+    "Leute am Strand.",
     "Ein älterer Mann mit Brille liest in einem Café eine Zeitung, während draußen die Sonne scheint "
     "und Kinder auf dem Platz Fußball spielen.",
 ]
@@ -84,8 +88,12 @@ def percentiles(xs: list[float]) -> dict[str, float]:
     if not xs:
         return {}
     s = sorted(xs)
-    return {"p50": round(percentile(s, 0.5), 4), "p99": round(percentile(s, 0.99), 4), "max": round(s[-1], 4),
-            "n": len(s)}
+    return {
+        "p50": round(percentile(s, 0.5), 4),
+        "p99": round(percentile(s, 0.99), 4),
+        "max": round(s[-1], 4),
+        "n": len(s),
+    }
 
 
 class ServerProcess(Server):
@@ -93,8 +101,16 @@ class ServerProcess(Server):
 
     def __init__(self, args, extra: list[str]):
         self.metrics_port = free_port()
-        flags = ["--metrics-port", str(self.metrics_port), "--metrics-address", "127.0.0.1",
-                 "--grace-period-s", str(args.grace_period_s), "--log-level", "info"]
+        flags = [
+            "--metrics-port",
+            str(self.metrics_port),
+            "--metrics-address",
+            "127.0.0.1",
+            "--grace-period-s",
+            str(args.grace_period_s),
+            "--log-level",
+            "info",
+        ]
         if args.onnx_dir:
             flags += ["--onnx-dir", str(args.onnx_dir)]
         super().__init__(args.model_dir or REPO / "models" / "de-en", flags + extra, log_prefix="mtserve-soak-")
@@ -127,7 +143,10 @@ async def one_request(stub, rng: random.Random, sentences: list[str], counts: Co
     r = rng.random()
     beam = rng.choice([1, 1, 2, 4])
     opts = pb.TranslationOptions(beam_size=beam)
-    pick = lambda: rng.choice(sentences) if rng.random() < 0.8 else " ".join(rng.sample(sentences, 2))  # noqa: E731
+
+    def pick() -> str:
+        return rng.choice(sentences) if rng.random() < 0.8 else " ".join(rng.sample(sentences, 2))
+
     cancel_after = rng.uniform(0.0, 0.5) if rng.random() < 0.10 else None
     tight = cancel_after is None and rng.random() < 0.15 / 0.9
     timeout = rng.uniform(0.02, 0.5) if tight else 60.0
@@ -136,8 +155,10 @@ async def one_request(stub, rng: random.Random, sentences: list[str], counts: Co
         kind, call = "translate", stub.Translate(pb.TranslateRequest(texts=texts, options=opts), timeout=timeout)
     elif r < 0.85:
         texts = [pick()]
-        kind, call = "stream", stub.TranslateStream(pb.TranslateStreamRequest(text=texts[0], options=opts),
-                                                    timeout=timeout)
+        kind, call = (
+            "stream",
+            stub.TranslateStream(pb.TranslateStreamRequest(text=texts[0], options=opts), timeout=timeout),
+        )
     else:
         texts = [pick() for _ in range(rng.randint(1, 4))]
         kind, call = "encode", stub.Encode(pb.EncodeRequest(texts=texts), timeout=timeout)
@@ -219,18 +240,33 @@ async def soak(args, server: ServerProcess) -> dict:
     growth = (rss["final"] - rss["baseline"]) / rss["baseline"]
     unexpected = {k: v for k, v in counts.items() if k.startswith("unexpected:")}
     return {
-        "scenario": "soak", "duration_s": round(elapsed, 1), "warmup_s": warmup, "concurrency": args.concurrency,
-        "sent": counts["sent"], "answered": counts["answered"], "ok": counts["ok"], "cancelled": counts["cancelled"],
-        "deadline_exceeded": counts["deadline_exceeded"], "unexpected": sum(unexpected.values()),
-        "unexpected_by_code": unexpected, "requests_per_s": round(counts["sent"] / elapsed, 1),
+        "scenario": "soak",
+        "duration_s": round(elapsed, 1),
+        "warmup_s": warmup,
+        "concurrency": args.concurrency,
+        "sent": counts["sent"],
+        "answered": counts["answered"],
+        "ok": counts["ok"],
+        "cancelled": counts["cancelled"],
+        "deadline_exceeded": counts["deadline_exceeded"],
+        "unexpected": sum(unexpected.values()),
+        "unexpected_by_code": unexpected,
+        "requests_per_s": round(counts["sent"] / elapsed, 1),
         "latency_ok_s": {k: percentiles(v) for k, v in latencies.items()},
-        "rss_mib": {**{k: round(v / 2**20, 1) for k, v in rss.items()},
-                    "max_after_warmup": round(max(after) / 2**20, 1)},
+        "rss_mib": {
+            **{k: round(v / 2**20, 1) for k, v in rss.items()},
+            "max_after_warmup": round(max(after) / 2**20, 1),
+        },
         "rss_growth_after_warmup": round(growth, 4),
-        "queue_depth_after": m["queue_depth"], "in_flight_after": m["in_flight"],
-        "checks": {"no_unexpected": not unexpected, "none_lost": counts["sent"] == counts["answered"],
-                   "rss_growth_ok": growth < args.max_rss_growth, "queue_empty": m["queue_depth"] == 0,
-                   "some_ok": counts["ok"] > 0},
+        "queue_depth_after": m["queue_depth"],
+        "in_flight_after": m["in_flight"],
+        "checks": {
+            "no_unexpected": not unexpected,
+            "none_lost": counts["sent"] == counts["answered"],
+            "rss_growth_ok": growth < args.max_rss_growth,
+            "queue_empty": m["queue_depth"] == 0,
+            "some_ok": counts["ok"] > 0,
+        },
     }
 
 
@@ -246,9 +282,12 @@ async def overload(args, server: ServerProcess) -> dict:
         t0 = time.perf_counter()
         counts["sent"] += 1
         try:
-            resp = await stub.Translate(pb.TranslateRequest(texts=[sentences[i % len(sentences)]],
-                                                            options=pb.TranslationOptions(beam_size=args.beam)),
-                                     timeout=120)
+            resp = await stub.Translate(
+                pb.TranslateRequest(
+                    texts=[sentences[i % len(sentences)]], options=pb.TranslationOptions(beam_size=args.beam)
+                ),
+                timeout=120,
+            )
             key = "ok" if len(resp.translations) == 1 else "unexpected:BAD_RESPONSE"
         except grpc.aio.AioRpcError as e:
             key = "refused" if e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED else f"unexpected:{e.code().name}"
@@ -266,15 +305,27 @@ async def overload(args, server: ServerProcess) -> dict:
     m = scrape(server.metrics_port)
     unexpected = {k: v for k, v in counts.items() if k.startswith("unexpected:")}
     return {
-        "scenario": "overload", "clients": args.clients, "rounds": args.rounds, "beam": args.beam,
+        "scenario": "overload",
+        "clients": args.clients,
+        "rounds": args.rounds,
+        "beam": args.beam,
         "duration_s": round(time.perf_counter() - start, 1),
-        "sent": counts["sent"], "answered": counts["answered"], "ok": counts["ok"], "refused": counts["refused"],
-        "unexpected": sum(unexpected.values()), "unexpected_by_code": unexpected,
-        "latency_refused_s": percentiles(lat["refused"]), "latency_ok_s": percentiles(lat["ok"]),
+        "sent": counts["sent"],
+        "answered": counts["answered"],
+        "ok": counts["ok"],
+        "refused": counts["refused"],
+        "unexpected": sum(unexpected.values()),
+        "unexpected_by_code": unexpected,
+        "latency_refused_s": percentiles(lat["refused"]),
+        "latency_ok_s": percentiles(lat["ok"]),
         "queue_depth_after": m["queue_depth"],
-        "checks": {"no_unexpected": not unexpected, "none_lost": counts["sent"] == counts["answered"],
-                   "excess_refused": counts["refused"] > 0, "some_ok": counts["ok"] > 0,
-                   "queue_empty": m["queue_depth"] == 0},
+        "checks": {
+            "no_unexpected": not unexpected,
+            "none_lost": counts["sent"] == counts["answered"],
+            "excess_refused": counts["refused"] > 0,
+            "some_ok": counts["ok"] > 0,
+            "queue_empty": m["queue_depth"] == 0,
+        },
     }
 
 
@@ -295,8 +346,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--grace-period-s", type=float, default=30.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", help="also write the report here")
-    p.add_argument("--server-arg", action="append", default=[],
-                   help="extra `mtserve serve` argument, e.g. --server-arg=--decode-workers=2 (repeatable)")
+    p.add_argument(
+        "--server-arg",
+        action="append",
+        default=[],
+        help="extra `mtserve serve` argument, e.g. --server-arg=--decode-workers=2 (repeatable)",
+    )
     args = p.parse_args(argv)
     extra = list(args.server_arg)
     if args.scenario == "overload":

@@ -14,8 +14,9 @@ from export.model import ModelConfig, Transformer
 WEIGHTS, CONFIG, TOKENIZER = "model.safetensors", "config.json", "tokenizer.json"
 
 
-def save_model_dir(model: Transformer, out_dir: str | Path, tokenizer_path: str | Path | None = None,
-                   extra: dict | None = None) -> Path:
+def save_model_dir(
+    model: Transformer, out_dir: str | Path, tokenizer_path: str | Path | None = None, extra: dict | None = None
+) -> Path:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     # The shared embedding is stored once; safetensors refuses aliased tensors.

@@ -9,8 +9,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 # ../shared/data/multi30k beside the checkout, unless MTSERVE_DATA_DIR says otherwise
-DEFAULT_DATA_DIR = Path(os.environ.get("MTSERVE_DATA_DIR")
-                        or Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "multi30k")
+DEFAULT_DATA_DIR = Path(
+    os.environ.get("MTSERVE_DATA_DIR") or Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "multi30k"
+)
 
 
 def split_path(data_dir: str | Path, split: str, lang: str) -> Path:

@@ -59,8 +59,9 @@ def _empty_cache(model: Transformer, B: int, device) -> list[tuple[torch.Tensor,
 
 
 @torch.no_grad()
-def greedy_search(model: Transformer, src: list[list[int]], a: float = 1.5, b: int = 10,
-                  use_cache: bool = True) -> list[Hypothesis]:
+def greedy_search(
+    model: Transformer, src: list[list[int]], a: float = 1.5, b: int = 10, use_cache: bool = True
+) -> list[Hypothesis]:
     """src: source ids each ending with </s>."""
     cfg, device = model.cfg, next(model.parameters()).device
     src_ids, src_mask = pad_batch(src, cfg.pad_id, device)
@@ -107,8 +108,15 @@ def _eos_only(lp: torch.Tensor, eos_id: int) -> torch.Tensor:
 
 
 @torch.no_grad()
-def beam_search(model: Transformer, src: list[list[int]], beam: int = 4, length_penalty: float = 1.0,
-                a: float = 1.5, b: int = 10, use_cache: bool = True) -> list[Hypothesis]:
+def beam_search(
+    model: Transformer,
+    src: list[list[int]],
+    beam: int = 4,
+    length_penalty: float = 1.0,
+    a: float = 1.5,
+    b: int = 10,
+    use_cache: bool = True,
+) -> list[Hypothesis]:
     if beam == 1:
         return greedy_search(model, src, a, b, use_cache)
     cfg, device = model.cfg, next(model.parameters()).device
@@ -176,7 +184,9 @@ def beam_search(model: Transformer, src: list[list[int]], beam: int = 4, length_
         scores = new_scores
         history = torch.cat([history[rows], new_tok.view(-1, 1)], dim=1)
         if use_cache:
-            past = [(torch.cat([pk[rows], k[rows]], 2), torch.cat([pv[rows], v[rows]], 2))
-                    for (pk, pv), (k, v) in zip(past, new_kv)]
+            past = [
+                (torch.cat([pk[rows], k[rows]], 2), torch.cat([pv[rows], v[rows]], 2))
+                for (pk, pv), (k, v) in zip(past, new_kv)
+            ]
             tokens = new_tok.view(-1, 1)
     return [max(f, key=lambda h: h.score) for f in finished]

@@ -54,7 +54,7 @@ class ModelConfig:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "ModelConfig":
+    def from_dict(cls, d: dict) -> ModelConfig:
         names = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in names})
 
@@ -313,8 +313,9 @@ class Transformer(nn.Module):
         Returns log-probabilities (B, vocab), this step's (k, v) per layer, each (B, H, 1, d_k),
         and, when asked, the last layer's cross-attention weights (B, S).
         """
-        h, new_kv, weights = self.decode_step_hidden(tokens, positions, past_kv, past_mask, cross_kv, src_mask,
-                                                     need_weights)
+        h, new_kv, weights = self.decode_step_hidden(
+            tokens, positions, past_kv, past_mask, cross_kv, src_mask, need_weights
+        )
         log_probs = torch.log_softmax(self.logits(h).float(), dim=-1)  # (B, vocab)
         return log_probs, new_kv, weights
 

@@ -55,9 +55,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from export.checkpoint import CONFIG, TOKENIZER, WEIGHTS, load_model
-from export.model import ModelConfig, Transformer
-from service.manifest import (
+from contract.manifest import (
     MANIFEST,
     PRECISIONS,
     Dims,
@@ -73,6 +71,8 @@ from service.manifest import (
     sha256_file,
     write_manifest,
 )
+from export.checkpoint import CONFIG, TOKENIZER, WEIGHTS, load_model
+from export.model import ModelConfig, Transformer
 
 log = logging.getLogger("mtserve.export")
 
@@ -87,12 +87,16 @@ FP32_TOLERANCE = 1e-4
 
 def encoder_io(cfg: ModelConfig) -> tuple[list[TensorSpec], list[TensorSpec]]:
     kv = ["batch", cfg.n_heads, "src_len", cfg.d_k]
-    inputs = [TensorSpec(name="src_ids", dtype="int64", shape=["batch", "src_len"]),
-              TensorSpec(name="src_mask", dtype="int64", shape=["batch", "src_len"])]
+    inputs = [
+        TensorSpec(name="src_ids", dtype="int64", shape=["batch", "src_len"]),
+        TensorSpec(name="src_mask", dtype="int64", shape=["batch", "src_len"]),
+    ]
     outputs = [TensorSpec(name="memory", dtype="float32", shape=["batch", "src_len", cfg.d_model])]
     for i in range(cfg.n_decoder_layers):
-        outputs += [TensorSpec(name=f"cross_key_{i}", dtype="float32", shape=kv),
-                    TensorSpec(name=f"cross_value_{i}", dtype="float32", shape=kv)]
+        outputs += [
+            TensorSpec(name=f"cross_key_{i}", dtype="float32", shape=kv),
+            TensorSpec(name=f"cross_value_{i}", dtype="float32", shape=kv),
+        ]
     return inputs, outputs
 
 
@@ -100,25 +104,35 @@ def decoder_io(cfg: ModelConfig) -> tuple[list[TensorSpec], list[TensorSpec]]:
     L, H, dk = cfg.n_decoder_layers, cfg.n_heads, cfg.d_k
     past = ["batch", H, "past_len", dk]
     cross = ["sentences", H, "src_len", dk]  # once per sentence; its beams are consecutive rows
-    inputs = [TensorSpec(name="tokens", dtype="int64", shape=["batch", 1]),
-              TensorSpec(name="positions", dtype="int64", shape=["batch"])]
+    inputs = [
+        TensorSpec(name="tokens", dtype="int64", shape=["batch", 1]),
+        TensorSpec(name="positions", dtype="int64", shape=["batch"]),
+    ]
     for i in range(L):
-        inputs += [TensorSpec(name=f"past_key_{i}", dtype="float32", shape=past),
-                   TensorSpec(name=f"past_value_{i}", dtype="float32", shape=past)]
+        inputs += [
+            TensorSpec(name=f"past_key_{i}", dtype="float32", shape=past),
+            TensorSpec(name=f"past_value_{i}", dtype="float32", shape=past),
+        ]
     inputs.append(TensorSpec(name="past_mask", dtype="float32", shape=["batch", "past_len"]))
     for i in range(L):
-        inputs += [TensorSpec(name=f"cross_key_{i}", dtype="float32", shape=cross),
-                   TensorSpec(name=f"cross_value_{i}", dtype="float32", shape=cross)]
+        inputs += [
+            TensorSpec(name=f"cross_key_{i}", dtype="float32", shape=cross),
+            TensorSpec(name=f"cross_value_{i}", dtype="float32", shape=cross),
+        ]
     inputs.append(TensorSpec(name="src_mask", dtype="int64", shape=["sentences", "src_len"]))
     inputs.append(TensorSpec(name="top_k", dtype="int64", shape=[1]))
-    outputs = [TensorSpec(name="log_probs", dtype="float32", shape=["batch", cfg.vocab_size]),
-               TensorSpec(name="top_log_probs", dtype="float32", shape=["batch", "top_k"]),
-               TensorSpec(name="top_ids", dtype="int64", shape=["batch", "top_k"]),
-               TensorSpec(name="eos_log_prob", dtype="float32", shape=["batch"])]
+    outputs = [
+        TensorSpec(name="log_probs", dtype="float32", shape=["batch", cfg.vocab_size]),
+        TensorSpec(name="top_log_probs", dtype="float32", shape=["batch", "top_k"]),
+        TensorSpec(name="top_ids", dtype="int64", shape=["batch", "top_k"]),
+        TensorSpec(name="eos_log_prob", dtype="float32", shape=["batch"]),
+    ]
     present = ["batch", H, "present_len", dk]
     for i in range(L):
-        outputs += [TensorSpec(name=f"present_key_{i}", dtype="float32", shape=present),
-                    TensorSpec(name=f"present_value_{i}", dtype="float32", shape=present)]
+        outputs += [
+            TensorSpec(name=f"present_key_{i}", dtype="float32", shape=present),
+            TensorSpec(name=f"present_value_{i}", dtype="float32", shape=present),
+        ]
     outputs.append(TensorSpec(name="cross_attention", dtype="float32", shape=["batch", "src_len"]))
     return inputs, outputs
 
@@ -163,8 +177,9 @@ class DecoderStepGraph(nn.Module):
         L = len(self.model.decoder_layers)
         past_kv = [(past[2 * i], past[2 * i + 1]) for i in range(L)]
         cross_kv = [(cross[2 * i], cross[2 * i + 1]) for i in range(L)]
-        h, new_kv, weights = self.model.decode_step_hidden(tokens, positions, past_kv, past_mask, cross_kv,
-                                                           src_mask, need_weights=True)  # h: (B, d_model)
+        h, new_kv, weights = self.model.decode_step_hidden(
+            tokens, positions, past_kv, past_mask, cross_kv, src_mask, need_weights=True
+        )  # h: (B, d_model)
         log_probs = torch.log_softmax(torch.matmul(h, self.out_proj).float(), dim=-1)  # (B, V)
         out = [log_probs]
         for (pk, pv), (k, v) in zip(past_kv, new_kv):  # the attention's own concatenation (ORT's CSE merges them)
@@ -194,11 +209,22 @@ def add_search_outputs(path: Path, cfg: ModelConfig) -> None:
     g = model.graph
     g.input.append(value_info(SEARCH_INPUT))
     g.initializer.append(helper.make_tensor("search_eos_id", TensorProto.INT64, [], [cfg.eos_id]))
-    g.node.extend([
-        helper.make_node("TopK", ["log_probs", "top_k"], ["top_log_probs", "top_ids"], name="search_top_k",
-                         axis=-1, largest=1, sorted=1),
-        helper.make_node("Gather", ["log_probs", "search_eos_id"], ["eos_log_prob"], name="search_eos_log_prob", axis=1),
-    ])
+    g.node.extend(
+        [
+            helper.make_node(
+                "TopK",
+                ["log_probs", "top_k"],
+                ["top_log_probs", "top_ids"],
+                name="search_top_k",
+                axis=-1,
+                largest=1,
+                sorted=1,
+            ),
+            helper.make_node(
+                "Gather", ["log_probs", "search_eos_id"], ["eos_log_prob"], name="search_eos_log_prob", axis=1
+            ),
+        ]
+    )
     exported = {o.name: o for o in g.output}
     del g.output[:]
     g.output.extend(exported[t.name] if t.name in exported else value_info(t.name) for t in specs_out)
@@ -213,7 +239,7 @@ def example_inputs(cfg: ModelConfig, B: int = 3, S: int = 5, P: int = 4, seed: i
     g = torch.Generator().manual_seed(seed)
     src_ids = torch.randint(4, cfg.vocab_size, (B, S), generator=g)
     src_mask = torch.ones(B, S, dtype=torch.long)
-    src_mask[1, S - 2:] = 0
+    src_mask[1, S - 2 :] = 0
     src_ids[src_mask == 0] = cfg.pad_id
     H, dk, L = cfg.n_heads, cfg.d_k, cfg.n_decoder_layers
     R = B * K
@@ -230,8 +256,15 @@ def _dynamic_axes(specs: list[TensorSpec]) -> dict[str, dict[int, str]]:
     return {t.name: {i: d for i, d in enumerate(t.shape) if isinstance(d, str)} for t in specs}
 
 
-def _export_graph(module: nn.Module, args: tuple, inputs: list[TensorSpec], outputs: list[TensorSpec],
-                  path: Path, exporter: str, dynamic_shapes=None) -> None:
+def _export_graph(
+    module: nn.Module,
+    args: tuple,
+    inputs: list[TensorSpec],
+    outputs: list[TensorSpec],
+    path: Path,
+    exporter: str,
+    dynamic_shapes=None,
+) -> None:
     names_in, names_out = [t.name for t in inputs], [t.name for t in outputs]
     torch_onnx_log = logging.getLogger("torch.onnx")
     level = torch_onnx_log.level
@@ -240,13 +273,31 @@ def _export_graph(module: nn.Module, args: tuple, inputs: list[TensorSpec], outp
         with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
             warnings.simplefilter("ignore")
             if exporter == "dynamo":
-                torch.onnx.export(module, args, str(path), input_names=names_in, output_names=names_out,
-                                  opset_version=OPSET, dynamo=True, dynamic_shapes=dynamic_shapes,
-                                  external_data=False, optimize=True, verbose=False)
+                torch.onnx.export(
+                    module,
+                    args,
+                    str(path),
+                    input_names=names_in,
+                    output_names=names_out,
+                    opset_version=OPSET,
+                    dynamo=True,
+                    dynamic_shapes=dynamic_shapes,
+                    external_data=False,
+                    optimize=True,
+                    verbose=False,
+                )
             elif exporter == "torchscript":
-                torch.onnx.export(module, args, str(path), input_names=names_in, output_names=names_out,
-                                  opset_version=OPSET, dynamo=False, do_constant_folding=True,
-                                  dynamic_axes=_dynamic_axes(inputs + outputs))
+                torch.onnx.export(
+                    module,
+                    args,
+                    str(path),
+                    input_names=names_in,
+                    output_names=names_out,
+                    opset_version=OPSET,
+                    dynamo=False,
+                    do_constant_folding=True,
+                    dynamic_axes=_dynamic_axes(inputs + outputs),
+                )
             else:
                 raise ValueError(f"unknown exporter {exporter!r}; choose from {EXPORTERS}")
     finally:
@@ -266,14 +317,26 @@ def export_raw(model: Transformer, out_dir: Path, exporter: str = "dynamo") -> t
         batch, sentences, src_len, past_len = Dim("batch"), Dim("sentences"), Dim("src_len"), Dim("past_len")
         enc_ds = ({0: batch, 1: src_len}, {0: batch, 1: src_len})
         L = cfg.n_decoder_layers
-        dec_ds = ({0: batch}, {0: batch}, tuple({0: batch, 2: past_len} for _ in range(2 * L)),
-                  {0: batch, 1: past_len}, tuple({0: sentences, 2: src_len} for _ in range(2 * L)),
-                  {0: sentences, 1: src_len})
+        dec_ds = (
+            {0: batch},
+            {0: batch},
+            tuple({0: batch, 2: past_len} for _ in range(2 * L)),
+            {0: batch, 1: past_len},
+            tuple({0: sentences, 2: src_len} for _ in range(2 * L)),
+            {0: sentences, 1: src_len},
+        )
     with torch.no_grad():
         _export_graph(EncoderGraph(model), enc_args, *encoder_io(cfg), enc_path, exporter, enc_ds)
         dec_in, dec_out = decoder_io(cfg)
-        _export_graph(DecoderStepGraph(model), dec_args, [t for t in dec_in if t.name != SEARCH_INPUT],
-                      [t for t in dec_out if t.name not in SEARCH_OUTPUTS], dec_path, exporter, dec_ds)
+        _export_graph(
+            DecoderStepGraph(model),
+            dec_args,
+            [t for t in dec_in if t.name != SEARCH_INPUT],
+            [t for t in dec_out if t.name not in SEARCH_OUTPUTS],
+            dec_path,
+            exporter,
+            dec_ds,
+        )
     add_search_outputs(dec_path, cfg)
     return enc_path, dec_path
 
@@ -309,8 +372,14 @@ def quantize_int8(src: Path, dst: Path) -> None:
     level = root.level
     root.setLevel(max(level, logging.ERROR))  # quantize_dynamic logs "please run pre-processing" hints
     try:
-        quantize_dynamic(str(src), str(dst), op_types_to_quantize=["MatMul"], weight_type=QuantType.QInt8,
-                         per_channel=True, reduce_range=False)
+        quantize_dynamic(
+            str(src),
+            str(dst),
+            op_types_to_quantize=["MatMul"],
+            weight_type=QuantType.QInt8,
+            per_channel=True,
+            reduce_range=False,
+        )
     finally:
         root.setLevel(level)
 
@@ -322,8 +391,9 @@ def convert_fp16(src: Path, dst: Path) -> None:
     model = onnx.load(str(src))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "the value is out of fp16 range, clamped" on -inf-free graphs
-        model = convert_float_to_float16(model, keep_io_types=True,
-                                         op_block_list=DEFAULT_OP_BLOCK_LIST + ["Softmax", "LogSoftmax"])
+        model = convert_float_to_float16(
+            model, keep_io_types=True, op_block_list=DEFAULT_OP_BLOCK_LIST + ["Softmax", "LogSoftmax"]
+        )
     _toposort(model.graph)
     for node in model.graph.node:  # the exporter's per-node stack traces: not needed in what ships
         del node.metadata_props[:]
@@ -357,11 +427,18 @@ def _toposort(graph) -> None:
 VARIANT_RECIPES = {
     # precision: (target EP, ORT optimisation level baked in, notes)
     "fp32": ("cpu", "extended", "reference precision"),
-    "int8": ("cpu", "extended", "dynamic quantisation of the MatMul weights (int8 per output channel), "
-                                "uint8 activations quantised at run time"),
-    "fp16": ("cuda", "extended", "fp16 weights and activations for CUDA; softmax and log-softmax in fp32; "
-                                 "fp32 graph inputs/outputs; runs on the CPU EP too (slowly, through casts "
-                                 "that ORT inserts at load time)"),
+    "int8": (
+        "cpu",
+        "extended",
+        "dynamic quantisation of the MatMul weights (int8 per output channel), uint8 activations quantised at run time",
+    ),
+    "fp16": (
+        "cuda",
+        "extended",
+        "fp16 weights and activations for CUDA; softmax and log-softmax in fp32; "
+        "fp32 graph inputs/outputs; runs on the CPU EP too (slowly, through casts "
+        "that ORT inserts at load time)",
+    ),
 }
 
 
@@ -406,8 +483,11 @@ def build_variant(precision: str, raw_enc: Path, raw_dec: Path, work: Path) -> t
 def _elem_type_name(t: int) -> str:
     import onnx
 
-    return {onnx.TensorProto.INT64: "int64", onnx.TensorProto.FLOAT: "float32",
-            onnx.TensorProto.FLOAT16: "float16"}.get(t, str(t))
+    return {
+        onnx.TensorProto.INT64: "int64",
+        onnx.TensorProto.FLOAT: "float32",
+        onnx.TensorProto.FLOAT16: "float16",
+    }.get(t, str(t))
 
 
 def check_graph(path: Path, inputs: list[TensorSpec], outputs: list[TensorSpec]) -> None:
@@ -459,18 +539,34 @@ def parity_check(model: Transformer, enc_path: Path, dec_path: Path, seed: int =
         for P, n in ((0, B), (3, B // 2)):  # the second step: n sentences of B // n beams each
             tokens = torch.randint(4, cfg.vocab_size, (B, 1), generator=g)
             positions = torch.full((B,), P, dtype=torch.long)
-            past = [(torch.randn(B, cfg.n_heads, P, cfg.d_k, generator=g),
-                     torch.randn(B, cfg.n_heads, P, cfg.d_k, generator=g)) for _ in range(L)]
+            past = [
+                (
+                    torch.randn(B, cfg.n_heads, P, cfg.d_k, generator=g),
+                    torch.randn(B, cfg.n_heads, P, cfg.d_k, generator=g),
+                )
+                for _ in range(L)
+            ]
             past_mask = torch.ones(B, P)
             if P:
                 past_mask[1, 1:] = 0
             # The reference repeats each sentence's keys/values for its rows (no folding involved).
             rep = torch.arange(n).repeat_interleave(B // n)
-            lp, new_kv, w = model.decode_step(tokens, positions, past, past_mask,
-                                              [(ck[rep], cv[rep]) for ck, cv in cross], src_mask[rep],
-                                              need_weights=True)
-            feed = {"tokens": tokens.numpy(), "positions": positions.numpy(), "past_mask": past_mask.numpy(),
-                    "src_mask": src_mask[:n].numpy(), "top_k": np.array([k], dtype=np.int64)}
+            lp, new_kv, w = model.decode_step(
+                tokens,
+                positions,
+                past,
+                past_mask,
+                [(ck[rep], cv[rep]) for ck, cv in cross],
+                src_mask[rep],
+                need_weights=True,
+            )
+            feed = {
+                "tokens": tokens.numpy(),
+                "positions": positions.numpy(),
+                "past_mask": past_mask.numpy(),
+                "src_mask": src_mask[:n].numpy(),
+                "top_k": np.array([k], dtype=np.int64),
+            }
             for i in range(L):
                 feed[f"past_key_{i}"], feed[f"past_value_{i}"] = past[i][0].numpy(), past[i][1].numpy()
                 feed[f"cross_key_{i}"], feed[f"cross_value_{i}"] = eo[1 + 2 * i][:n], eo[2 + 2 * i][:n]
@@ -481,17 +577,22 @@ def parity_check(model: Transformer, enc_path: Path, dec_path: Path, seed: int =
             diffs["log_probs"] = max(diffs["log_probs"], float(np.abs(lp_ort - lp.numpy()).max()))
             # The search outputs are exact functions of the graph's own log_probs.
             want_top = -np.sort(-lp_ort, axis=1)[:, :k]
-            if (do["top_ids"].shape != (B, k) or not np.array_equal(do["top_log_probs"], want_top)
-                    or not np.array_equal(np.take_along_axis(lp_ort, do["top_ids"], axis=1), want_top)
-                    or not np.array_equal(do["eos_log_prob"], lp_ort[:, cfg.eos_id])):
+            if (
+                do["top_ids"].shape != (B, k)
+                or not np.array_equal(do["top_log_probs"], want_top)
+                or not np.array_equal(np.take_along_axis(lp_ort, do["top_ids"], axis=1), want_top)
+                or not np.array_equal(do["eos_log_prob"], lp_ort[:, cfg.eos_id])
+            ):
                 raise RuntimeError(f"{dec_path.name}: top_k / eos_log_prob disagree with log_probs")
             for i in range(L):
                 for j, name in enumerate(("key", "value")):
                     present = torch.cat([past[i][j], new_kv[i][j]], dim=2).numpy()
-                    diffs["present_kv"] = max(diffs["present_kv"],
-                                              float(np.abs(do[f"present_{name}_{i}"] - present).max()))
-            diffs["cross_attention"] = max(diffs["cross_attention"],
-                                           float(np.abs(do["cross_attention"] - w.numpy()).max()))
+                    diffs["present_kv"] = max(
+                        diffs["present_kv"], float(np.abs(do[f"present_{name}_{i}"] - present).max())
+                    )
+            diffs["cross_attention"] = max(
+                diffs["cross_attention"], float(np.abs(do["cross_attention"] - w.numpy()).max())
+            )
     return diffs
 
 
@@ -513,7 +614,7 @@ def _tool_versions() -> dict[str, str]:
         from importlib.metadata import version
 
         versions["mtserve"] = version("mtserve")
-    except Exception:
+    except ImportError:  # PackageNotFoundError: running from a checkout without an install
         pass
     return versions
 
@@ -522,9 +623,15 @@ def default_out_dir(model_dir: str | Path) -> Path:
     return Path(model_dir) / "onnx"
 
 
-def export_model(model_dir: str | Path, out_dir: str | Path | None = None, precisions=("fp32",),
-                 exporter: str = "dynamo", name: str | None = None, version: str | None = None,
-                 check: bool = True) -> Manifest:
+def export_model(
+    model_dir: str | Path,
+    out_dir: str | Path | None = None,
+    precisions=("fp32",),
+    exporter: str = "dynamo",
+    name: str | None = None,
+    version: str | None = None,
+    check: bool = True,
+) -> Manifest:
     """Export `precisions` of the model in `model_dir` into `out_dir` (default MODEL_DIR/onnx) and
     update its manifest. Variants exported from other weights are dropped."""
     t0 = time.perf_counter()
@@ -566,18 +673,32 @@ def export_model(model_dir: str | Path, out_dir: str | Path | None = None, preci
                 check_graph(dec, *decoder_io(cfg))
                 checks = parity_check(model, enc, dec)
                 if precision == "fp32" and checks["log_probs"] > FP32_TOLERANCE:
-                    raise RuntimeError(f"fp32 export differs from PyTorch: max |Δ log_probs| = {checks['log_probs']:.2e}")
+                    raise RuntimeError(
+                        f"fp32 export differs from PyTorch: max |Δ log_probs| = {checks['log_probs']:.2e}"
+                    )
             for path in (enc, dec):
                 path.replace(out / path.name)
             variants[precision] = Variant(
-                precision=precision, opset=OPSET, exporter=f"torch.onnx.export(dynamo={exporter == 'dynamo'})",
+                precision=precision,
+                opset=OPSET,
+                exporter=f"torch.onnx.export(dynamo={exporter == 'dynamo'})",
                 optimization=f"ORT_ENABLE_{level.upper()}" if level else "none (ORT optimises at load)",
                 target=target,
-                notes=notes, parity={k: float(f"{v:.3g}") for k, v in checks.items()},
-                encoder=GraphSpec(file=enc.name, sha256=sha256_file(out / enc.name),
-                                  inputs=encoder_io(cfg)[0], outputs=encoder_io(cfg)[1]),
-                decoder=GraphSpec(file=dec.name, sha256=sha256_file(out / dec.name),
-                                  inputs=decoder_io(cfg)[0], outputs=decoder_io(cfg)[1]))
+                notes=notes,
+                parity={k: float(f"{v:.3g}") for k, v in checks.items()},
+                encoder=GraphSpec(
+                    file=enc.name,
+                    sha256=sha256_file(out / enc.name),
+                    inputs=encoder_io(cfg)[0],
+                    outputs=encoder_io(cfg)[1],
+                ),
+                decoder=GraphSpec(
+                    file=dec.name,
+                    sha256=sha256_file(out / dec.name),
+                    inputs=decoder_io(cfg)[0],
+                    outputs=decoder_io(cfg)[1],
+                ),
+            )
             log.info("exported %s into %s", precision, out)
 
     shutil.copyfile(model_dir / TOKENIZER, out / TOKENIZER)
@@ -585,12 +706,19 @@ def export_model(model_dir: str | Path, out_dir: str | Path | None = None, preci
     manifest = Manifest(
         name=name or meta.get("name") or model_dir.resolve().name,
         version=version or str(meta.get("version") or weights_sha[:12]),
-        src_lang=meta.get("src_lang", "de"), tgt_lang=meta.get("tgt_lang", "en"),
+        src_lang=meta.get("src_lang", "de"),
+        tgt_lang=meta.get("tgt_lang", "en"),
         source_weights_sha256=weights_sha,
         special_ids=SpecialIds(pad_id=cfg.pad_id, bos_id=cfg.bos_id, eos_id=cfg.eos_id, unk_id=cfg.unk_id),
-        dims=Dims(vocab_size=cfg.vocab_size, d_model=cfg.d_model, n_heads=cfg.n_heads, d_k=cfg.d_k,
-                  n_encoder_layers=cfg.n_encoder_layers, n_decoder_layers=cfg.n_decoder_layers,
-                  max_positions=cfg.max_positions),
+        dims=Dims(
+            vocab_size=cfg.vocab_size,
+            d_model=cfg.d_model,
+            n_heads=cfg.n_heads,
+            d_k=cfg.d_k,
+            n_encoder_layers=cfg.n_encoder_layers,
+            n_decoder_layers=cfg.n_decoder_layers,
+            max_positions=cfg.max_positions,
+        ),
         generation=gen,
         tokenizer=FileSpec(file=TOKENIZER, sha256=sha256_file(out / TOKENIZER)),
         tool_versions=_tool_versions(),
@@ -607,8 +735,9 @@ def export_model(model_dir: str | Path, out_dir: str | Path | None = None, preci
     return manifest
 
 
-def ensure_exported(model_dir: str | Path, precision: str = "fp32", out_dir: str | Path | None = None,
-                    exporter: str = "dynamo") -> Path:
+def ensure_exported(
+    model_dir: str | Path, precision: str = "fp32", out_dir: str | Path | None = None, exporter: str = "dynamo"
+) -> Path:
     """Reuse an up-to-date export (same weights, checksums fine) or export `precision` now."""
     model_dir = Path(model_dir)
     out = Path(out_dir) if out_dir else default_out_dir(model_dir)
@@ -628,12 +757,22 @@ def ensure_exported(model_dir: str | Path, precision: str = "fp32", out_dir: str
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="models/de-en", help="model dir (model.safetensors, config.json, tokenizer.json)")
     p.add_argument("--out", help="export dir (default: MODEL/onnx)")
-    p.add_argument("--precision", default="fp32", choices=[*PRECISIONS, "all"],
-                   help="fp32 (reference), int8 (CPU, dynamic quantisation), fp16 (CUDA), or all three")
-    p.add_argument("--exporter", default="dynamo", choices=EXPORTERS,
-                   help="torch.onnx.export(dynamo=True) (default) or the legacy TorchScript tracer")
+    p.add_argument(
+        "--precision",
+        default="fp32",
+        choices=[*PRECISIONS, "all"],
+        help="fp32 (reference), int8 (CPU, dynamic quantisation), fp16 (CUDA), or all three",
+    )
+    p.add_argument(
+        "--exporter",
+        default="dynamo",
+        choices=EXPORTERS,
+        help="torch.onnx.export(dynamo=True) (default) or the legacy TorchScript tracer",
+    )
     p.add_argument("--name", help="model name for the manifest (default: config.json's name or the dir name)")
-    p.add_argument("--version", help="model version for the manifest (default: config.json's version or the weights' hash)")
+    p.add_argument(
+        "--version", help="model version for the manifest (default: config.json's version or the weights' hash)"
+    )
     p.add_argument("--no-check", action="store_true", help="skip onnx.checker and the parity check against PyTorch")
 
 
@@ -642,16 +781,27 @@ def run(args) -> Manifest:
     log.setLevel(logging.INFO)
     precisions = list(PRECISIONS) if args.precision == "all" else [args.precision]
     t0 = time.perf_counter()
-    manifest = export_model(args.model, args.out, precisions, exporter=args.exporter, name=args.name,
-                            version=args.version, check=not args.no_check)
+    manifest = export_model(
+        args.model,
+        args.out,
+        precisions,
+        exporter=args.exporter,
+        name=args.name,
+        version=args.version,
+        check=not args.no_check,
+    )
     out = Path(args.out) if args.out else default_out_dir(args.model)
     for p in precisions:
         v = manifest.variants[p]
         sizes = sum(os.path.getsize(out / g.file) for g in (v.encoder, v.decoder)) / 2**20
-        print(f"{p}: {out / v.encoder.file}, {out / v.decoder.file} ({sizes:.1f} MiB, {v.optimization}); "
-              f"max |diff| vs PyTorch: {json.dumps(v.parity)}")
-    print(f"manifest: {out / MANIFEST} (model {manifest.name} {manifest.version}) "
-          f"in {time.perf_counter() - t0:.1f}s", file=sys.stdout)
+        print(
+            f"{p}: {out / v.encoder.file}, {out / v.decoder.file} ({sizes:.1f} MiB, {v.optimization}); "
+            f"max |diff| vs PyTorch: {json.dumps(v.parity)}"
+        )
+    print(
+        f"manifest: {out / MANIFEST} (model {manifest.name} {manifest.version}) in {time.perf_counter() - t0:.1f}s",
+        file=sys.stdout,
+    )
     return manifest
 
 

@@ -30,10 +30,26 @@ from export.model import ModelConfig, Transformer, count_parameters
 from export.tokenizer import decode_batch, encode_batch, load_tokenizer, special_ids, train_tokenizer
 
 PRESETS = {
-    "tiny": dict(vocab_size=500, d_model=32, n_heads=2, n_encoder_layers=1, n_decoder_layers=1, d_ff=64,
-                 dropout=0.0, max_positions=128),
-    "base": dict(vocab_size=8000, d_model=256, n_heads=4, n_encoder_layers=3, n_decoder_layers=3, d_ff=1024,
-                 dropout=0.1, max_positions=256),
+    "tiny": dict(
+        vocab_size=500,
+        d_model=32,
+        n_heads=2,
+        n_encoder_layers=1,
+        n_decoder_layers=1,
+        d_ff=64,
+        dropout=0.0,
+        max_positions=128,
+    ),
+    "base": dict(
+        vocab_size=8000,
+        d_model=256,
+        n_heads=4,
+        n_encoder_layers=3,
+        n_decoder_layers=3,
+        d_ff=1024,
+        dropout=0.1,
+        max_positions=256,
+    ),
 }
 
 
@@ -88,8 +104,13 @@ def batch_tensors(batch: Batch, cfg: ModelConfig, device):
 
 def loss_fn(logits, tgt_out, cfg: ModelConfig, label_smoothing: float):
     """Label-smoothed cross-entropy summed over non-pad target tokens, and the token count."""
-    loss = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), tgt_out.reshape(-1),
-                           ignore_index=cfg.pad_id, label_smoothing=label_smoothing, reduction="sum")
+    loss = F.cross_entropy(
+        logits.float().reshape(-1, logits.size(-1)),
+        tgt_out.reshape(-1),
+        ignore_index=cfg.pad_id,
+        label_smoothing=label_smoothing,
+        reduction="sum",
+    )
     return loss, int((tgt_out != cfg.pad_id).sum())
 
 
@@ -103,10 +124,14 @@ def validate(model, src, tgt_ids, tgt_text, tok, cfg, device, max_tokens) -> dic
         total, n = total + float(loss), n + k
     hyps = []
     for i in range(0, len(src), 200):
-        hyps += [h.tokens for h in greedy_search(model, src[i:i + 200])]
+        hyps += [h.tokens for h in greedy_search(model, src[i : i + 200])]
     bleu = sacrebleu.corpus_bleu(decode_batch(tok, hyps), [tgt_text])
     model.train()
-    return {"valid_loss": total / max(n, 1), "valid_ppl": math.exp(min(total / max(n, 1), 50)), "valid_bleu": bleu.score}
+    return {
+        "valid_loss": total / max(n, 1),
+        "valid_ppl": math.exp(min(total / max(n, 1), 50)),
+        "valid_bleu": bleu.score,
+    }
 
 
 def pick_device(name: str) -> torch.device:
@@ -128,10 +153,16 @@ def run(args) -> Path:
 
     train_src_text, train_tgt_text = read_parallel(args.data, args.train_split, args.src_lang, args.tgt_lang)
     if args.max_train_sentences:
-        train_src_text, train_tgt_text = train_src_text[: args.max_train_sentences], train_tgt_text[: args.max_train_sentences]
+        train_src_text, train_tgt_text = (
+            train_src_text[: args.max_train_sentences],
+            train_tgt_text[: args.max_train_sentences],
+        )
     valid_src_text, valid_tgt_text = read_parallel(args.data, args.valid_split, args.src_lang, args.tgt_lang)
     if args.max_valid_sentences:
-        valid_src_text, valid_tgt_text = valid_src_text[: args.max_valid_sentences], valid_tgt_text[: args.max_valid_sentences]
+        valid_src_text, valid_tgt_text = (
+            valid_src_text[: args.max_valid_sentences],
+            valid_tgt_text[: args.max_valid_sentences],
+        )
 
     cfg_fields = dict(PRESETS[args.preset])
     if args.model_config:
@@ -146,16 +177,19 @@ def run(args) -> Path:
     cfg = ModelConfig.from_dict(cfg_fields)
 
     limit = cfg.max_positions - 1
+
     def ids(texts):
         return [t[: limit - 1] for t in encode_batch(tok, texts)]
+
     train_src = [s + [cfg.eos_id] for s in ids(train_src_text)]
     train_tgt = ids(train_tgt_text)
     valid_src = [s + [cfg.eos_id] for s in ids(valid_src_text)]
     valid_tgt = ids(valid_tgt_text)
 
     model = Transformer(cfg).to(device)
-    optim = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.98), eps=1e-9,
-                              weight_decay=args.weight_decay)
+    optim = torch.optim.AdamW(
+        model.parameters(), lr=args.lr, betas=(0.9, 0.98), eps=1e-9, weight_decay=args.weight_decay
+    )
     steps_per_epoch = len(token_batches(train_src, train_tgt, args.max_tokens, args.seed, 0))
     args.total_steps = steps_per_epoch * args.epochs
     start_epoch, step, history, elapsed = 1, 0, [], 0.0
@@ -168,8 +202,10 @@ def run(args) -> Path:
         torch.set_rng_state(state["torch_rng"])
         print(f"resumed from {last}: epoch {state['epoch']} done, step {step}")
     n_params = count_parameters(model)
-    print(f"model: {n_params / 1e6:.2f}M parameters, vocab {cfg.vocab_size}, device {device}, "
-          f"{len(train_src)} training pairs, {steps_per_epoch} steps/epoch")
+    print(
+        f"model: {n_params / 1e6:.2f}M parameters, vocab {cfg.vocab_size}, device {device}, "
+        f"{len(train_src)} training pairs, {steps_per_epoch} steps/epoch"
+    )
 
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.bf16)
     model.train()
@@ -192,39 +228,74 @@ def run(args) -> Path:
             step += 1
             ep_loss, ep_tokens = ep_loss + loss.item(), ep_tokens + n_tok
             seen += int(src_mask.sum()) + n_tok
-            bar.set_postfix(loss=f"{ep_loss / ep_tokens:.3f}", tok_s=f"{seen / (time.time() - t0):.0f}",
-                            lr=f"{lr_at(step, args):.2e}")
+            bar.set_postfix(
+                loss=f"{ep_loss / ep_tokens:.3f}",
+                tok_s=f"{seen / (time.time() - t0):.0f}",
+                lr=f"{lr_at(step, args):.2e}",
+            )
             if args.max_steps and step >= args.max_steps:
                 break
         train_secs = time.time() - t0
         elapsed += train_secs
         metrics = validate(model, valid_src, valid_tgt, valid_tgt_text, tok, cfg, device, args.max_tokens)
-        record = {"epoch": epoch, "step": step, "train_loss": ep_loss / max(ep_tokens, 1),
-                  "tokens_per_s": seen / train_secs, "epoch_seconds": train_secs, **metrics}
+        record = {
+            "epoch": epoch,
+            "step": step,
+            "train_loss": ep_loss / max(ep_tokens, 1),
+            "tokens_per_s": seen / train_secs,
+            "epoch_seconds": train_secs,
+            **metrics,
+        }
         history.append(record)
         print(json.dumps(record), flush=True)
-        save_file({k: v.detach().clone().contiguous() for k, v in model.state_dict().items()},
-                  str(ckpt_dir / f"epoch{epoch:03d}.safetensors"))
-        torch.save({"model": model.state_dict(), "optim": optim.state_dict(), "epoch": epoch, "step": step,
-                    "history": history, "elapsed": elapsed, "torch_rng": torch.get_rng_state()}, last)
+        save_file(
+            {k: v.detach().clone().contiguous() for k, v in model.state_dict().items()},
+            str(ckpt_dir / f"epoch{epoch:03d}.safetensors"),
+        )
+        torch.save(
+            {
+                "model": model.state_dict(),
+                "optim": optim.state_dict(),
+                "epoch": epoch,
+                "step": step,
+                "history": history,
+                "elapsed": elapsed,
+                "torch_rng": torch.get_rng_state(),
+            },
+            last,
+        )
         with open(out / "train_log.jsonl", "a") as f:
             f.write(json.dumps(record) + "\n")
         if args.max_steps and step >= args.max_steps:
             break
 
     done_epochs = [h["epoch"] for h in history]
-    use = done_epochs[-max(1, args.average_last):]
+    use = done_epochs[-max(1, args.average_last) :]
     states = [load_file(str(ckpt_dir / f"epoch{e:03d}.safetensors")) for e in use]
     model.load_state_dict(average_state_dicts(states))
     final = validate(model, valid_src, valid_tgt, valid_tgt_text, tok, cfg, device, args.max_tokens)
     print(json.dumps({"averaged_epochs": use, **final}), flush=True)
-    training = {"data": str(args.data), "src_lang": args.src_lang, "tgt_lang": args.tgt_lang,
-                "preset": args.preset, "epochs": len(done_epochs), "steps": step, "parameters": n_params,
-                "train_seconds": round(elapsed, 1), "device": str(device), "threads": torch.get_num_threads(),
-                "machine": platform.processor() or platform.machine(), "torch": torch.__version__,
-                "averaged_epochs": use, "final_valid": final, "history": history,
-                "hyperparameters": {k: getattr(args, k) for k in (
-                    "max_tokens", "lr", "warmup_steps", "schedule", "label_smoothing", "clip_norm", "seed", "bf16")}}
+    training = {
+        "data": str(args.data),
+        "src_lang": args.src_lang,
+        "tgt_lang": args.tgt_lang,
+        "preset": args.preset,
+        "epochs": len(done_epochs),
+        "steps": step,
+        "parameters": n_params,
+        "train_seconds": round(elapsed, 1),
+        "device": str(device),
+        "threads": torch.get_num_threads(),
+        "machine": platform.processor() or platform.machine(),
+        "torch": torch.__version__,
+        "averaged_epochs": use,
+        "final_valid": final,
+        "history": history,
+        "hyperparameters": {
+            k: getattr(args, k)
+            for k in ("max_tokens", "lr", "warmup_steps", "schedule", "label_smoothing", "clip_norm", "seed", "bf16")
+        },
+    }
     save_model_dir(model.cpu(), out, extra={"src_lang": args.src_lang, "tgt_lang": args.tgt_lang, "training": training})
     return out
 

@@ -23,13 +23,20 @@ class TorchTranslator:
         limit = self.cfg.max_positions - 1
         return [ids[: limit - 1] + [self.cfg.eos_id] for ids in encode_batch(self.tokenizer, texts)]
 
-    def translate_ids(self, src: list[list[int]], beam: int = 4, length_penalty: float = 1.0,
-                      max_len_a: float = 1.5, max_len_b: int = 10, batch_size: int = 64) -> list[list[int]]:
+    def translate_ids(
+        self,
+        src: list[list[int]],
+        beam: int = 4,
+        length_penalty: float = 1.0,
+        max_len_a: float = 1.5,
+        max_len_b: int = 10,
+        batch_size: int = 64,
+    ) -> list[list[int]]:
         """Sorted by length into batches to keep padding low; results come back in input order."""
         order = sorted(range(len(src)), key=lambda i: len(src[i]))
         out: list[list[int]] = [[] for _ in src]
         for start in range(0, len(order), batch_size):
-            idx = order[start:start + batch_size]
+            idx = order[start : start + batch_size]
             hyps = beam_search(self.model, [src[i] for i in idx], beam, length_penalty, max_len_a, max_len_b)
             for i, h in zip(idx, hyps):
                 out[i] = h.tokens

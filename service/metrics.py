@@ -17,32 +17,61 @@ class Metrics:
 
     def __init__(self, registry: CollectorRegistry | None = None):
         self.registry = r = registry or CollectorRegistry()
-        self.requests = Counter("mtserve_requests_total", "RPCs handled, by method and status code",
-                                ["method", "code"], registry=r)
-        self.request_latency = Histogram("mtserve_request_duration_seconds", "RPC latency, by method and status code",
-                                         ["method", "code"], buckets=LATENCY_BUCKETS, registry=r)
+        self.requests = Counter(
+            "mtserve_requests_total", "RPCs handled, by method and status code", ["method", "code"], registry=r
+        )
+        self.request_latency = Histogram(
+            "mtserve_request_duration_seconds",
+            "RPC latency, by method and status code",
+            ["method", "code"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
         self.in_flight = Gauge("mtserve_requests_in_flight", "RPCs being handled", ["method"], registry=r)
-        self.queue_wait = Histogram("mtserve_queue_wait_seconds", "time a sentence waited before joining a batch",
-                                    buckets=LATENCY_BUCKETS, registry=r)
+        self.queue_wait = Histogram(
+            "mtserve_queue_wait_seconds",
+            "time a sentence waited before joining a batch",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
         self.queue_depth = Gauge("mtserve_queue_depth", "sentences waiting for a batch", registry=r)
-        self.queue_capacity = Gauge("mtserve_queue_capacity", "max_queue_size: queued sentences before "
-                                    "RESOURCE_EXHAUSTED", registry=r)
-        self.time_to_first_chunk = Histogram("mtserve_time_to_first_chunk_seconds",
-                                             "TranslateStream: time from request to the first chunk",
-                                             buckets=LATENCY_BUCKETS, registry=r)
-        self.batch_rows = Histogram("mtserve_decode_batch_rows", "rows (sentences x beams) in each decode step",
-                                    buckets=SIZE_BUCKETS, registry=r)
-        self.encoder_latency = Histogram("mtserve_encoder_duration_seconds", "one encoder run (a batch of sentences)",
-                                         buckets=STEP_BUCKETS, registry=r)
-        self.decoder_step_latency = Histogram("mtserve_decoder_step_duration_seconds", "one decoder step of a batch",
-                                              buckets=STEP_BUCKETS, registry=r)
+        self.queue_capacity = Gauge(
+            "mtserve_queue_capacity", "max_queue_size: queued sentences before RESOURCE_EXHAUSTED", registry=r
+        )
+        self.time_to_first_chunk = Histogram(
+            "mtserve_time_to_first_chunk_seconds",
+            "TranslateStream: time from request to the first chunk",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.batch_rows = Histogram(
+            "mtserve_decode_batch_rows",
+            "rows (sentences x beams) in each decode step",
+            buckets=SIZE_BUCKETS,
+            registry=r,
+        )
+        self.encoder_latency = Histogram(
+            "mtserve_encoder_duration_seconds",
+            "one encoder run (a batch of sentences)",
+            buckets=STEP_BUCKETS,
+            registry=r,
+        )
+        self.decoder_step_latency = Histogram(
+            "mtserve_decoder_step_duration_seconds", "one decoder step of a batch", buckets=STEP_BUCKETS, registry=r
+        )
         self.input_tokens = Counter("mtserve_input_tokens_total", "source subword tokens accepted", registry=r)
-        self.generated_tokens = Counter("mtserve_generated_tokens_total",
-                                        "target tokens of finished translations (</s> included)", registry=r)
-        self.decoded_rows = Counter("mtserve_decoded_rows_total",
-                                    "row-steps computed by the decoder (sentences x beams x steps)", registry=r)
-        self.padding_ratio = Histogram("mtserve_padding_ratio", "share of padding in each decoder step's source tensors",
-                                       buckets=(0.0, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 1.0), registry=r)
+        self.generated_tokens = Counter(
+            "mtserve_generated_tokens_total", "target tokens of finished translations (</s> included)", registry=r
+        )
+        self.decoded_rows = Counter(
+            "mtserve_decoded_rows_total", "row-steps computed by the decoder (sentences x beams x steps)", registry=r
+        )
+        self.padding_ratio = Histogram(
+            "mtserve_padding_ratio",
+            "share of padding in each decoder step's source tensors",
+            buckets=(0.0, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 1.0),
+            registry=r,
+        )
         self.sentences = Counter("mtserve_sentences_total", "sentences finished, by outcome", ["outcome"], registry=r)
         self.model_info = Info("mtserve_model", "the model being served", registry=r)
 

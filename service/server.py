@@ -19,47 +19,25 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from tokenizers import Tokenizer
 
+from contract.manifest import load_manifest, resolve_onnx_dir
 from service.api.inference import grpc_service_pb2_grpc
 from service.api.mtserve.v1 import translation_pb2, translation_pb2_grpc
-from service.engine import Engine, TranslateOptions
+from service.batching.scheduler import Scheduler
+from service.engine.engine import Engine, TranslateOptions
 from service.errors import ModelLoadError, StartupError
-from service.interceptors import ErrorAndMetricsInterceptor
-from service.kserve import SERVICE_NAME as KSERVE_SERVICE_NAME
-from service.kserve import KServeServicer
-from service.manifest import ManifestError, load_manifest, resolve_onnx_dir
-from service.memory import keep_freed_memory
+from service.grpc.interceptors import ErrorAndMetricsInterceptor
+from service.grpc.security import AuthInterceptor, load_tokens, server_credentials
+from service.grpc.servicer import TranslationServicer
+from service.kserve.servicer import SERVICE_NAME as KSERVE_SERVICE_NAME
+from service.kserve.servicer import KServeServicer
 from service.metrics import Metrics
-from service.onnx_model import OnnxSeq2Seq
-from service.scheduler import Scheduler
-from service.security import AuthInterceptor, load_tokens, server_credentials
-from service.servicer import TranslationServicer
+from service.parallel.pool import EnginePool
+from service.runtime.loading import load_models
+from service.runtime.memory import keep_freed_memory
 from service.settings import Settings
 
 log = logging.getLogger("mtserve.server")
 SERVICE_NAME = translation_pb2.DESCRIPTOR.services_by_name["TranslationService"].full_name
-
-
-def load_models(settings: Settings) -> list[OnnxSeq2Seq]:
-    graphs = settings.graphs_dir
-    if not (graphs / "manifest.json").is_file():
-        raise ModelLoadError(f"no exported model at {graphs} (manifest.json missing): run "
-                             f"`mtserve export --model {settings.model_dir}`")
-    def load(first: bool) -> OnnxSeq2Seq:
-        return OnnxSeq2Seq(graphs, precision=settings.precision, provider=settings.provider,
-                           intra_op_threads=settings.intra_op_threads, inter_op_threads=settings.inter_op_threads,
-                           strict=settings.strict_provider, verify_checksums=first)
-
-    try:
-        first = load(True)
-        if first.provider == "cpu" and settings.share_sessions:
-            # One session pair for all workers: ONNX Runtime runs concurrent calls on it, each on its
-            # caller's thread (with 1 intra-op thread), and the weights sit in memory once.
-            return [first] * settings.decode_workers
-        return [first] + [load(False) for _ in range(settings.decode_workers - 1)]
-    except (ManifestError, FileNotFoundError, ValueError, RuntimeError) as e:
-        raise ModelLoadError(str(e)) from e
-    except Exception as e:  # onnxruntime raises its own types for corrupt graphs
-        raise ModelLoadError(f"{type(e).__name__}: {e}") from e
 
 
 class Server:
@@ -82,15 +60,13 @@ class Server:
         if st.engine_process:
             # Each decode worker in a child process of its own (its own GIL, its own sessions); this
             # process keeps the manifest and the tokenizer for validation and tokenisation.
-            from service.engine_process import EnginePool
-
             self.scheduler = EnginePool(st, self.metrics)
             await asyncio.get_running_loop().run_in_executor(None, self.scheduler.start_process)
             try:
                 graphs = resolve_onnx_dir(st.graphs_dir)
                 manifest = load_manifest(graphs, verify_checksums=False, precision=st.precision)
                 tokenizer = Tokenizer.from_file(str(graphs / manifest.tokenizer.file))
-            except Exception as e:  # noqa: BLE001 - the child read the same files a moment ago
+            except Exception as e:
                 self.scheduler.shutdown()
                 raise ModelLoadError(f"{type(e).__name__}: {e}") from e
             provider, sessions = self.scheduler.provider, self.scheduler.sessions
@@ -101,26 +77,39 @@ class Server:
             self.scheduler = Scheduler(models, st, self.metrics, gen.max_len_a, gen.max_len_b)
             sessions = len({id(m) for m in models})
         self.engine = Engine(st, manifest, tokenizer, self.scheduler, self.metrics, provider)
-        self.metrics.model_info.info({"name": manifest.name, "version": manifest.version,
-                                      "provider": provider, "precision": st.precision})
+        self.metrics.model_info.info(
+            {"name": manifest.name, "version": manifest.version, "provider": provider, "precision": st.precision}
+        )
 
         self.server = grpc.aio.server(
             # The error interceptor comes first (outermost) so that it maps the auth refusals too.
             interceptors=[ErrorAndMetricsInterceptor(self.metrics)] + ([AuthInterceptor(tokens)] if tokens else []),
-            options=[("grpc.max_receive_message_length", st.max_receive_message_bytes),
-                     ("grpc.max_send_message_length", 64 * 1024 * 1024),
-                     ("grpc.so_reuseport", 0)])
+            options=[
+                ("grpc.max_receive_message_length", st.max_receive_message_bytes),
+                ("grpc.max_send_message_length", 64 * 1024 * 1024),
+                ("grpc.so_reuseport", 0),
+            ],
+        )
         translation_pb2_grpc.add_TranslationServiceServicer_to_server(TranslationServicer(self.engine), self.server)
         grpc_service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(
-            KServeServicer(self.engine, ready=lambda: self.ready), self.server)
+            KServeServicer(self.engine, ready=lambda: self.ready), self.server
+        )
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         reflection.enable_server_reflection(
-            [SERVICE_NAME, KSERVE_SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-             reflection.SERVICE_NAME],
-            self.server)
+            [
+                SERVICE_NAME,
+                KSERVE_SERVICE_NAME,
+                health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+                reflection.SERVICE_NAME,
+            ],
+            self.server,
+        )
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
-        self.port = (self.server.add_secure_port(st.address, credentials) if credentials is not None
-                     else self.server.add_insecure_port(st.address))
+        self.port = (
+            self.server.add_secure_port(st.address, credentials)
+            if credentials is not None
+            else self.server.add_insecure_port(st.address)
+        )
         self.tls = credentials is not None
         if self.port == 0:
             raise ModelLoadError(f"cannot listen on {st.address}")
@@ -131,13 +120,21 @@ class Server:
         self.scheduler.start()
         await self._warm_up()
         await self._set_health(health_pb2.HealthCheckResponse.SERVING)
-        log.info("serving %s on %s (%s, %s, %d decode workers x %d threads, %d session pair%s%s)%s; %s, %s",
-                 self.engine.model_name, st.address, provider, st.precision, st.decode_workers,
-                 st.intra_op_threads, sessions, "" if sessions == 1 else "s",
-                 ", each in an engine process" if st.engine_process else "",
-                 f", metrics on :{self.metrics_port}" if self.metrics_port else "",
-                 ("TLS with client certificates" if st.tls_client_ca_file else "TLS") if self.tls else "plaintext",
-                 f"bearer tokens required ({len(tokens)} accepted)" if tokens else "no authentication")
+        log.info(
+            "serving %s on %s (%s, %s, %d decode workers x %d threads, %d session pair%s%s)%s; %s, %s",
+            self.engine.model_name,
+            st.address,
+            provider,
+            st.precision,
+            st.decode_workers,
+            st.intra_op_threads,
+            sessions,
+            "" if sessions == 1 else "s",
+            ", each in an engine process" if st.engine_process else "",
+            f", metrics on :{self.metrics_port}" if self.metrics_port else "",
+            ("TLS with client certificates" if st.tls_client_ca_file else "TLS") if self.tls else "plaintext",
+            f"bearer tokens required ({len(tokens)} accepted)" if tokens else "no authentication",
+        )
 
     async def _set_health(self, status) -> None:
         self.ready = status == health_pb2.HealthCheckResponse.SERVING
@@ -197,7 +194,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
 def run(args: argparse.Namespace) -> None:
     try:
         settings = settings_from_args(args)
-    except Exception as e:  # pydantic ValidationError: one clear message
+    except ValueError as e:  # pydantic's ValidationError: one clear message
         sys.exit(f"mtserve serve: invalid settings: {e}")
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     keep_freed_memory()

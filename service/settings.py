@@ -20,8 +20,9 @@ class Settings(BaseSettings):
     onnx_dir: Path | None = Field(None, description="exported graphs; default MODEL_DIR/onnx")
     provider: Literal["auto", "cuda", "cpu"] = Field("auto", description="ONNX Runtime execution provider")
     strict_provider: bool = Field(False, description="exit instead of falling back to CPU when CUDA is missing")
-    precision: Literal["fp32", "int8", "fp16"] = Field("int8", description="graph variant to load: int8 (CPU; the "
-                                                      "BLEU of fp32, 1.5-2.5x its speed), fp32, fp16 (CUDA)")
+    precision: Literal["fp32", "int8", "fp16"] = Field(
+        "int8", description="graph variant to load: int8 (CPU; the BLEU of fp32, 1.5-2.5x its speed), fp32, fp16 (CUDA)"
+    )
 
     # Thread layout: `decode_workers` decode loops, each running its batches through ONNX Runtime
     # with `intra_op_threads` threads. On the CPU they share one session pair (one copy of the
@@ -29,26 +30,53 @@ class Settings(BaseSettings):
     decode_workers: int = Field(2, ge=1, le=64)
     intra_op_threads: int = Field(1, ge=1, le=256)
     inter_op_threads: int = Field(1, ge=1, le=256)
-    engine_process: bool = Field(False, description="run each decode worker in a child process of its own "
-                                 "(its own GIL and sessions; a crash there fails only its requests and the child is "
-                                 "restarted) instead of threads of the server process")
-    share_sessions: bool = Field(True, description="CPU: decode workers share one ONNX Runtime session pair (the "
-                                 "weights in memory once) instead of a pair each; CUDA keeps a pair per worker")
+    engine_process: bool = Field(
+        False,
+        description="run each decode worker in a child process of its own "
+        "(its own GIL and sessions; a crash there fails only its requests and the child is "
+        "restarted) instead of threads of the server process",
+    )
+    share_sessions: bool = Field(
+        True,
+        description="CPU: decode workers share one ONNX Runtime session pair (the "
+        "weights in memory once) instead of a pair each; CUDA keeps a pair per worker",
+    )
 
     # Batching
-    continuous_batching: bool = Field(False, description="admit new sentences into running batches between decode "
-                                      "steps (off: a worker takes the waiting sentences when its batches finish, "
-                                      "which measured faster at every concurrency from 8 up here, docs/performance.md)")
+    continuous_batching: bool = Field(
+        False,
+        description="admit new sentences into running batches between decode "
+        "steps (off: a worker takes the waiting sentences when its batches finish, "
+        "which measured faster at every concurrency from 8 up here, docs/performance.md)",
+    )
     max_batch_sentences: int = Field(64, ge=1, description="rows of one decode batch (beam rows count each)")
     max_batch_tokens: int = Field(4096, ge=16, description="padded source tokens of one decode batch")
-    max_queue_delay_ms: float = Field(0.0, ge=0, description="wait this long for company before starting an idle "
-                                      "batch (with continuous batching a burst joins at the next step anyway)")
-    admit_fraction: float = Field(0.25, ge=0, le=1, description="a running batch admits waiting sentences once they "
-                                  "number this fraction of its own sentences (or admit_delay_ms passed); 0: every step")
-    admit_delay_ms: float = Field(20.0, ge=0, description="the longest a sentence waits for a running batch to admit "
-                                  "it when fewer than admit_fraction are waiting")
-    compact_fraction: float = Field(0.25, ge=0, le=1, description="a running batch drops finished rows once they "
-                                    "are this fraction of its rows (and whenever it admits); 0: every step")
+    max_queue_delay_ms: float = Field(
+        0.0,
+        ge=0,
+        description="wait this long for company before starting an idle "
+        "batch (with continuous batching a burst joins at the next step anyway)",
+    )
+    admit_fraction: float = Field(
+        0.25,
+        ge=0,
+        le=1,
+        description="a running batch admits waiting sentences once they "
+        "number this fraction of its own sentences (or admit_delay_ms passed); 0: every step",
+    )
+    admit_delay_ms: float = Field(
+        20.0,
+        ge=0,
+        description="the longest a sentence waits for a running batch to admit "
+        "it when fewer than admit_fraction are waiting",
+    )
+    compact_fraction: float = Field(
+        0.25,
+        ge=0,
+        le=1,
+        description="a running batch drops finished rows once they "
+        "are this fraction of its rows (and whenever it admits); 0: every step",
+    )
     max_queue_size: int = Field(2048, ge=1, description="sentences waiting for a batch; beyond: RESOURCE_EXHAUSTED")
 
     # Per-request limits
@@ -59,8 +87,12 @@ class Settings(BaseSettings):
     max_beam_size: int = Field(8, ge=1)
     default_beam_size: int = Field(4, ge=1)
     max_receive_message_bytes: int = Field(4 * 1024 * 1024, ge=1024)
-    max_stream_in_flight: int = Field(256, ge=1, description="TranslateMany: items of one stream read ahead of "
-                                      "their answers; the server stops reading the stream until one is answered")
+    max_stream_in_flight: int = Field(
+        256,
+        ge=1,
+        description="TranslateMany: items of one stream read ahead of "
+        "their answers; the server stops reading the stream until one is answered",
+    )
 
     # Lifecycle and observability
     grace_period_s: float = Field(20.0, ge=0, description="time to finish in-flight work after SIGTERM")
@@ -72,15 +104,20 @@ class Settings(BaseSettings):
     tls_cert_file: Path | None = Field(None, description="PEM server certificate (chain); with tls_key_file: serve TLS")
     tls_key_file: Path | None = Field(None, description="PEM private key of tls_cert_file")
     tls_client_ca_file: Path | None = Field(None, description="PEM CA bundle: require client certificates signed by it")
-    auth_tokens_file: Path | None = Field(None, description="accepted bearer tokens, one per line: require "
-                                                           "`authorization: Bearer TOKEN` (health stays open)")
-    auth_token: SecretStr | None = Field(None, description="one accepted bearer token (prefer auth_tokens_file: "
-                                                           "flags are visible in ps)")
+    auth_tokens_file: Path | None = Field(
+        None,
+        description="accepted bearer tokens, one per line: require `authorization: Bearer TOKEN` (health stays open)",
+    )
+    auth_token: SecretStr | None = Field(
+        None, description="one accepted bearer token (prefer auth_tokens_file: flags are visible in ps)"
+    )
 
     @model_validator(mode="after")
-    def _check(self) -> "Settings":
+    def _check(self) -> Settings:
         if self.default_beam_size > self.max_beam_size:
-            raise ValueError(f"default_beam_size ({self.default_beam_size}) exceeds max_beam_size ({self.max_beam_size})")
+            raise ValueError(
+                f"default_beam_size ({self.default_beam_size}) exceeds max_beam_size ({self.max_beam_size})"
+            )
         if (self.tls_cert_file is None) != (self.tls_key_file is None):
             raise ValueError("tls_cert_file and tls_key_file go together: give both or neither")
         if self.tls_client_ca_file is not None and self.tls_cert_file is None:

@@ -22,8 +22,9 @@ def corpus_dirs() -> list[Path]:
     this checkout), else ../shared beside the local checkout this one was cloned from (a clean
     clone in a temporary directory, as CI makes)."""
     dirs = [DEFAULT_DATA_DIR]
-    origin = subprocess.run(["git", "-C", str(REPO), "config", "--get", "remote.origin.url"],
-                            capture_output=True, text=True).stdout.strip()
+    origin = subprocess.run(
+        ["git", "-C", str(REPO), "config", "--get", "remote.origin.url"], capture_output=True, text=True
+    ).stdout.strip()
     if origin and Path(origin).is_dir():
         dirs.append(Path(origin).resolve().parent / "shared" / "data" / "multi30k")
     return dirs
@@ -43,10 +44,34 @@ def train_args(out: Path, data: Path, *extra: str) -> argparse.Namespace:
 
     p = argparse.ArgumentParser()
     add_arguments(p)
-    return p.parse_args(["--out", str(out), "--data", str(data), "--preset", "tiny", "--no-progress",
-                         "--max-train-sentences", "3000", "--max-valid-sentences", "64", "--epochs", "3",
-                         "--warmup-steps", "30", "--lr", "3e-3", "--average-last", "2", "--threads", "1",
-                         "--model-config", '{"n_encoder_layers": 2, "n_decoder_layers": 2}', *extra])
+    return p.parse_args(
+        [
+            "--out",
+            str(out),
+            "--data",
+            str(data),
+            "--preset",
+            "tiny",
+            "--no-progress",
+            "--max-train-sentences",
+            "3000",
+            "--max-valid-sentences",
+            "64",
+            "--epochs",
+            "3",
+            "--warmup-steps",
+            "30",
+            "--lr",
+            "3e-3",
+            "--average-last",
+            "2",
+            "--threads",
+            "1",
+            "--model-config",
+            '{"n_encoder_layers": 2, "n_decoder_layers": 2}',
+            *extra,
+        ]
+    )
 
 
 @pytest.fixture(scope="session")
@@ -104,7 +129,7 @@ def tiny_onnx_dir(tiny_model_dir) -> Path:
 @pytest.fixture(scope="session")
 def tiny_onnx(tiny_onnx_dir):
     """The fp32 export loaded with ONNX Runtime (CPU, one thread)."""
-    from service.onnx_model import OnnxSeq2Seq
+    from service.runtime.onnx_model import OnnxSeq2Seq
 
     return OnnxSeq2Seq(tiny_onnx_dir, precision="fp32")
 
@@ -141,6 +166,7 @@ class RunningServer:
     def slow_down(self, seconds: float) -> None:
         """Fault injection for timing tests: every decoder step of every worker sleeps first."""
         for model in {id(m): m for m in self.server.scheduler.models}.values():  # workers may share one
+
             def step(*a, _orig=model.step, **kw):
                 time.sleep(seconds)
                 return _orig(*a, **kw)
@@ -165,9 +191,18 @@ def make_server(tiny_onnx_dir):
     started = []
 
     def make(**overrides) -> RunningServer:
-        fields = dict(address="127.0.0.1:0", model_dir=tiny_onnx_dir.parent, onnx_dir=tiny_onnx_dir,
-                      metrics_port=0, decode_workers=1, grace_period_s=5.0, max_queue_delay_ms=2.0,
-                      precision="fp32", engine_process=False, continuous_batching=True)
+        fields = dict(
+            address="127.0.0.1:0",
+            model_dir=tiny_onnx_dir.parent,
+            onnx_dir=tiny_onnx_dir,
+            metrics_port=0,
+            decode_workers=1,
+            grace_period_s=5.0,
+            max_queue_delay_ms=2.0,
+            precision="fp32",
+            engine_process=False,
+            continuous_batching=True,
+        )
         from service.settings import Settings
 
         s = RunningServer(Settings(**{**fields, **overrides}))

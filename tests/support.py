@@ -5,7 +5,7 @@ from __future__ import annotations
 import socket
 import subprocess
 
-from service import healthcheck
+from service.client import healthcheck
 
 
 def free_port() -> int:

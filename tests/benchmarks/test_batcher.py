@@ -12,8 +12,16 @@ from benchmarks.batcher import run
 @pytest.mark.parametrize("continuous", [True, False])
 def test_closed_loop_answers_every_sentence(tiny_onnx_dir, tiny_model_dir, test_split, continuous):
     concurrency, beam = 6, 2
-    row = run(tiny_model_dir, test_split[0][:40], concurrency=concurrency, beam=beam, sentences=30,
-              continuous_batching=continuous, decode_workers=2, precision="fp32")
+    row = run(
+        tiny_model_dir,
+        test_split[0][:40],
+        concurrency=concurrency,
+        beam=beam,
+        sentences=30,
+        continuous_batching=continuous,
+        decode_workers=2,
+        precision="fp32",
+    )
     assert row["errors"] == 0
     assert row["sentences"] == 30 and row["sentences_per_s"] > 0
     assert row["decoder_steps"] > 0

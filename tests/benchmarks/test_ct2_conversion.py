@@ -8,7 +8,7 @@ import pytest
 
 ctranslate2 = pytest.importorskip("ctranslate2")
 
-from benchmarks.ct2_convert import Ct2Translator, convert, sinusoidal_table  # noqa: E402
+from benchmarks.ct2_convert import Ct2Translator, convert, sinusoidal_table
 
 
 def test_position_table_is_the_models():
@@ -40,5 +40,5 @@ def test_length_rule_is_applied(tiny_model_dir, test_split, tmp_path):
 
     src = TorchTranslator(tiny_model_dir).source_ids(test_split[0][:8])
     ct = Ct2Translator(convert(tiny_model_dir, tmp_path / "ct2"), tiny_model_dir)
-    for s, out in zip(src, ct.translate_ids(src, beam=1, max_len_a=0.0, max_len_b=3)):
+    for out in ct.translate_ids(src, beam=1, max_len_a=0.0, max_len_b=3):
         assert len(out) <= 2

@@ -24,7 +24,9 @@ def test_both_apis_give_the_same_translations(server, test_split):
     from benchmarks.online import _load
 
     texts = test_split[0][:12]
-    out = {api: asyncio.run(_load(server.address, texts, 4, 12, 1, 30.0, api=api, streams=2))["results"]
-           for api in ("unary", "many")}
+    out = {
+        api: asyncio.run(_load(server.address, texts, 4, 12, 1, 30.0, api=api, streams=2))["results"]
+        for api in ("unary", "many")
+    }
     by_index = {api: {i: t.text for i, _, code, t in rows if code == "OK"} for api, rows in out.items()}
     assert by_index["unary"] == by_index["many"] and len(by_index["many"]) == 12

@@ -7,8 +7,15 @@ from benchmarks.run import run_pairs, summarize
 
 
 def test_pairs_measure_ct2_and_the_server_side_by_side(tiny_onnx_dir, tiny_model_dir, data_dir, test_split):
-    plan = {"online_beams": [1, 2], "pairs": 2, "pair_sentences": 12, "pair_requests": 70, "rounds": 1,
-            "latency_n": 3, "offline_layouts": {"ct2": [(1, 8)]}}
+    plan = {
+        "online_beams": [1, 2],
+        "pairs": 2,
+        "pair_sentences": 12,
+        "pair_requests": 70,
+        "rounds": 1,
+        "latency_n": 3,
+        "offline_layouts": {"ct2": [(1, 8)]},
+    }
     texts, refs = test_split
     rows = run_pairs(plan, str(tiny_model_dir), 1, texts, refs, offline_rows=[], data_dir=data_dir)
     assert [(r["beam"], r["pair"]) for r in rows] == [(1, 0), (1, 1), (2, 0), (2, 1)]
@@ -26,8 +33,15 @@ def _level(c: int, sent_s: float, p50: float) -> dict:
 
 def _results(pairs: list[dict]) -> dict:
     offline = [
-        {"engine": "ct2-int8", "beam": 1, "workers": 2, "threads": 2, "batch_size": 32, "sentences_per_s": 800.0,
-         "latency_single": {"p50_ms": 10.0}},
+        {
+            "engine": "ct2-int8",
+            "beam": 1,
+            "workers": 2,
+            "threads": 2,
+            "batch_size": 32,
+            "sentences_per_s": 800.0,
+            "latency_single": {"p50_ms": 10.0},
+        },
         {"engine": "torch-eager", "beam": 1, "workers": 1, "threads": 2, "batch_size": 64, "sentences_per_s": 40.0},
         {"engine": "torch-eager", "beam": 1, "workers": 1, "threads": 2, "batch_size": 1, "sentences_per_s": 8.0},
     ]
@@ -36,10 +50,19 @@ def _results(pairs: list[dict]) -> dict:
 
 
 def test_summary_takes_the_median_of_the_pairs():
-    pairs = [{"beam": 1, "pair": i, "ct2_sentences_per_s": ct2, "service_c64_sentences_per_s": svc,
-              "ct2_single_p50_ms": c1_ct2, "service_c1_p50_ms": c1_svc, "throughput_ratio": round(svc / ct2, 3),
-              "latency_ratio": round(c1_svc / c1_ct2, 3)}
-             for i, (svc, ct2, c1_svc, c1_ct2) in enumerate([(300, 600, 12, 10), (330, 500, 15, 10), (200, 800, 30, 12)])]
+    pairs = [
+        {
+            "beam": 1,
+            "pair": i,
+            "ct2_sentences_per_s": ct2,
+            "service_c64_sentences_per_s": svc,
+            "ct2_single_p50_ms": c1_ct2,
+            "service_c1_p50_ms": c1_svc,
+            "throughput_ratio": round(svc / ct2, 3),
+            "latency_ratio": round(c1_svc / c1_ct2, 3),
+        }
+        for i, (svc, ct2, c1_svc, c1_ct2) in enumerate([(300, 600, 12, 10), (330, 500, 15, 10), (200, 800, 30, 12)])
+    ]
     pairs.append({"beam": 1, "pair": 3, "error": "server errors"})  # a failed pair does not count
     s = summarize(_results(pairs), 1)
     assert s["pairs"] == 3

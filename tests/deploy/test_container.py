@@ -25,7 +25,7 @@ import grpc
 import pytest
 
 from service.client import Client
-from service.healthcheck import check
+from service.client.healthcheck import check
 from tests.support import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.container, pytest.mark.timeout(3600)]
@@ -53,8 +53,10 @@ def image(tmp_path_factory) -> str:
         return os.environ["MTSERVE_TEST_IMAGE"]
     model = os.environ.get("MTSERVE_TEST_MODEL")
     if model is None and not (REPO / MODEL / "model.safetensors").is_file():
-        pytest.skip(f"the shipped checkpoint {MODEL}/model.safetensors is missing: nothing to bake into the image "
-                    "(MTSERVE_TEST_MODEL=DIR bakes another model dir)")
+        pytest.skip(
+            f"the shipped checkpoint {MODEL}/model.safetensors is missing: nothing to bake into the image "
+            "(MTSERVE_TEST_MODEL=DIR bakes another model dir)"
+        )
     if os.geteuid() != 0 and shutil.which("podman") is None:
         pytest.skip("podman is not installed and installing it needs root")
     t0 = time.time()
@@ -71,9 +73,28 @@ def image(tmp_path_factory) -> str:
     t0 = time.time()
     log = tmp_path_factory.mktemp("container") / "build.log"
     with open(log, "w") as out:
-        build = subprocess.run([*PODMAN, "build", "--format", "docker", "--network", "host", "--target", "cpu",
-                                "--build-arg", f"BASE={base}", *extra, "-t", tag, str(REPO)],
-                               check=False, stdout=out, stderr=subprocess.STDOUT, timeout=2400)
+        build = subprocess.run(
+            [
+                *PODMAN,
+                "build",
+                "--format",
+                "docker",
+                "--network",
+                "host",
+                "--target",
+                "cpu",
+                "--build-arg",
+                f"BASE={base}",
+                *extra,
+                "-t",
+                tag,
+                str(REPO),
+            ],
+            check=False,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            timeout=2400,
+        )
     assert build.returncode == 0, log.read_text()[-8000:]
     print(f"\nbase image {base}: {t_base:.0f}s; podman build --target cpu: {time.time() - t0:.0f}s")
     return tag
@@ -87,10 +108,19 @@ def test_image_has_no_torch_runs_as_non_root_and_declares_ports_and_health(image
     assert {"50051/tcp", "9090/tcp"} <= set(cfg["ExposedPorts"])
     assert cfg["Entrypoint"] == ["mtserve", "serve"] and cfg.get("StopSignal") in ("SIGTERM", "15")
     health = healthcheck_of(info)
-    assert health and "service.healthcheck" in " ".join(health["Test"])
-    r = sh(*PODMAN, "run", "--rm", *RUN, "--entrypoint", "python3", image, "-c",
-           "import importlib.util as u, os; print(u.find_spec('torch') is None, os.getuid(), "
-           "sorted(os.listdir('/models/de-en/onnx')))")
+    assert health and "service.client.healthcheck" in " ".join(health["Test"])
+    r = sh(
+        *PODMAN,
+        "run",
+        "--rm",
+        *RUN,
+        "--entrypoint",
+        "python3",
+        image,
+        "-c",
+        "import importlib.util as u, os; print(u.find_spec('torch') is None, os.getuid(), "
+        "sorted(os.listdir('/models/de-en/onnx')))",
+    )
     no_torch, uid, files = r.stdout.strip().split(" ", 2)
     assert no_torch == "True" and uid != "0"
     assert "manifest.json" in files and "encoder.fp32.onnx" in files and "decoder.int8.onnx" in files
@@ -99,8 +129,21 @@ def test_image_has_no_torch_runs_as_non_root_and_declares_ports_and_health(image
 def test_container_serves_translates_and_drains_on_sigterm(image):
     port, metrics = free_port(), free_port()
     name = f"mtserve-test-{port}"
-    sh(*PODMAN, "run", "-d", "--name", name, *RUN, "-e", f"MTSERVE_ADDRESS=127.0.0.1:{port}",
-       "-e", f"MTSERVE_METRICS_PORT={metrics}", "-e", "MTSERVE_GRACE_PERIOD_S=20", image)
+    sh(
+        *PODMAN,
+        "run",
+        "-d",
+        "--name",
+        name,
+        *RUN,
+        "-e",
+        f"MTSERVE_ADDRESS=127.0.0.1:{port}",
+        "-e",
+        f"MTSERVE_METRICS_PORT={metrics}",
+        "-e",
+        "MTSERVE_GRACE_PERIOD_S=20",
+        image,
+    )
     address = f"127.0.0.1:{port}"
     try:
         t0 = time.time()
@@ -137,8 +180,13 @@ def test_container_serves_translates_and_drains_on_sigterm(image):
             try:
                 with Client(address, timeout=60) as c:
                     started.append(i)
-                    r = c.translate([f"Eine Frau mit einem roten Hut spielt Gitarre Nummer {i}.",
-                                     "Zwei Männer sitzen auf einer Bank im Park."], beam_size=4)
+                    r = c.translate(
+                        [
+                            f"Eine Frau mit einem roten Hut spielt Gitarre Nummer {i}.",
+                            "Zwei Männer sitzen auf einer Bank im Park.",
+                        ],
+                        beam_size=4,
+                    )
                     outcomes.append(("OK", len(r)))
             except grpc.RpcError as e:
                 outcomes.append((e.code().name, e.details()))

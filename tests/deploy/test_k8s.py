@@ -43,7 +43,7 @@ def test_kustomization_lists_every_manifest():
 @pytest.mark.parametrize("version", VERSIONS)
 def test_core_manifests_validate_strictly(manifests, version):
     kinds = set()
-    for (kind, name), d in manifests.items():
+    for (kind, _name), d in manifests.items():
         if kind == "ServiceMonitor":
             with pytest.raises(kubernetes_validate.SchemaNotFoundError):
                 kubernetes_validate.validate(d, version, strict=True)
@@ -82,7 +82,10 @@ def test_deployment_probes_ports_and_lifecycle(manifests):
     assert c["resources"]["requests"]["cpu"] and c["resources"]["limits"]["memory"]
     assert c["envFrom"][0]["configMapRef"]["name"] == "mtserve"
     assert pod["securityContext"]["runAsNonRoot"] and c["securityContext"]["readOnlyRootFilesystem"]
-    assert dep["spec"]["selector"]["matchLabels"].items() <= pod.get("labels", dep["spec"]["template"]["metadata"]["labels"]).items()
+    assert (
+        dep["spec"]["selector"]["matchLabels"].items()
+        <= pod.get("labels", dep["spec"]["template"]["metadata"]["labels"]).items()
+    )
 
 
 def test_services_hpa_and_pdb_select_the_pods(manifests):
@@ -106,35 +109,62 @@ def test_services_hpa_and_pdb_select_the_pods(manifests):
 # CRD defines them (Duration pattern included); anything else is rejected.
 DURATION = r"^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$"
 SERVICE_MONITOR = {
-    "type": "object", "required": ["apiVersion", "kind", "metadata", "spec"], "additionalProperties": False,
+    "type": "object",
+    "required": ["apiVersion", "kind", "metadata", "spec"],
+    "additionalProperties": False,
     "properties": {
-        "apiVersion": {"const": "monitoring.coreos.com/v1"}, "kind": {"const": "ServiceMonitor"},
+        "apiVersion": {"const": "monitoring.coreos.com/v1"},
+        "kind": {"const": "ServiceMonitor"},
         "metadata": {"type": "object", "required": ["name"]},
-        "spec": {"type": "object", "required": ["selector", "endpoints"], "additionalProperties": False, "properties": {
-            "jobLabel": {"type": "string"},
-            "selector": {"type": "object", "additionalProperties": False, "properties": {
-                "matchLabels": {"type": "object", "additionalProperties": {"type": "string"}}}},
-            "endpoints": {"type": "array", "minItems": 1, "items": {
-                "type": "object", "additionalProperties": False, "properties": {
-                    "port": {"type": "string"}, "path": {"type": "string"},
-                    "interval": {"type": "string", "pattern": DURATION},
-                    "scrapeTimeout": {"type": "string", "pattern": DURATION}}}}}}},
+        "spec": {
+            "type": "object",
+            "required": ["selector", "endpoints"],
+            "additionalProperties": False,
+            "properties": {
+                "jobLabel": {"type": "string"},
+                "selector": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "properties": {"matchLabels": {"type": "object", "additionalProperties": {"type": "string"}}},
+                },
+                "endpoints": {
+                    "type": "array",
+                    "minItems": 1,
+                    "items": {
+                        "type": "object",
+                        "additionalProperties": False,
+                        "properties": {
+                            "port": {"type": "string"},
+                            "path": {"type": "string"},
+                            "interval": {"type": "string", "pattern": DURATION},
+                            "scrapeTimeout": {"type": "string", "pattern": DURATION},
+                        },
+                    },
+                },
+            },
+        },
+    },
 }
 
 
 def test_service_monitor_scrapes_the_metrics_port_of_one_service(manifests):
     sm = manifests[("ServiceMonitor", "mtserve")]
     jsonschema.validate(sm, SERVICE_MONITOR)
-    kubernetes_validate.validate({"apiVersion": "v1", "kind": "ConfigMap", "metadata": sm["metadata"]},
-                                 VERSIONS[-1], strict=True)  # its metadata is valid ObjectMeta
-    selected = [name for (kind, name), d in manifests.items() if kind == "Service"
-                and sm["spec"]["selector"]["matchLabels"].items() <= d["metadata"]["labels"].items()]
+    kubernetes_validate.validate(
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": sm["metadata"]}, VERSIONS[-1], strict=True
+    )  # its metadata is valid ObjectMeta
+    selected = [
+        name
+        for (kind, name), d in manifests.items()
+        if kind == "Service" and sm["spec"]["selector"]["matchLabels"].items() <= d["metadata"]["labels"].items()
+    ]
     assert selected == ["mtserve"]  # not the headless Service too: each pod scraped once
     # Job label = Service name = the job the alert rules and the compose Prometheus use.
-    assert "job=\"mtserve\"" in (K8S.parent / "prometheus" / "alerts.yml").read_text()
+    assert 'job="mtserve"' in (K8S.parent / "prometheus" / "alerts.yml").read_text()
     svc_ports = {p["name"] for p in manifests[("Service", "mtserve")]["spec"]["ports"]}
     for ep in sm["spec"]["endpoints"]:
         assert ep["port"] in svc_ports and ep["path"] == "/metrics"
     with pytest.raises(jsonschema.ValidationError):
-        jsonschema.validate({**sm, "spec": {**sm["spec"], "endpoints": [{"port": "metrics", "interval": "15 s"}]}},
-                            SERVICE_MONITOR)
+        jsonschema.validate(
+            {**sm, "spec": {**sm["spec"], "endpoints": [{"port": "metrics", "interval": "15 s"}]}}, SERVICE_MONITOR
+        )

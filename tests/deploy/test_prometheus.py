@@ -25,23 +25,30 @@ from tests.support import free_port
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 PROM = DEPLOY / "prometheus"
 DASHBOARD = DEPLOY / "grafana" / "dashboards" / "mtserve.json"
-SENTENCES = ["Ein Hund rennt durch den Schnee.", "Zwei Männer sitzen auf einer Bank.",
-             "Eine Frau mit einem roten Hut spielt Gitarre auf der Straße vor vielen Menschen.", "Ein Kind lacht."]
+SENTENCES = [
+    "Ein Hund rennt durch den Schnee.",
+    "Zwei Männer sitzen auf einer Bank.",
+    "Eine Frau mit einem roten Hut spielt Gitarre auf der Straße vor vielen Menschen.",
+    "Ein Kind lacht.",
+]
 RATE_INTERVAL = "20s"  # what Grafana's $__rate_interval becomes here (scrape interval 1 s)
 
 
 def tool(name: str) -> str:
     path = shutil.which(name)
     if path is None:
-        pytest.skip(f"`{name}` not found: install the Debian package `prometheus` (apt-get install prometheus); "
-                    ".ci/run installs it")
+        pytest.skip(
+            f"`{name}` not found: install the Debian package `prometheus` (apt-get install prometheus); "
+            ".ci/run installs it"
+        )
     return path
 
 
 def dashboard_exprs() -> list[tuple[str, str]]:
     dash = json.loads(DASHBOARD.read_text())
-    return [(p["title"], t["expr"].replace("$__rate_interval", RATE_INTERVAL))
-            for p in dash["panels"] for t in p["targets"]]
+    return [
+        (p["title"], t["expr"].replace("$__rate_interval", RATE_INTERVAL)) for p in dash["panels"] for t in p["targets"]
+    ]
 
 
 def doc_exprs() -> list[tuple[str, str]]:
@@ -75,13 +82,20 @@ def test_promtool_checks_config_and_rules():
     for args in (["check", "config", str(PROM / "prometheus.yml")], ["check", "rules", str(PROM / "alerts.yml")]):
         r = subprocess.run([promtool, *args], check=False, capture_output=True, text=True, timeout=60)
         assert r.returncode == 0, r.stdout + r.stderr
-    r = subprocess.run([promtool, "check", "rules", str(PROM / "alerts.yml")], check=False, capture_output=True, text=True)
+    r = subprocess.run(
+        [promtool, "check", "rules", str(PROM / "alerts.yml")], check=False, capture_output=True, text=True
+    )
     assert "4 rules found" in r.stdout + r.stderr
 
 
 def test_alert_unit_tests_fire_and_stay_silent():
-    r = subprocess.run([tool("promtool"), "test", "rules", str(PROM / "alerts_test.yml")], check=False, capture_output=True,
-                       text=True, timeout=60)
+    r = subprocess.run(
+        [tool("promtool"), "test", "rules", str(PROM / "alerts_test.yml")],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     tested = set(re.findall(r"alertname: (\w+)", (PROM / "alerts_test.yml").read_text()))
     assert tested == {r["alert"] for r in alert_rules()}
@@ -90,13 +104,23 @@ def test_alert_unit_tests_fire_and_stay_silent():
 def test_dashboard_has_the_panels_and_is_provisioned():
     dash = json.loads(DASHBOARD.read_text())
     titles = " | ".join(p["title"] for p in dash["panels"]).lower()
-    for needed in ("request rate", "error", "p50 / p95 / p99", "queue wait", "batch", "tokens per second",
-                   "in-flight", "padding"):
+    for needed in (
+        "request rate",
+        "error",
+        "p50 / p95 / p99",
+        "queue wait",
+        "batch",
+        "tokens per second",
+        "in-flight",
+        "padding",
+    ):
         assert needed in titles, needed
     ds = yaml.safe_load((DEPLOY / "grafana" / "provisioning" / "datasources" / "prometheus.yml").read_text())
     uid = ds["datasources"][0]["uid"]
-    assert all(p["datasource"]["uid"] == uid and all(t["datasource"]["uid"] == uid for t in p["targets"])
-               for p in dash["panels"])
+    assert all(
+        p["datasource"]["uid"] == uid and all(t["datasource"]["uid"] == uid for t in p["targets"])
+        for p in dash["panels"]
+    )
     ids = [p["id"] for p in dash["panels"]]
     assert len(ids) == len(set(ids))
     compose = yaml.safe_load((DEPLOY / "compose.yaml").read_text())
@@ -142,16 +166,27 @@ class Prometheus:
     def __init__(self, binary: str, workdir: Path, target: str):
         self.port = free_port()
         config = workdir / "prometheus.yml"
-        config.write_text(yaml.safe_dump({
-            "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-            "rule_files": [str(PROM / "alerts.yml")],
-            "scrape_configs": [{"job_name": "mtserve", "static_configs": [{"targets": [target]}]}],
-        }))
+        config.write_text(
+            yaml.safe_dump(
+                {
+                    "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+                    "rule_files": [str(PROM / "alerts.yml")],
+                    "scrape_configs": [{"job_name": "mtserve", "static_configs": [{"targets": [target]}]}],
+                }
+            )
+        )
         self.log = open(workdir / "prometheus.log", "w")
         self.proc = subprocess.Popen(
-            [binary, f"--config.file={config}", f"--storage.tsdb.path={workdir / 'data'}",
-             f"--web.listen-address=127.0.0.1:{self.port}", "--log.level=warn"],
-            stdout=self.log, stderr=subprocess.STDOUT)
+            [
+                binary,
+                f"--config.file={config}",
+                f"--storage.tsdb.path={workdir / 'data'}",
+                f"--web.listen-address=127.0.0.1:{self.port}",
+                "--log.level=warn",
+            ],
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
         self.wait(lambda: self.get("/-/ready", raw=True) is not None, 60, "Prometheus not ready")
 
     def get(self, path: str, raw: bool = False, **params):
@@ -216,8 +251,11 @@ def test_prometheus_scrapes_a_server_under_load_and_every_query_returns_data(mak
             t.start()
         prom.wait(lambda: [s for s in prom.query('up{job="mtserve"}') if s["value"][1] == "1"], 60, "target not up")
         # Enough scrapes with traffic in between for rate() over the dashboard's window.
-        prom.wait(lambda: finite(prom.query(f'sum(rate(mtserve_generated_tokens_total[{RATE_INTERVAL}])) > 0')),
-                  60, "no token rate")
+        prom.wait(
+            lambda: finite(prom.query(f"sum(rate(mtserve_generated_tokens_total[{RATE_INTERVAL}])) > 0")),
+            60,
+            "no token rate",
+        )
         time.sleep(3)
         missing = []
         for title, expr in dashboard_exprs() + doc_exprs():
@@ -229,9 +267,15 @@ def test_prometheus_scrapes_a_server_under_load_and_every_query_returns_data(mak
             prom.query(rule["expr"])  # the full expression parses and evaluates (empty: not firing)
         assert not missing, missing
         # Prometheus loaded and evaluated the rule file itself, without errors; nothing fires.
-        prom.wait(lambda: all(r.get("lastEvaluation", "").startswith("20") and not r["lastEvaluation"].startswith("0001")
-                              for g in prom.get("/api/v1/rules")["data"]["groups"] for r in g["rules"]),
-                  30, "rules not evaluated")
+        prom.wait(
+            lambda: all(
+                r.get("lastEvaluation", "").startswith("20") and not r["lastEvaluation"].startswith("0001")
+                for g in prom.get("/api/v1/rules")["data"]["groups"]
+                for r in g["rules"]
+            ),
+            30,
+            "rules not evaluated",
+        )
         groups = prom.get("/api/v1/rules")["data"]["groups"]
         rules = [r for g in groups for r in g["rules"]]
         assert {r["name"] for r in rules} == {r["alert"] for r in alert_rules()}

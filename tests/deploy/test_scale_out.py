@@ -17,8 +17,12 @@ from tests.support import free_port, wait_serving
 
 def translate_count(metrics_port: int) -> float:
     body = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).read().decode()
-    return sum(s.value for f in text_string_to_metric_families(body) for s in f.samples
-               if s.name == "mtserve_requests_total" and s.labels == {"method": "Translate", "code": "OK"})
+    return sum(
+        s.value
+        for f in text_string_to_metric_families(body)
+        for s in f.samples
+        if s.name == "mtserve_requests_total" and s.labels == {"method": "Translate", "code": "OK"}
+    )
 
 
 def test_round_robin_client_reaches_both_replicas(tiny_onnx_dir):
@@ -27,10 +31,30 @@ def test_round_robin_client_reaches_both_replicas(tiny_onnx_dir):
         for _ in range(2):
             port, metrics = free_port(), free_port()
             proc = subprocess.Popen(
-                [sys.executable, "-m", "service.cli", "serve", "--model-dir", str(tiny_onnx_dir.parent),
-                 "--onnx-dir", str(tiny_onnx_dir), "--address", f"127.0.0.1:{port}", "--metrics-port", str(metrics),
-                 "--metrics-address", "127.0.0.1", "--decode-workers", "1", "--grace-period-s", "5"],
-                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                [
+                    sys.executable,
+                    "-m",
+                    "mtserve",
+                    "serve",
+                    "--model-dir",
+                    str(tiny_onnx_dir.parent),
+                    "--onnx-dir",
+                    str(tiny_onnx_dir),
+                    "--address",
+                    f"127.0.0.1:{port}",
+                    "--metrics-port",
+                    str(metrics),
+                    "--metrics-address",
+                    "127.0.0.1",
+                    "--decode-workers",
+                    "1",
+                    "--grace-period-s",
+                    "5",
+                ],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
             replicas.append((proc, f"127.0.0.1:{port}", metrics))
         for proc, address, _ in replicas:
             wait_serving(address, proc)

@@ -6,8 +6,9 @@ import torch
 from export.generate import beam_search, greedy_search, pad_batch
 from export.model import ModelConfig, Transformer, count_parameters
 
-CFG = ModelConfig(vocab_size=50, d_model=32, n_heads=4, n_encoder_layers=2, n_decoder_layers=2, d_ff=64,
-                  dropout=0.0, max_positions=64)
+CFG = ModelConfig(
+    vocab_size=50, d_model=32, n_heads=4, n_encoder_layers=2, n_decoder_layers=2, d_ff=64, dropout=0.0, max_positions=64
+)
 
 
 @pytest.fixture(params=[True, False], ids=["pre_norm", "post_norm"])
@@ -52,8 +53,9 @@ def test_padding_does_not_change_real_positions(model):
         mem = model.encode(src, mask)
         mem_p = model.encode(padded, padded_mask)
         torch.testing.assert_close(mem_p[:, :6], mem, atol=1e-5, rtol=1e-5)
-        torch.testing.assert_close(model.decode(tgt, mem_p, padded_mask)[0], model.decode(tgt, mem, mask)[0],
-                                   atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(
+            model.decode(tgt, mem_p, padded_mask)[0], model.decode(tgt, mem, mask)[0], atol=1e-5, rtol=1e-5
+        )
 
 
 def test_fully_padded_row_is_finite(model):
@@ -86,7 +88,7 @@ def test_incremental_decode_equals_full_recompute(model):
         past = [(torch.zeros(2, CFG.n_heads, 0, CFG.d_k),) * 2 for _ in range(CFG.n_decoder_layers)]
         past_mask = torch.zeros(2, 0)
         for t in range(tgt.shape[1]):
-            lp, new, _ = model.decode_step(tgt[:, t:t + 1], torch.full((2,), t), past, past_mask, cross, mask)
+            lp, new, _ = model.decode_step(tgt[:, t : t + 1], torch.full((2,), t), past, past_mask, cross, mask)
             torch.testing.assert_close(lp, full[:, t], atol=1e-5, rtol=1e-5)
             past = [(torch.cat([pk, k], 2), torch.cat([pv, v], 2)) for (pk, pv), (k, v) in zip(past, new)]
             past_mask = torch.cat([past_mask, torch.ones(2, 1)], dim=1)
@@ -102,9 +104,14 @@ def test_rows_at_different_steps_with_padded_past(model):
         # Row 0 has decoded 4 tokens, row 1 only 2: row 1's past is padded with 2 garbage entries.
         caches = []
         for t in range(4):
-            _, new, _ = model.decode_step(tgt[:, t:t + 1], torch.full((2,), t),
-                                          caches[-1] if caches else [(torch.zeros(2, CFG.n_heads, 0, CFG.d_k),) * 2] * 2,
-                                          torch.ones(2, t), cross, mask)
+            _, new, _ = model.decode_step(
+                tgt[:, t : t + 1],
+                torch.full((2,), t),
+                caches[-1] if caches else [(torch.zeros(2, CFG.n_heads, 0, CFG.d_k),) * 2] * 2,
+                torch.ones(2, t),
+                cross,
+                mask,
+            )
             prev = caches[-1] if caches else [(torch.zeros(2, CFG.n_heads, 0, CFG.d_k),) * 2] * 2
             caches.append([(torch.cat([pk, k], 2), torch.cat([pv, v], 2)) for (pk, pv), (k, v) in zip(prev, new)])
         past = []
@@ -141,8 +148,9 @@ def test_greedy_with_cache_equals_greedy_by_full_recompute(tiny_model):
 
 def test_beam_1_equals_greedy(tiny_model):
     model = tiny_model
-    src = [[(7 * i + j) % (model.cfg.vocab_size - 4) + 4 for j in range(2 + i % 9)] + [model.cfg.eos_id]
-           for i in range(20)]
+    src = [
+        [(7 * i + j) % (model.cfg.vocab_size - 4) + 4 for j in range(2 + i % 9)] + [model.cfg.eos_id] for i in range(20)
+    ]
     greedy = greedy_search(model, src)
     beam1 = beam_search(model, src, beam=1)
     assert [h.tokens for h in greedy] == [h.tokens for h in beam1]

@@ -52,7 +52,7 @@ def test_it_translates(translator):
 
 def test_onnx_export_matches_pytorch_greedy(model_dir, translator, tmp_path, test_split):
     from export.to_onnx import export_model
-    from service.translator import OnnxTranslator
+    from service.decoding.translator import OnnxTranslator
 
     export_model(model_dir, tmp_path / "onnx", ["fp32"])
     onnx = OnnxTranslator(tmp_path / "onnx", precision="fp32")

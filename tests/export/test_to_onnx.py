@@ -10,9 +10,9 @@ import onnx
 import pytest
 import torch
 
+from contract.manifest import FORMAT_VERSION, load_manifest
 from export.to_onnx import OPSET, decoder_io, encoder_io, export_model
-from service.manifest import FORMAT_VERSION, load_manifest
-from service.onnx_model import OnnxSeq2Seq
+from service.runtime.onnx_model import OnnxSeq2Seq
 
 PRECISIONS = ["fp32", "int8", "fp16"]
 
@@ -40,9 +40,15 @@ def torch_encode(model, ids, mask):
 def torch_step(model, tokens, positions, past_k, past_v, past_mask, cross_k, cross_v, src_mask):
     t = torch.from_numpy
     with torch.no_grad():
-        lp, new, w = model.decode_step(t(tokens.reshape(-1, 1)), t(positions), list(zip(map(t, past_k), map(t, past_v))),
-                                       t(past_mask), list(zip(map(t, cross_k), map(t, cross_v))), t(src_mask),
-                                       need_weights=True)
+        lp, new, w = model.decode_step(
+            t(tokens.reshape(-1, 1)),
+            t(positions),
+            list(zip(map(t, past_k), map(t, past_v))),
+            t(past_mask),
+            list(zip(map(t, cross_k), map(t, cross_v))),
+            t(src_mask),
+            need_weights=True,
+        )
     present_k = [np.concatenate([a, k.numpy()], 2) for a, (k, _) in zip(past_k, new)]
     present_v = [np.concatenate([a, v.numpy()], 2) for a, (_, v) in zip(past_v, new)]
     return lp.numpy(), present_k, present_v, w.numpy()
@@ -64,9 +70,19 @@ def test_manifest_lists_every_variant_with_its_contract(tiny_onnx_dir, tiny_mode
     assert m.opset == OPSET >= 17
     assert (m.src_lang, m.tgt_lang) == ("de", "en")
     assert m.special_ids.eos_id == cfg.eos_id and m.special_ids.pad_id == cfg.pad_id
-    assert (m.dims.vocab_size, m.dims.d_model, m.dims.n_heads, m.dims.d_k) == (cfg.vocab_size, cfg.d_model, cfg.n_heads, cfg.d_k)
+    assert (m.dims.vocab_size, m.dims.d_model, m.dims.n_heads, m.dims.d_k) == (
+        cfg.vocab_size,
+        cfg.d_model,
+        cfg.n_heads,
+        cfg.d_k,
+    )
     assert m.dims.n_decoder_layers == cfg.n_decoder_layers and m.dims.max_positions == cfg.max_positions
-    assert (m.generation.max_len_a, m.generation.max_len_b, m.generation.length_penalty, m.generation.beam) == (1.5, 10, 1.0, 4)
+    assert (m.generation.max_len_a, m.generation.max_len_b, m.generation.length_penalty, m.generation.beam) == (
+        1.5,
+        10,
+        1.0,
+        4,
+    )
     assert {"torch", "onnx", "onnxruntime"} <= set(m.tool_versions)
     assert (tiny_onnx_dir / "tokenizer.json").is_file()
     for p, v in m.variants.items():
@@ -95,7 +111,9 @@ def test_shipped_graphs_pass_the_full_checker_with_dynamic_axes(tiny_onnx_dir, p
             if value.name == "top_k":
                 assert dims == [1]
                 continue
-            per_sentence = part == "decoder" and (value.name == "src_mask" or value.name.startswith(("cross_key", "cross_value")))
+            per_sentence = part == "decoder" and (
+                value.name == "src_mask" or value.name.startswith(("cross_key", "cross_value"))
+            )
             assert dims[0] == ("sentences" if per_sentence else "batch"), (value.name, dims)
             assert value.type.tensor_type.elem_type in (onnx.TensorProto.INT64, onnx.TensorProto.FLOAT)
         names = {v.name: [d.dim_param for d in v.type.tensor_type.shape.dim] for v in model.graph.input}
@@ -145,13 +163,21 @@ def test_padding_does_not_change_results(tiny_onnx, tiny_model):
     tokens = rng.integers(4, cfg.vocab_size, size=(5, 1)).astype(np.int64)
     P = 3
     pk, pv = random_past(rng, 5, cfg.n_heads, P, cfg.d_k, cfg.n_decoder_layers)
-    batched = tiny_onnx.step(tokens, np.full(5, P), pk, pv, np.ones((5, P), np.float32), ck, cv, mask,
-                             log_probs=True)
+    batched = tiny_onnx.step(tokens, np.full(5, P), pk, pv, np.ones((5, P), np.float32), ck, cv, mask, log_probs=True)
     for i, n in enumerate([4, 11, 7, 1, 9]):
-        m1, ck1, cv1 = tiny_onnx.encode(ids[i:i + 1, :n], mask[i:i + 1, :n])
+        m1, ck1, cv1 = tiny_onnx.encode(ids[i : i + 1, :n], mask[i : i + 1, :n])
         np.testing.assert_allclose(mem[i, :n], m1[0], atol=1e-5)
-        alone = tiny_onnx.step(tokens[i:i + 1], np.array([P]), [k[i:i + 1] for k in pk], [v[i:i + 1] for v in pv],
-                               np.ones((1, P), np.float32), ck1, cv1, mask[i:i + 1, :n], log_probs=True)
+        alone = tiny_onnx.step(
+            tokens[i : i + 1],
+            np.array([P]),
+            [k[i : i + 1] for k in pk],
+            [v[i : i + 1] for v in pv],
+            np.ones((1, P), np.float32),
+            ck1,
+            cv1,
+            mask[i : i + 1, :n],
+            log_probs=True,
+        )
         np.testing.assert_allclose(batched.log_probs[i], alone.log_probs[0], atol=1e-5)
         np.testing.assert_allclose(batched.present_k[0][i], alone.present_k[0][0], atol=1e-5)
         np.testing.assert_allclose(batched.cross_attention[i, :n], alone.cross_attention[0], atol=1e-6)
@@ -180,8 +206,7 @@ def test_rows_at_different_positions_in_one_call_equal_per_row_results(tiny_onnx
     rows = []
     for (ids, mask), P in zip(srcs, steps):
         _, tok, pk, pv, ck, cv = _greedy_trace(tiny_onnx, ids, mask, P)
-        alone = tiny_onnx.step(tok, np.array([P]), pk, pv, np.ones((1, P), np.float32), ck, cv, mask,
-                               log_probs=True)
+        alone = tiny_onnx.step(tok, np.array([P]), pk, pv, np.ones((1, P), np.float32), ck, cv, mask, log_probs=True)
         rows.append((tok, pk, pv, ck, cv, mask, alone))
     B, Pmax, Smax = len(rows), max(steps), max(m.shape[1] for *_, m, _ in rows)
     # Pad the past: rows 0 and 3 on the right, row 2 on the left (padding may sit anywhere).
@@ -191,13 +216,13 @@ def test_rows_at_different_positions_in_one_call_equal_per_row_results(tiny_onnx
     ck = [np.zeros((B, cfg.n_heads, Smax, cfg.d_k), np.float32) for _ in range(L)]
     cv = [np.zeros_like(k) for k in ck]
     src_mask = np.zeros((B, Smax), np.int64)
-    for r, ((tok, k1, v1, ck1, cv1, m1, _), P) in enumerate(zip(rows, steps)):
+    for r, ((_tok, k1, v1, ck1, cv1, m1, _), P) in enumerate(zip(rows, steps)):
         off = Pmax - P if r == 2 else 0
-        past_mask[r, off:off + P] = 1
+        past_mask[r, off : off + P] = 1
         S = m1.shape[1]
         src_mask[r, :S] = m1[0]
         for i in range(L):
-            pk[i][r, :, off:off + P], pv[i][r, :, off:off + P] = k1[i][0], v1[i][0]
+            pk[i][r, :, off : off + P], pv[i][r, :, off : off + P] = k1[i][0], v1[i][0]
             ck[i][r, :, :S], cv[i][r, :, :S] = ck1[i][0], cv1[i][0]
     tokens = np.concatenate([r[0] for r in rows])
     out = tiny_onnx.step(tokens, np.array(steps), pk, pv, past_mask, ck, cv, src_mask, log_probs=True)
@@ -230,8 +255,18 @@ def test_beams_share_their_sentence_cross_attention(tiny_onnx_dir, tiny_model, p
     positions = np.full(R, P)
     rep = np.repeat(np.arange(n), K)
     folded = model.step(tokens, positions, pk, pv, past_mask, ck, cv, mask, top_k=8, log_probs=True)
-    per_row = model.step(tokens, positions, pk, pv, past_mask, [k[rep] for k in ck], [v[rep] for v in cv],
-                         mask[rep], top_k=8, log_probs=True)
+    per_row = model.step(
+        tokens,
+        positions,
+        pk,
+        pv,
+        past_mask,
+        [k[rep] for k in ck],
+        [v[rep] for v in cv],
+        mask[rep],
+        top_k=8,
+        log_probs=True,
+    )
     tol = 1e-5 if precision != "fp16" else 2e-3
     np.testing.assert_allclose(folded.log_probs, per_row.log_probs, atol=tol)
     np.testing.assert_allclose(folded.cross_attention, per_row.cross_attention, atol=tol)
@@ -257,10 +292,20 @@ def test_no_nan_even_for_rows_that_are_entirely_padding(tiny_onnx_dir, tiny_mode
         pk, pv = random_past(rng, 3, cfg.n_heads, P, cfg.d_k, cfg.n_decoder_layers)
         pm = np.ones((3, P), np.float32)
         pm[2] = 0  # and an entirely padded past
-        out = model.step(np.array([[5], [6], [7]]), np.array([4, 4, 4]), pk, pv, pm, ck, cv, mask, top_k=2,
-                         log_probs=True)
-        assert all(np.isfinite(x).all() for x in [out.log_probs, out.top_log_probs, out.eos_log_prob,
-                                                  *out.present_k, *out.present_v, out.cross_attention]), precision
+        out = model.step(
+            np.array([[5], [6], [7]]), np.array([4, 4, 4]), pk, pv, pm, ck, cv, mask, top_k=2, log_probs=True
+        )
+        assert all(
+            np.isfinite(x).all()
+            for x in [
+                out.log_probs,
+                out.top_log_probs,
+                out.eos_log_prob,
+                *out.present_k,
+                *out.present_v,
+                out.cross_attention,
+            ]
+        ), precision
         np.testing.assert_allclose(np.exp(out.log_probs).sum(1), 1.0, atol=1e-3)
 
 
@@ -296,10 +341,12 @@ def test_int8_and_fp16_load_and_run(tiny_onnx_dir, tiny_onnx, precision, bound):
     got, ref = model.encode(ids, mask), tiny_onnx.encode(ids, mask)
     assert got[0].dtype == np.float32 and got[0].shape == ref[0].shape
     pk, pv, pm = model.empty_past(4)
-    out = model.step(np.full((4, 1), model.bos_id), np.zeros(4, np.int64), pk, pv, pm, got[1], got[2], mask,
-                     log_probs=True)
-    ref_out = tiny_onnx.step(np.full((4, 1), model.bos_id), np.zeros(4, np.int64), pk, pv, pm, ref[1], ref[2], mask,
-                             log_probs=True)
+    out = model.step(
+        np.full((4, 1), model.bos_id), np.zeros(4, np.int64), pk, pv, pm, got[1], got[2], mask, log_probs=True
+    )
+    ref_out = tiny_onnx.step(
+        np.full((4, 1), model.bos_id), np.zeros(4, np.int64), pk, pv, pm, ref[1], ref[2], mask, log_probs=True
+    )
     assert out.log_probs.dtype == np.float32 and np.isfinite(out.log_probs).all()
     assert out.top_log_probs.dtype == np.float32 and out.present_k[0].dtype == np.float32
     assert np.abs(out.log_probs - ref_out.log_probs).max() < bound
@@ -319,19 +366,38 @@ def test_cuda_request_falls_back_to_cpu_or_raises_when_strict(tiny_onnx_dir, cap
 
 
 def test_cli_export_with_the_torchscript_fallback_keeps_variants_side_by_side(tiny_model_dir, tmp_path, capsys):
-    from service.cli import main
+    from mtserve.cli import main
 
     out = tmp_path / "onnx"
     main(["export", "--model", str(tiny_model_dir), "--out", str(out), "--exporter", "torchscript"])
     assert "fp32" in capsys.readouterr().out
-    main(["export", "--model", str(tiny_model_dir), "--out", str(out), "--exporter", "torchscript",
-          "--precision", "int8", "--name", "tiny", "--version", "7"])
+    main(
+        [
+            "export",
+            "--model",
+            str(tiny_model_dir),
+            "--out",
+            str(out),
+            "--exporter",
+            "torchscript",
+            "--precision",
+            "int8",
+            "--name",
+            "tiny",
+            "--version",
+            "7",
+        ]
+    )
     m = load_manifest(out)
     assert sorted(m.variants) == ["fp32", "int8"] and (m.name, m.version) == ("tiny", "7")
     assert m.variants["fp32"].exporter == "torch.onnx.export(dynamo=False)"
     assert m.variants["fp32"].parity["log_probs"] <= 1e-4
-    assert sorted(p.name for p in out.glob("*.onnx")) == ["decoder.fp32.onnx", "decoder.int8.onnx",
-                                                          "encoder.fp32.onnx", "encoder.int8.onnx"]
+    assert sorted(p.name for p in out.glob("*.onnx")) == [
+        "decoder.fp32.onnx",
+        "decoder.int8.onnx",
+        "encoder.fp32.onnx",
+        "encoder.int8.onnx",
+    ]
     assert json.loads((out / "manifest.json").read_text())["format_version"] == FORMAT_VERSION == 3
 
 
@@ -358,10 +424,26 @@ def test_export_refuses_an_unknown_precision(tiny_model_dir, tmp_path):
 
 
 def test_verify_prints_one_json_line_with_parity_numbers(tiny_model_dir, tiny_onnx_dir, data_dir, capsys):
-    from export.verify import main
+    from mtserve.verify import main
 
-    main(["--model", str(tiny_model_dir), "--data", str(data_dir), "--limit", "30", "--steps", "12", "--batches", "2", "--threads", "1",
-          "--beam", "2"])
+    main(
+        [
+            "--model",
+            str(tiny_model_dir),
+            "--data",
+            str(data_dir),
+            "--limit",
+            "30",
+            "--steps",
+            "12",
+            "--batches",
+            "2",
+            "--threads",
+            "1",
+            "--beam",
+            "2",
+        ]
+    )
     lines = capsys.readouterr().out.strip().splitlines()
     result = json.loads(lines[-1])
     assert result["onnx_dir"] == str(tiny_onnx_dir)  # reused, not re-exported

@@ -3,7 +3,15 @@
 import pytest
 
 from export.checkpoint import TOKENIZER
-from export.tokenizer import SPECIAL_TOKENS, decode, decode_batch, encode_batch, load_tokenizer, special_ids, train_tokenizer
+from export.tokenizer import (
+    SPECIAL_TOKENS,
+    decode,
+    decode_batch,
+    encode_batch,
+    load_tokenizer,
+    special_ids,
+    train_tokenizer,
+)
 
 
 @pytest.fixture(scope="module")

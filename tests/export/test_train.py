@@ -43,7 +43,9 @@ def test_same_seed_same_weights_and_resume_continues(tmp_path, data_dir, make_tr
     part = make_train_args(tmp_path / "c", data_dir, "--epochs", "2", "--max-train-sentences", "600")
     part.epochs = 1
     run(part)
-    resumed = run(make_train_args(tmp_path / "c", data_dir, "--epochs", "2", "--max-train-sentences", "600", "--resume"))
+    resumed = run(
+        make_train_args(tmp_path / "c", data_dir, "--epochs", "2", "--max-train-sentences", "600", "--resume")
+    )
     meta = json.loads((resumed / CONFIG).read_text())["training"]
     assert [h["epoch"] for h in meta["history"]] == [1, 2]
     assert meta["steps"] == json.loads((one / CONFIG).read_text())["training"]["steps"]

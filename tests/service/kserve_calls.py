@@ -22,11 +22,14 @@ def state(address: str, models: list[str]) -> dict:
     from tritonclient.utils import InferenceServerException
 
     with tc.InferenceServerClient(address) as c:
-        out = {"live": c.is_server_live(), "ready": c.is_server_ready(),
-               "server": c.get_server_metadata(as_json=True),
-               "model_ready": {m: c.is_model_ready(m) for m in models},
-               "model_ready_wrong_version": {m: c.is_model_ready(m, "no-such-version") for m in models},
-               "metadata": {}}
+        out = {
+            "live": c.is_server_live(),
+            "ready": c.is_server_ready(),
+            "server": c.get_server_metadata(as_json=True),
+            "model_ready": {m: c.is_model_ready(m) for m in models},
+            "model_ready_wrong_version": {m: c.is_model_ready(m, "no-such-version") for m in models},
+            "metadata": {},
+        }
         for m in models:
             try:
                 out["metadata"][m] = c.get_model_metadata(m, as_json=True)
@@ -35,8 +38,15 @@ def state(address: str, models: list[str]) -> dict:
         return out
 
 
-def infer(address: str, model: str, inputs: list[dict], outputs: list[str] | None = None,
-          parameters: dict | None = None, version: str = "", reshape: list[int] | None = None) -> dict:
+def infer(
+    address: str,
+    model: str,
+    inputs: list[dict],
+    outputs: list[str] | None = None,
+    parameters: dict | None = None,
+    version: str = "",
+    reshape: list[int] | None = None,
+) -> dict:
     """One ModelInfer. Each input: {"name", "datatype", "data": array-like[, "shape"]}; `reshape`
     overrides the first input's declared shape after its data was set (a shape/data mismatch
     that tritonclient itself would refuse to build)."""
@@ -54,11 +64,22 @@ def infer(address: str, model: str, inputs: list[dict], outputs: list[str] | Non
     requested = [tc.InferRequestedOutput(o) for o in outputs] if outputs else None
     with tc.InferenceServerClient(address) as c:
         try:
-            result = c.infer(model, tensors, model_version=version, outputs=requested, parameters=parameters,
-                             request_id="req-1", client_timeout=60)
+            result = c.infer(
+                model,
+                tensors,
+                model_version=version,
+                outputs=requested,
+                parameters=parameters,
+                request_id="req-1",
+                client_timeout=60,
+            )
         except InferenceServerException as e:
             return _error(e)
         response = result.get_response()
-        return {"model_name": response.model_name, "model_version": response.model_version, "id": response.id,
-                "raw": len(response.raw_output_contents),
-                "outputs": {o.name: (o.datatype, list(o.shape), result.as_numpy(o.name)) for o in response.outputs}}
+        return {
+            "model_name": response.model_name,
+            "model_version": response.model_version,
+            "id": response.id,
+            "raw": len(response.raw_output_contents),
+            "outputs": {o.name: (o.datatype, list(o.shape), result.as_numpy(o.name)) for o in response.outputs},
+        }

@@ -10,9 +10,9 @@ pytest.importorskip("matplotlib", reason="the plot extra (matplotlib) is not ins
 
 from PIL import Image  # matplotlib depends on pillow
 
-from service.alignment_plot import DPI, alignment_figure, figure_size, readable_tokens, save_alignment
-from service.cli import main
+from mtserve.cli import main
 from service.client import alignment_matrix
+from service.client.alignment_plot import DPI, alignment_figure, figure_size, readable_tokens, save_alignment
 
 TEXT = "Ein Hund rennt durch den Schnee."
 
@@ -67,7 +67,9 @@ def test_translate_alignment_writes_the_picture(server, tmp_path, capsys):
 
 def test_several_texts_give_numbered_pictures(server, tmp_path, capsys):
     out = tmp_path / "a.png"
-    assert main(["translate", "--server", server.address, "--beam", "1", "--alignment", str(out),
-                 TEXT, "Ein Kind lacht."]) == 0
+    assert (
+        main(["translate", "--server", server.address, "--beam", "1", "--alignment", str(out), TEXT, "Ein Kind lacht."])
+        == 0
+    )
     assert (tmp_path / "a-1.png").is_file() and (tmp_path / "a-2.png").is_file() and not out.exists()
     assert len(capsys.readouterr().out.strip().splitlines()) == 2

@@ -17,15 +17,18 @@ from prometheus_client import generate_latest
 
 from service.api.mtserve.v1 import translation_pb2 as pb
 
-SENTENCES = ["Ein Hund rennt durch den Schnee.", "Zwei Männer sitzen auf einer Bank.",
-             "Eine Frau mit einem roten Hut spielt Gitarre auf der Straße vor vielen Menschen.", "Ein Kind lacht."]
+SENTENCES = [
+    "Ein Hund rennt durch den Schnee.",
+    "Zwei Männer sitzen auf einer Bank.",
+    "Eine Frau mit einem roten Hut spielt Gitarre auf der Straße vor vielen Menschen.",
+    "Ein Kind lacht.",
+]
 
 
 @pytest.fixture(scope="module")
 def pair(make_server):
     """The same model served in-process and with an engine process."""
     return make_server(decode_workers=2), make_server(decode_workers=2, engine_process=True)
-
 
 
 def test_same_answers_as_in_process(pair):
@@ -42,9 +45,12 @@ def test_same_answers_as_in_process(pair):
         stream = list(b.translate_stream(SENTENCES[2], beam_size=1))
         assert len(stream) >= 3 and stream[-1].final.text == a.translate([SENTENCES[2]], beam_size=1)[0].text
         assert "".join(m.chunk.text for m in stream[:-1]).strip() == stream[-1].final.text
-        np.testing.assert_allclose(b.encode(SENTENCES[:2])[1]["pooled"], a.encode(SENTENCES[:2])[1]["pooled"], atol=1e-5)
-        assert [t.text for t in b.translate_all(SENTENCES * 3, beam_size=1)] == \
-            [t.text for t in a.translate(SENTENCES * 3, beam_size=1)]
+        np.testing.assert_allclose(
+            b.encode(SENTENCES[:2])[1]["pooled"], a.encode(SENTENCES[:2])[1]["pooled"], atol=1e-5
+        )
+        assert [t.text for t in b.translate_all(SENTENCES * 3, beam_size=1)] == [
+            t.text for t in a.translate(SENTENCES * 3, beam_size=1)
+        ]
     assert process.wait_idle()
 
 
@@ -53,8 +59,13 @@ def test_the_child_metrics_are_scraped_with_the_servers(pair):
     with process.client() as c:
         c.translate(SENTENCES[:2], beam_size=1)
     text = generate_latest(process.server.metrics.registry).decode()
-    for name in ("mtserve_requests_total", "mtserve_decode_batch_rows_count", "mtserve_sentences_total",
-                 "mtserve_queue_capacity", "mtserve_encoder_duration_seconds_count"):
+    for name in (
+        "mtserve_requests_total",
+        "mtserve_decode_batch_rows_count",
+        "mtserve_sentences_total",
+        "mtserve_queue_capacity",
+        "mtserve_encoder_duration_seconds_count",
+    ):
         assert name in text
     types = [line for line in text.splitlines() if line.startswith("# TYPE")]
     assert len(types) == len(set(types))  # each family once: the parent's copies are not served
@@ -125,9 +136,15 @@ def test_drain_finishes_accepted_work_and_refuses_new(make_server):
 def test_translate_many_items_through_the_child(pair):
     _, process = pair
     with process.client() as c:
-        reqs = [pb.TranslateManyRequest(id=str(i), request=pb.TranslateRequest(
-            texts=[SENTENCES[i % 4]] if i != 3 else [""], options=pb.TranslationOptions(beam_size=1)))
-            for i in range(6)]
+        reqs = [
+            pb.TranslateManyRequest(
+                id=str(i),
+                request=pb.TranslateRequest(
+                    texts=[SENTENCES[i % 4]] if i != 3 else [""], options=pb.TranslationOptions(beam_size=1)
+                ),
+            )
+            for i in range(6)
+        ]
         answers = {r.id: r for r in c.translate_many(reqs)}
     assert answers["3"].error.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
     assert all(answers[str(i)].response.translations[0].text for i in (0, 1, 2, 4, 5))

@@ -11,9 +11,28 @@ def test_evaluate_any_split_json(tmp_path, tiny_model_dir, test_split):
     (tmp_path / "mysplit.de").write_text("\n".join(de[:20]) + "\n")
     with gzip.open(tmp_path / "mysplit.en.gz", "wt") as f:  # a gzipped side works as well
         f.write("\n".join(en[:20]) + "\n")
-    out = subprocess.run([sys.executable, "-m", "service.cli", "evaluate", "--model", str(tiny_model_dir),
-                          "--data", str(tmp_path), "--split", "mysplit", "--beam", "2", "--json",
-                          "--output", str(tmp_path / "hyp.txt")], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mtserve",
+            "evaluate",
+            "--model",
+            str(tiny_model_dir),
+            "--data",
+            str(tmp_path),
+            "--split",
+            "mysplit",
+            "--beam",
+            "2",
+            "--json",
+            "--output",
+            str(tmp_path / "hyp.txt"),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["sentences"] == 20
     assert 0.0 <= result["bleu"] <= 100.0
@@ -23,7 +42,21 @@ def test_evaluate_any_split_json(tmp_path, tiny_model_dir, test_split):
 
 
 def test_evaluate_missing_split_fails_clearly(tmp_path, tiny_model_dir):
-    out = subprocess.run([sys.executable, "-m", "service.cli", "evaluate", "--model", str(tiny_model_dir),
-                          "--data", str(tmp_path), "--split", "nope"], capture_output=True, text=True)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mtserve",
+            "evaluate",
+            "--model",
+            str(tiny_model_dir),
+            "--data",
+            str(tmp_path),
+            "--split",
+            "nope",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert out.returncode != 0
     assert "nope.de" in out.stderr

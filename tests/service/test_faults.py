@@ -71,7 +71,7 @@ def test_cancellations_and_deadlines_under_load_leave_the_queue_empty(make_serve
             kind = ("cancel", "deadline", "normal")[i % 3]
             f = stub.Translate.future(req, timeout=0.05 if kind == "deadline" else 60)
             futures.append((kind, f))
-        for kind, f in futures[::3]:
+        for _kind, f in futures[::3]:
             f.cancel()
         for kind, f in futures:
             try:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from service.generator import (
+from service.decoding.generator import (
     DecodeBatch,
     Finished,
     _walk,
@@ -32,7 +32,7 @@ def reference(tiny_model, src, beam, batch_size=16, **kw):
 
     out = []
     for i in range(0, len(src), batch_size):
-        out += beam_search(tiny_model, src[i:i + batch_size], beam=beam, **kw)
+        out += beam_search(tiny_model, src[i : i + batch_size], beam=beam, **kw)
     return out
 
 
@@ -86,7 +86,7 @@ def run_to_end(model, batch: DecodeBatch, results: dict) -> None:
 
 @pytest.mark.parametrize("beam", [1, 3])
 def test_filter_and_concatenate_mid_decode_equal_separate_decoding(tiny_onnx, sources, beam):
-    want = {i: h for i, h in enumerate(generate(tiny_onnx, sources[:12], beam=beam, want_alignment=True))}
+    want = dict(enumerate(generate(tiny_onnx, sources[:12], beam=beam, want_alignment=True)))
     results: dict[int, Finished] = {}
     a = DecodeBatch.from_sources(tiny_onnx, sources[:5], list(range(5)), beam=beam, want_alignment=True)
     for _ in range(3):
@@ -247,14 +247,16 @@ def test_the_one_sentence_beam_step_selects_as_the_batched_one(K, want_alignment
             np.testing.assert_array_equal(a.scores, b.scores)
             np.testing.assert_array_equal(a.tokens, b.tokens)
             assert a.done.tolist() == b.done.tolist()
-            assert [(f.key, f.tokens, f.score, f.log_prob, f.steps) for f in fa] == \
-                [(f.key, f.tokens, f.score, f.log_prob, f.steps) for f in fb]
+            assert [(f.key, f.tokens, f.score, f.log_prob, f.steps) for f in fa] == [
+                (f.key, f.tokens, f.score, f.log_prob, f.steps) for f in fb
+            ]
             for x, y in zip(fa, fb):
                 assert (x.alignment is None) == (y.alignment is None)
                 if x.alignment is not None:
                     np.testing.assert_array_equal(x.alignment, y.alignment)
-            assert [[(h[0], h[1], _walk(h[2])[0]) for h in f] for f in a.finished] == \
-                [[(h[0], h[1], _walk(h[2])[0]) for h in f] for f in b.finished]
+            assert [[(h[0], h[1], _walk(h[2])[0]) for h in f] for f in a.finished] == [
+                [(h[0], h[1], _walk(h[2])[0]) for h in f] for f in b.finished
+            ]
             assert [h and _walk(h)[0] for h in a.hist] == [h and _walk(h)[0] for h in b.hist]
             if a.done[0]:
                 break

@@ -1,4 +1,4 @@
-"""`python -m service.healthcheck`, the container's HEALTHCHECK: exit 0 only on SERVING."""
+"""`python -m service.client.healthcheck`, the container's HEALTHCHECK: exit 0 only on SERVING."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import socket
 import subprocess
 import sys
 
-from service.healthcheck import default_address, main
+from service.client.healthcheck import default_address, main
 from service.server import SERVICE_NAME
 
 
@@ -28,7 +28,13 @@ def test_serving_server_passes_and_others_fail(make_server, capsys):
 def test_module_entry_point_and_default_address(make_server):
     srv = make_server()
     env = {**os.environ, "MTSERVE_ADDRESS": f"0.0.0.0:{srv.server.port}"}
-    r = subprocess.run([sys.executable, "-m", "service.healthcheck"], env=env, check=False, capture_output=True, text=True,
-                       timeout=30)
+    r = subprocess.run(
+        [sys.executable, "-m", "service.client.healthcheck"],
+        env=env,
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert r.returncode == 0 and r.stdout.strip() == f"127.0.0.1:{srv.server.port}: SERVING"
     assert default_address().startswith("127.0.0.1:")

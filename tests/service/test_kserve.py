@@ -50,8 +50,11 @@ def text_input(*texts: str, **kw) -> list[dict]:
 
 
 def counter(metric, **labels) -> float:
-    return sum(s.value for s in metric.collect()[0].samples
-               if s.name.endswith("_total") and all(s.labels.get(k) == v for k, v in labels.items()))
+    return sum(
+        s.value
+        for s in metric.collect()[0].samples
+        if s.name.endswith("_total") and all(s.labels.get(k) == v for k, v in labels.items())
+    )
 
 
 # ----------------------------------------------------------------------------- health and metadata
@@ -102,17 +105,33 @@ def test_translate_batch_matches_the_v1_api(server, triton, names):
     assert datatype == "BYTES" and shape == [3] and data.shape == (3,)
     assert [b.decode() for b in data] == expected
 
-    r = triton(kserve_calls.infer, server.address, translator, text_input(*SENTENCES), outputs=["TRANSLATION"],
-               parameters={"beam_size": 2})
+    r = triton(
+        kserve_calls.infer,
+        server.address,
+        translator,
+        text_input(*SENTENCES),
+        outputs=["TRANSLATION"],
+        parameters={"beam_size": 2},
+    )
     assert [b.decode() for b in r["outputs"]["TRANSLATION"][2]] == beam2
 
-    r = triton(kserve_calls.infer, server.address, translator, text_input(SENTENCES[0]),
-               parameters={"beam_size": 1, "max_output_tokens": 3})
+    r = triton(
+        kserve_calls.infer,
+        server.address,
+        translator,
+        text_input(SENTENCES[0]),
+        parameters={"beam_size": 1, "max_output_tokens": 3},
+    )
     assert r["outputs"]["TRANSLATION"][2][0].decode() == capped.text
     assert capped.output_tokens <= 3
 
-    r = triton(kserve_calls.infer, server.address, translator, text_input(SENTENCES[0]),
-               parameters={"beam_size": 3, "length_penalty": 0.0})
+    r = triton(
+        kserve_calls.infer,
+        server.address,
+        translator,
+        text_input(SENTENCES[0]),
+        parameters={"beam_size": 3, "length_penalty": 0.0},
+    )
     assert r["outputs"]["TRANSLATION"][2][0].decode() == short.text
 
 
@@ -145,7 +164,8 @@ def test_contents_in_contents_out(server, names):
         expected = [t.text for t in c.translate(SENTENCES[:2], beam_size=1)]
     req = pb.ModelInferRequest(model_name=translator, parameters={"beam_size": pb.InferParameter(int64_param=1)})
     req.inputs.add(name="TEXT", datatype="BYTES", shape=[2]).contents.bytes_contents.extend(
-        [s.encode() for s in SENTENCES[:2]])
+        [s.encode() for s in SENTENCES[:2]]
+    )
     resp = infer_stub(server, req)
     assert not resp.raw_output_contents
     (out,) = resp.outputs
@@ -186,26 +206,46 @@ def test_not_ready_and_unavailable_while_draining(make_server, triton, names):
 # ----------------------------------------------------------------------------- errors
 
 
-@pytest.mark.parametrize("case, kwargs, code, field", [
-    ("unknown model", dict(model="no-such-model"), "NOT_FOUND", "model_name"),
-    ("unknown version", dict(version="no-such-version"), "NOT_FOUND", "model_version"),
-    ("input name", dict(inputs=[{"name": "SOURCE", "datatype": "BYTES", "data": [b"Hallo"]}]),
-     "INVALID_ARGUMENT", "inputs[0].name"),
-    ("two inputs", dict(inputs=text_input("Hallo") * 2), "INVALID_ARGUMENT", "inputs"),
-    ("datatype", dict(inputs=[{"name": "TEXT", "datatype": "FP32", "data": [1.0]}]),
-     "INVALID_ARGUMENT", "inputs[0].datatype"),
-    ("rank", dict(inputs=[{"name": "TEXT", "datatype": "BYTES", "data": [[b"Hallo", b"Welt"]]}]),
-     "INVALID_ARGUMENT", "inputs[0].shape"),
-    ("shape vs data", dict(inputs=text_input("Hallo", "Welt"), reshape=[3]), "INVALID_ARGUMENT", "inputs[0].shape"),
-    ("output name", dict(outputs=["EMBEDDING"]), "INVALID_ARGUMENT", "outputs[0].name"),
-    ("unknown parameter", dict(parameters={"beam": 2}), "INVALID_ARGUMENT", "parameters.beam"),
-    ("parameter type", dict(parameters={"beam_size": "2"}), "INVALID_ARGUMENT", "parameters.beam_size"),
-    ("beam range", dict(parameters={"beam_size": 99}), "INVALID_ARGUMENT", "parameters.beam_size"),
-    ("output cap", dict(parameters={"max_output_tokens": 10**6}), "INVALID_ARGUMENT", "parameters.max_output_tokens"),
-    ("empty text", dict(inputs=text_input("Hallo", " ")), "INVALID_ARGUMENT", "inputs[0][1]"),
-    ("too many texts", dict(inputs=text_input(*["Hallo"] * 5)), "INVALID_ARGUMENT", "inputs[0]"),
-    ("too long", dict(inputs=text_input("Hund " * 300)), "INVALID_ARGUMENT", "inputs[0][0]"),
-])
+@pytest.mark.parametrize(
+    "case, kwargs, code, field",
+    [
+        ("unknown model", dict(model="no-such-model"), "NOT_FOUND", "model_name"),
+        ("unknown version", dict(version="no-such-version"), "NOT_FOUND", "model_version"),
+        (
+            "input name",
+            dict(inputs=[{"name": "SOURCE", "datatype": "BYTES", "data": [b"Hallo"]}]),
+            "INVALID_ARGUMENT",
+            "inputs[0].name",
+        ),
+        ("two inputs", dict(inputs=text_input("Hallo") * 2), "INVALID_ARGUMENT", "inputs"),
+        (
+            "datatype",
+            dict(inputs=[{"name": "TEXT", "datatype": "FP32", "data": [1.0]}]),
+            "INVALID_ARGUMENT",
+            "inputs[0].datatype",
+        ),
+        (
+            "rank",
+            dict(inputs=[{"name": "TEXT", "datatype": "BYTES", "data": [[b"Hallo", b"Welt"]]}]),
+            "INVALID_ARGUMENT",
+            "inputs[0].shape",
+        ),
+        ("shape vs data", dict(inputs=text_input("Hallo", "Welt"), reshape=[3]), "INVALID_ARGUMENT", "inputs[0].shape"),
+        ("output name", dict(outputs=["EMBEDDING"]), "INVALID_ARGUMENT", "outputs[0].name"),
+        ("unknown parameter", dict(parameters={"beam": 2}), "INVALID_ARGUMENT", "parameters.beam"),
+        ("parameter type", dict(parameters={"beam_size": "2"}), "INVALID_ARGUMENT", "parameters.beam_size"),
+        ("beam range", dict(parameters={"beam_size": 99}), "INVALID_ARGUMENT", "parameters.beam_size"),
+        (
+            "output cap",
+            dict(parameters={"max_output_tokens": 10**6}),
+            "INVALID_ARGUMENT",
+            "parameters.max_output_tokens",
+        ),
+        ("empty text", dict(inputs=text_input("Hallo", " ")), "INVALID_ARGUMENT", "inputs[0][1]"),
+        ("too many texts", dict(inputs=text_input(*["Hallo"] * 5)), "INVALID_ARGUMENT", "inputs[0]"),
+        ("too long", dict(inputs=text_input("Hund " * 300)), "INVALID_ARGUMENT", "inputs[0][0]"),
+    ],
+)
 def test_invalid_requests_name_the_field(server, triton, names, case, kwargs, code, field):
     translator, _ = names
     kwargs = {"model": translator, "inputs": text_input("Hallo"), **kwargs}

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from service.manifest import ExportMissing, ManifestError, load_manifest, resolve_onnx_dir
+from contract.manifest import ExportMissing, ManifestError, load_manifest, resolve_onnx_dir
 
 
 @pytest.fixture()
@@ -59,13 +59,16 @@ def test_missing_file_variant_or_export_fail_clearly(export_copy, tmp_path):
         load_manifest(tmp_path / "nowhere")
 
 
-@pytest.mark.parametrize("edit,match", [
-    (lambda m: m.pop("dims"), "dims"),
-    (lambda m: m["variants"]["fp32"].update(opset=11), "opset"),
-    (lambda m: m["variants"]["fp32"]["encoder"].update(sha256="abc"), "sha256"),
-    (lambda m: m.update(format_version=1), "format_version"),  # an older contract
-    (lambda m: m["dims"].update(d_k=3), "d_k"),
-])
+@pytest.mark.parametrize(
+    "edit,match",
+    [
+        (lambda m: m.pop("dims"), "dims"),
+        (lambda m: m["variants"]["fp32"].update(opset=11), "opset"),
+        (lambda m: m["variants"]["fp32"]["encoder"].update(sha256="abc"), "sha256"),
+        (lambda m: m.update(format_version=1), "format_version"),  # an older contract
+        (lambda m: m["dims"].update(d_k=3), "d_k"),
+    ],
+)
 def test_malformed_manifests_are_rejected(export_copy, edit, match):
     m = json.loads((export_copy / "manifest.json").read_text())
     edit(m)
@@ -77,23 +80,28 @@ def test_malformed_manifests_are_rejected(export_copy, edit, match):
 def test_an_export_of_an_older_graph_format_says_how_to_redo_it(export_copy):
     """Graphs of another contract would fail every request: the server refuses them at start-up
     with the command that exports them again (and `make serve` runs it by itself)."""
-    from service.manifest import FORMAT_VERSION
+    from contract.manifest import FORMAT_VERSION
 
     m = json.loads((export_copy / "manifest.json").read_text())
     m["format_version"] = FORMAT_VERSION - 1
     (export_copy / "manifest.json").write_text(json.dumps(m))
-    with pytest.raises(ManifestError, match=rf"format_version {FORMAT_VERSION - 1}; this version reads "
-                                            rf"{FORMAT_VERSION}: export again with `mtserve export --model .* --out "):
+    with pytest.raises(
+        ManifestError,
+        match=rf"format_version {FORMAT_VERSION - 1}; this version reads "
+        rf"{FORMAT_VERSION}: export again with `mtserve export --model .* --out ",
+    ):
         load_manifest(export_copy, verify_checksums=False)
 
 
 def test_serving_modules_do_not_import_torch():
     """Every module of the serving package, present and future, imports without torch."""
-    code = ("import importlib, pkgutil, sys, service\n"
-            "for m in pkgutil.walk_packages(service.__path__, 'service.'):\n"
-            "    importlib.import_module(m.name)\n"
-            "    assert 'torch' not in sys.modules, f'{m.name} imported torch'\n"
-            "print('ok')")
+    code = (
+        "import importlib, pkgutil, sys, service\n"
+        "for m in pkgutil.walk_packages(service.__path__, 'service.'):\n"
+        "    importlib.import_module(m.name)\n"
+        "    assert 'torch' not in sys.modules, f'{m.name} imported torch'\n"
+        "print('ok')"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
 
@@ -102,10 +110,14 @@ def test_evaluate_with_the_onnx_engine(tiny_onnx_dir, tmp_path, test_split):
     de, en = test_split
     (tmp_path / "s.de").write_text("\n".join(de[:12]) + "\n")
     (tmp_path / "s.en").write_text("\n".join(en[:12]) + "\n")
-    base = [sys.executable, "-m", "service.cli", "evaluate", "--data", str(tmp_path), "--split", "s", "--json"]
+    base = [sys.executable, "-m", "mtserve", "evaluate", "--data", str(tmp_path), "--split", "s", "--json"]
     for precision in ("fp32", "int8"):
-        out = subprocess.run(base + ["--model", str(tiny_onnx_dir.parent), "--engine", "onnx", "--precision", precision],
-                             capture_output=True, text=True, check=True)
+        out = subprocess.run(
+            base + ["--model", str(tiny_onnx_dir.parent), "--engine", "onnx", "--precision", precision],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         result = json.loads(out.stdout.strip().splitlines()[-1])
         assert result["sentences"] == 12 and result["engine"] == "onnx" and result["precision"] == precision
     out = subprocess.run(base + ["--model", str(tmp_path / "none"), "--engine", "onnx"], capture_output=True, text=True)

@@ -16,8 +16,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from service.client import pb
 from tests.support import free_port
 
-SENTENCES = ["Ein Hund rennt durch den Schnee.", "Zwei Männer sitzen auf einer Bank.",
-             "Eine Frau mit einem roten Hut spielt Gitarre auf der Straße vor vielen Menschen.", "Ein Kind lacht."]
+SENTENCES = [
+    "Ein Hund rennt durch den Schnee.",
+    "Zwei Männer sitzen auf einer Bank.",
+    "Eine Frau mit einem roten Hut spielt Gitarre auf der Straße vor vielen Menschen.",
+    "Ein Kind lacht.",
+]
 DOC = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
 
 
@@ -59,8 +63,9 @@ def test_every_metric_is_populated_by_traffic(server):
     # give the server a moment (bounded) to count the last call.
     deadline = time.monotonic() + 5
     m = scrape(server)
-    while delta("mtserve_requests_total", method="Translate", code="INVALID_ARGUMENT") < 1 \
-            and time.monotonic() < deadline:
+    while (
+        delta("mtserve_requests_total", method="Translate", code="INVALID_ARGUMENT") < 1 and time.monotonic() < deadline
+    ):
         time.sleep(0.01)
         m = scrape(server)
 

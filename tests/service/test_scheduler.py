@@ -8,21 +8,33 @@ import time
 
 import pytest
 
+from service.batching.scheduler import Scheduler, Sentence
 from service.errors import DeadlineExceeded
 from service.metrics import Metrics
-from service.scheduler import Scheduler, Sentence
 from service.settings import Settings
 
 
 def make_scheduler(**overrides) -> Scheduler:
-    fields = {"continuous_batching": True, "admit_fraction": 0.25, "admit_delay_ms": 20.0,
-              "max_batch_sentences": 64, "max_batch_tokens": 4096, "max_queue_size": 1024}
+    fields = {
+        "continuous_batching": True,
+        "admit_fraction": 0.25,
+        "admit_delay_ms": 20.0,
+        "max_batch_sentences": 64,
+        "max_batch_tokens": 4096,
+        "max_queue_size": 1024,
+    }
     return Scheduler([], Settings(**{**fields, **overrides}), Metrics(), 1.5, 10)
 
 
 def sentence(n_tokens: int, beam: int = 1, age_s: float = 0.0, deadline: float | None = None) -> Sentence:
-    return Sentence(src_ids=[5] * (n_tokens - 1) + [2], beam=beam, length_penalty=1.0, max_len=20,
-                    deadline=deadline, enqueued=time.monotonic() - age_s)
+    return Sentence(
+        src_ids=[5] * (n_tokens - 1) + [2],
+        beam=beam,
+        length_penalty=1.0,
+        max_len=20,
+        deadline=deadline,
+        enqueued=time.monotonic() - age_s,
+    )
 
 
 def due(sch: Scheduler, running: int) -> bool:

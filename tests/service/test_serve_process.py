@@ -23,9 +23,27 @@ LONG = "Eine Frau mit einem roten Hut spielt Gitarre auf der Straße vor vielen 
 def start(onnx_dir, *extra: str) -> tuple[subprocess.Popen, str]:
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "service.cli", "serve", "--model-dir", str(onnx_dir.parent), "--onnx-dir", str(onnx_dir),
-         "--address", f"127.0.0.1:{port}", "--metrics-port", "0", "--decode-workers", "1", *extra],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        [
+            sys.executable,
+            "-m",
+            "mtserve",
+            "serve",
+            "--model-dir",
+            str(onnx_dir.parent),
+            "--onnx-dir",
+            str(onnx_dir),
+            "--address",
+            f"127.0.0.1:{port}",
+            "--metrics-port",
+            "0",
+            "--decode-workers",
+            "1",
+            *extra,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     return proc, f"127.0.0.1:{port}"
 
 
@@ -142,8 +160,10 @@ def test_startup_errors_exit_non_zero_with_one_clear_line(tiny_onnx_dir, tmp_pat
 
         other = Tokenizer(models.BPE(unk_token="<unk>"))
         other.pre_tokenizer = pre_tokenizers.ByteLevel()
-        other.train_from_iterator(["ein ganz anderer Text mit anderen Wörtern"] * 10, trainers.BpeTrainer(
-            vocab_size=300, special_tokens=["<unk>", "<pad>", "</s>", "<s>"]))
+        other.train_from_iterator(
+            ["ein ganz anderer Text mit anderen Wörtern"] * 10,
+            trainers.BpeTrainer(vocab_size=300, special_tokens=["<unk>", "<pad>", "</s>", "<s>"]),
+        )
         other.save(str(broken / "tokenizer.json"))
         _rewrite_checksum(broken, broken / "tokenizer.json")
         proc, _ = start(broken)
@@ -204,9 +224,26 @@ def test_sigkill_under_load_then_restart_serves(tiny_onnx_dir):
     assert len(outcomes) == 32 and set(outcomes) <= {"OK", "UNAVAILABLE"}, outcomes
     port = address.rsplit(":", 1)[1]
     again = subprocess.Popen(
-        [sys.executable, "-m", "service.cli", "serve", "--model-dir", str(tiny_onnx_dir.parent), "--onnx-dir",
-         str(tiny_onnx_dir), "--address", f"127.0.0.1:{port}", "--metrics-port", "0", "--decode-workers", "1"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        [
+            sys.executable,
+            "-m",
+            "mtserve",
+            "serve",
+            "--model-dir",
+            str(tiny_onnx_dir.parent),
+            "--onnx-dir",
+            str(tiny_onnx_dir),
+            "--address",
+            f"127.0.0.1:{port}",
+            "--metrics-port",
+            "0",
+            "--decode-workers",
+            "1",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         wait_serving(address, again)
         with Client(address, timeout=30) as c:
@@ -217,16 +254,39 @@ def test_sigkill_under_load_then_restart_serves(tiny_onnx_dir):
 
 
 def test_cli_translate_texts_file_and_encode(serving, tmp_path):
-    cli = [sys.executable, "-m", "service.cli"]
-    out = subprocess.run([*cli, "translate", "--server", serving, "--beam", "1", "Ein Hund rennt durch den Schnee."],
-                         capture_output=True, text=True, check=True)
+    cli = [sys.executable, "-m", "mtserve"]
+    out = subprocess.run(
+        [*cli, "translate", "--server", serving, "--beam", "1", "Ein Hund rennt durch den Schnee."],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     one = out.stdout.strip()
     assert one
     src = tmp_path / "de.txt"
     src.write_text("Ein Hund rennt durch den Schnee.\n\nZwei Männer sitzen auf einer Bank.\n" * 5)
     dst = tmp_path / "en.txt"
-    subprocess.run([*cli, "translate", "--server", serving, "--beam", "1", "--input", str(src), "--output", str(dst),
-                    "--concurrency", "4", "--batch-size", "2"], capture_output=True, text=True, check=True)
+    subprocess.run(
+        [
+            *cli,
+            "translate",
+            "--server",
+            serving,
+            "--beam",
+            "1",
+            "--input",
+            str(src),
+            "--output",
+            str(dst),
+            "--concurrency",
+            "4",
+            "--batch-size",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     lines = dst.read_text().split("\n")[:-1]
     assert len(lines) == 15 and lines[1] == "" and all(lines[i] for i in (0, 2, 3, 5))
     # In order: line 0 is the sentence translated alone above. Only its beginning is compared: the

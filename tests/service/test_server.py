@@ -17,8 +17,12 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoRe
 
 from service.client import Client, alignment_matrix
 
-SENTENCES = ["Ein Hund rennt durch den Schnee.", "Zwei Männer sitzen auf einer Bank.",
-             "Eine Frau mit einem roten Hut spielt Gitarre auf der Straße vor vielen Menschen.", "Ein Kind lacht."]
+SENTENCES = [
+    "Ein Hund rennt durch den Schnee.",
+    "Zwei Männer sitzen auf einer Bank.",
+    "Eine Frau mit einem roten Hut spielt Gitarre auf der Straße vor vielen Menschen.",
+    "Ein Kind lacht.",
+]
 
 
 def code_of(call) -> grpc.StatusCode:
@@ -38,8 +42,7 @@ def test_translate_many_texts_in_order(client):
 
 
 def test_translate_scores_tokens_and_alignment(client):
-    (t,) = client.translate([SENTENCES[0]], beam_size=2, return_scores=True, return_tokens=True,
-                            return_alignment=True)
+    (t,) = client.translate([SENTENCES[0]], beam_size=2, return_scores=True, return_tokens=True, return_alignment=True)
     assert t.score < 0
     assert len(t.tokens) == len(t.token_ids) == t.output_tokens - 1
     a = alignment_matrix(t)
@@ -167,8 +170,11 @@ def test_deadline_expired_while_queued_is_dropped(make_server):
         assert code == grpc.StatusCode.DEADLINE_EXCEEDED
         blocker.result()
         time.sleep(0.2)
-    outcomes = {s.labels.get("outcome"): s.value for s in srv.server.metrics.sentences.collect()[0].samples
-                if s.name.endswith("_total")}
+    outcomes = {
+        s.labels.get("outcome"): s.value
+        for s in srv.server.metrics.sentences.collect()[0].samples
+        if s.name.endswith("_total")
+    }
     assert outcomes.get("deadline_exceeded", 0) + outcomes.get("cancelled", 0) >= 1
     assert srv.server.scheduler.idle
 
@@ -238,8 +244,11 @@ def test_a_failing_step_leaves_the_other_batches_and_requests_unaffected(make_se
         assert failed and 3 in rows_seen
         assert "".join(m.chunk.text for m in [first, *rest[:-1]]).strip() == rest[-1].final.text == want_long
         assert c.translate([SENTENCES[0]], beam_size=3)[0].text == want_beam  # later requests succeed
-    outcomes = {s.labels.get("outcome"): s.value for s in srv.server.metrics.sentences.collect()[0].samples
-                if s.name.endswith("_total")}
+    outcomes = {
+        s.labels.get("outcome"): s.value
+        for s in srv.server.metrics.sentences.collect()[0].samples
+        if s.name.endswith("_total")
+    }
     assert outcomes.get("error") == 1
     assert srv.wait_idle(5)
 
@@ -273,19 +282,22 @@ def test_reflection_lists_the_services(server):
 # ----------------------------------------------------------------------------- INVALID_ARGUMENT
 
 
-@pytest.mark.parametrize("texts, opts, field", [
-    ([], {}, "texts"),
-    ([""], {}, "texts[0]"),
-    (["Hallo", "   "], {}, "texts[1]"),
-    (["Hallo"] * 65, {}, "texts"),
-    (["Hund " * 300], {}, "texts[0]"),
-    (["Hallo"], {"beam_size": -1}, "options.beam_size"),
-    (["Hallo"], {"beam_size": 9}, "options.beam_size"),
-    (["Hallo"], {"max_output_tokens": -5}, "options.max_output_tokens"),
-    (["Hallo"], {"max_output_tokens": 10**6}, "options.max_output_tokens"),
-    (["Hallo"], {"length_penalty": float("nan")}, "options.length_penalty"),
-    (["Hallo"], {"length_penalty": -1.0}, "options.length_penalty"),
-])
+@pytest.mark.parametrize(
+    "texts, opts, field",
+    [
+        ([], {}, "texts"),
+        ([""], {}, "texts[0]"),
+        (["Hallo", "   "], {}, "texts[1]"),
+        (["Hallo"] * 65, {}, "texts"),
+        (["Hund " * 300], {}, "texts[0]"),
+        (["Hallo"], {"beam_size": -1}, "options.beam_size"),
+        (["Hallo"], {"beam_size": 9}, "options.beam_size"),
+        (["Hallo"], {"max_output_tokens": -5}, "options.max_output_tokens"),
+        (["Hallo"], {"max_output_tokens": 10**6}, "options.max_output_tokens"),
+        (["Hallo"], {"length_penalty": float("nan")}, "options.length_penalty"),
+        (["Hallo"], {"length_penalty": -1.0}, "options.length_penalty"),
+    ],
+)
 def test_invalid_argument_names_the_field(client, texts, opts, field):
     code, details = code_of(lambda: client.translate(texts, **opts))
     assert code == grpc.StatusCode.INVALID_ARGUMENT

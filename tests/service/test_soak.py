@@ -17,9 +17,24 @@ SOAK = REPO / "benchmarks" / "soak.py"
 
 def run_soak(tiny_onnx_dir, tmp_path, *args: str, timeout: float) -> dict:
     out = tmp_path / "report.json"
-    proc = subprocess.run([sys.executable, str(SOAK), "--onnx-dir", str(tiny_onnx_dir), "--model-dir",
-                           str(tiny_onnx_dir.parent), "--json", str(out), "--server-arg=--decode-workers=1", *args],
-                          capture_output=True, text=True, timeout=timeout, cwd=REPO)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(SOAK),
+            "--onnx-dir",
+            str(tiny_onnx_dir),
+            "--model-dir",
+            str(tiny_onnx_dir.parent),
+            "--json",
+            str(out),
+            "--server-arg=--decode-workers=1",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=REPO,
+    )
     assert out.exists(), proc.stdout + proc.stderr
     report = json.loads(out.read_text())
     assert proc.returncode == (0 if report["passed"] else 1)
@@ -37,13 +52,13 @@ def check_soak(r: dict) -> None:
 
 
 def test_short_soak(tiny_onnx_dir, tmp_path):
-    check_soak(run_soak(tiny_onnx_dir, tmp_path, "--seconds", "15", "--warmup-s", "5", "--concurrency", "64",
-                        timeout=240))
+    check_soak(
+        run_soak(tiny_onnx_dir, tmp_path, "--seconds", "15", "--warmup-s", "5", "--concurrency", "64", timeout=240)
+    )
 
 
 def test_short_overload(tiny_onnx_dir, tmp_path):
-    r = run_soak(tiny_onnx_dir, tmp_path, "--scenario", "overload", "--clients", "400", "--rounds", "1",
-                 timeout=240)
+    r = run_soak(tiny_onnx_dir, tmp_path, "--scenario", "overload", "--clients", "400", "--rounds", "1", timeout=240)
     assert r["unexpected"] == 0, r["unexpected_by_code"]
     assert r["sent"] == r["answered"] == r["ok"] + r["refused"] == 400
     assert r["refused"] > 0 and r["ok"] >= 32  # the queue holds 32

@@ -14,15 +14,19 @@ import pytest
 from service.api.mtserve.v1 import translation_pb2 as pb
 from service.client import Client, ItemFailed
 
-SENTENCES = ["Ein Hund rennt durch den Schnee.", "Zwei Männer sitzen auf einer Bank.",
-             "Eine Frau mit einem roten Hut spielt Gitarre auf der Straße vor vielen Menschen.", "Ein Kind lacht."]
+SENTENCES = [
+    "Ein Hund rennt durch den Schnee.",
+    "Zwei Männer sitzen auf einer Bank.",
+    "Eine Frau mit einem roten Hut spielt Gitarre auf der Straße vor vielen Menschen.",
+    "Ein Kind lacht.",
+]
 GREEDY = pb.TranslationOptions(beam_size=1)
 
 
 def item(id_: str, *texts: str, options=GREEDY, timeout_ms: int = 0) -> pb.TranslateManyRequest:
-    return pb.TranslateManyRequest(id=id_, request=pb.TranslateRequest(texts=list(texts), options=options),
-                                   timeout_ms=timeout_ms)
-
+    return pb.TranslateManyRequest(
+        id=id_, request=pb.TranslateRequest(texts=list(texts), options=options), timeout_ms=timeout_ms
+    )
 
 
 def test_translate_all_gives_what_translate_gives_in_input_order(client):
@@ -49,8 +53,14 @@ def test_every_id_answered_once_and_short_items_overtake_a_long_one(make_server)
 
 
 def test_a_bad_item_fails_alone_with_the_field_named(client):
-    reqs = [item("ok1", SENTENCES[0]), item("empty", ""), item("beam", SENTENCES[1], options=pb.TranslationOptions(
-        beam_size=99)), item("none"), item("two", SENTENCES[1], "  "), item("ok2", SENTENCES[2])]
+    reqs = [
+        item("ok1", SENTENCES[0]),
+        item("empty", ""),
+        item("beam", SENTENCES[1], options=pb.TranslationOptions(beam_size=99)),
+        item("none"),
+        item("two", SENTENCES[1], "  "),
+        item("ok2", SENTENCES[2]),
+    ]
     answers = {r.id: r for r in client.translate_many(reqs)}  # the stream itself ends OK
     assert set(answers) == {r.id for r in reqs}
     for id_, field in [("empty", "texts[0]"), ("beam", "options.beam_size"), ("none", "texts"), ("two", "texts[1]")]:
@@ -68,8 +78,10 @@ def test_an_item_past_its_deadline_is_deadline_exceeded_and_frees_its_rows(make_
     srv = make_server()
     srv.slow_down(0.03)
     with srv.client() as c:
-        answers = {r.id: r for r in c.translate_many([item("slow", " ".join(SENTENCES), timeout_ms=150),
-                                                      item("free", SENTENCES[3])])}
+        answers = {
+            r.id: r
+            for r in c.translate_many([item("slow", " ".join(SENTENCES), timeout_ms=150), item("free", SENTENCES[3])])
+        }
         assert answers["slow"].error.code == grpc.StatusCode.DEADLINE_EXCEEDED.value[0]
         assert answers["free"].response.translations[0].text
         assert srv.wait_idle()
@@ -142,8 +154,11 @@ def test_items_are_counted_in_the_request_metrics(make_server):
     srv = make_server()
     with srv.client() as c:
         list(c.translate_many([item("1", SENTENCES[0]), item("2", SENTENCES[1]), item("3", "")]))
-    samples = {(s.labels["method"], s.labels["code"]): s.value for s in srv.server.metrics.requests.collect()[0].samples
-               if s.name.endswith("_total")}
+    samples = {
+        (s.labels["method"], s.labels["code"]): s.value
+        for s in srv.server.metrics.requests.collect()[0].samples
+        if s.name.endswith("_total")
+    }
     assert samples[("TranslateMany.item", "OK")] == 2
     assert samples[("TranslateMany.item", "INVALID_ARGUMENT")] == 1
     assert samples[("TranslateMany", "OK")] == 1

@@ -93,8 +93,9 @@ def _length(node: _Node | None) -> int:
     return 0 if node is None else node[3]
 
 
-def encode_sources(model, src_ids_lists: Sequence[Sequence[int]], chunk: int = ENCODE_CHUNK
-                   ) -> tuple[np.ndarray, np.ndarray, list[np.ndarray], list[np.ndarray]]:
+def encode_sources(
+    model, src_ids_lists: Sequence[Sequence[int]], chunk: int = ENCODE_CHUNK
+) -> tuple[np.ndarray, np.ndarray, list[np.ndarray], list[np.ndarray]]:
     """Run the encoder over sources of any lengths -> lens (n,), src_mask (n, S) int64 and per
     decoder layer the cross-attention keys and values (n, H, S, d_k), S the longest source, rows in
     input order. Sorted by length and run in chunks of `chunk`, so that no chunk pays for another's
@@ -118,7 +119,7 @@ def encode_sources(model, src_ids_lists: Sequence[Sequence[int]], chunk: int = E
     order = np.argsort(lens, kind="stable")
     ck_all = cv_all = None
     for start in range(0, n, chunk):
-        rows = order[start:start + chunk]
+        rows = order[start : start + chunk]
         ck, cv = run(rows.tolist())
         if ck_all is None:
             shape = (n, ck[0].shape[1], S, ck[0].shape[3])
@@ -174,10 +175,18 @@ class DecodeBatch:
     # -- construction ---------------------------------------------------------
 
     @classmethod
-    def from_sources(cls, model, src_ids_lists: Sequence[Sequence[int]], keys: Sequence[Hashable], beam: int = 1,
-                     length_penalty: float | Sequence[float] = 1.0, max_len_a: float = 1.5, max_len_b: int = 10,
-                     want_alignment: bool | Sequence[bool] = False,
-                     max_lens: Sequence[int] | None = None) -> "DecodeBatch":
+    def from_sources(
+        cls,
+        model,
+        src_ids_lists: Sequence[Sequence[int]],
+        keys: Sequence[Hashable],
+        beam: int = 1,
+        length_penalty: float | Sequence[float] = 1.0,
+        max_len_a: float = 1.5,
+        max_len_b: int = 10,
+        want_alignment: bool | Sequence[bool] = False,
+        max_lens: Sequence[int] | None = None,
+    ) -> DecodeBatch:
         """Run the encoder over `src_ids_lists` (each ending with </s>) and set up their decoding.
         `keys` identify the sentences (unique, hashable); `max_lens` overrides the length rule per
         sentence (clamped to 1..max_positions-1)."""
@@ -274,8 +283,17 @@ class DecodeBatch:
         # The graph ranks the vocabulary: the best token of a row (greedy), or its 2K best (beam:
         # a sentence's 2K best candidates over K rows x V tokens are among its rows' 2K best).
         k_row = 1 if K == 1 else min(2 * K, model.vocab_size)
-        out = model.step(self.tokens, self.positions, self.past_k, self.past_v, self.past_mask,
-                         self.cross_k, self.cross_v, self.src_mask, top_k=k_row)
+        out = model.step(
+            self.tokens,
+            self.positions,
+            self.past_k,
+            self.past_v,
+            self.past_mask,
+            self.cross_k,
+            self.cross_v,
+            self.src_mask,
+            top_k=k_row,
+        )
         top_lp, top_ids, att = out.top_log_probs, out.top_ids, out.cross_attention
         force = self.positions >= np.repeat(self.max_len, K) - 1  # (R,) last allowed step: </s> only
         if force.any():
@@ -313,13 +331,22 @@ class DecodeBatch:
                 if self.want_alignment[r]:
                     alignment = np.stack([atts[j][: self.src_lens[r]] for j in keep]).astype(np.float32, copy=False)
                 score = float(self.scores[r])
-                finished.append(Finished(self.keys[r], [toks[j] for j in keep if toks[j] != eos], score, score,
-                                         alignment, int(self.steps[r]) + 1))
+                finished.append(
+                    Finished(
+                        self.keys[r],
+                        [toks[j] for j in keep if toks[j] != eos],
+                        score,
+                        score,
+                        alignment,
+                        int(self.steps[r]) + 1,
+                    )
+                )
         self.tokens = nxt.astype(np.int64, copy=False)
         return finished
 
-    def _beam(self, top_lp: np.ndarray, top_ids: np.ndarray, att: np.ndarray,
-              force: np.ndarray) -> tuple[list[Finished], np.ndarray]:
+    def _beam(
+        self, top_lp: np.ndarray, top_ids: np.ndarray, att: np.ndarray, force: np.ndarray
+    ) -> tuple[list[Finished], np.ndarray]:
         """top_lp, top_ids: (R, k) each row's k best log-probabilities and tokens, best first."""
         n, K, k_row = self.n_sentences, self.beam, top_lp.shape[1]
         eos, pad = self.eos_id, self.pad_id
@@ -360,14 +387,17 @@ class DecodeBatch:
         want = np.repeat(self.want_alignment, K)
         live_rows = np.repeat(live & ~stop, K)
         old = self.hist
-        self.hist = [_node(tok_list[r], att[rows_list[r]] if want[r] else None, old[rows_list[r]]) if live_rows[r] else None
-                     for r in range(len(rows_list))]
+        self.hist = [
+            _node(tok_list[r], att[rows_list[r]] if want[r] else None, old[rows_list[r]]) if live_rows[r] else None
+            for r in range(len(rows_list))
+        ]
         self.scores = new_scores.reshape(-1).astype(np.float32, copy=False)
         self.tokens = tok_flat.astype(np.int64, copy=False)
         return finished, rows
 
-    def _beam_one(self, top_lp: np.ndarray, top_ids: np.ndarray, att: np.ndarray,
-                  force: np.ndarray) -> tuple[list[Finished], np.ndarray]:
+    def _beam_one(
+        self, top_lp: np.ndarray, top_ids: np.ndarray, att: np.ndarray, force: np.ndarray
+    ) -> tuple[list[Finished], np.ndarray]:
         """`_beam` for a batch of one sentence (a lone request): the same selection over Python
         lists of its K x k candidates, where numpy's cost per call would be most of the step's
         host time. The candidates' scores are the same float32 sums; Python's sort is stable, as
@@ -397,8 +427,11 @@ class DecodeBatch:
             finished.append(self._conclude(0))
             new_scores, rows = [NEG_INF] * K, list(range(K))
         old, want = self.hist, self.want_alignment[0]
-        self.hist = [_node(new_tok[r], att[rows[r]] if want else None, old[rows[r]]) for r in range(K)] \
-            if live and not stop else [None] * K
+        self.hist = (
+            [_node(new_tok[r], att[rows[r]] if want else None, old[rows[r]]) for r in range(K)]
+            if live and not stop
+            else [None] * K
+        )
         self.scores = np.array(new_scores, dtype=np.float32)
         self.tokens = np.array(new_tok, dtype=np.int64)
         return finished, np.array(rows, dtype=np.int64)
@@ -423,8 +456,7 @@ class DecodeBatch:
         self.finished[i] = []
         return Finished(self.keys[i], toks, score, s, alignment, int(self.steps[i]) + 1)
 
-    def _advance_cache(self, present_k: list[np.ndarray], present_v: list[np.ndarray],
-                       rows: np.ndarray | None) -> None:
+    def _advance_cache(self, present_k: list[np.ndarray], present_v: list[np.ndarray], rows: np.ndarray | None) -> None:
         """The graph's present cache (past + this step) becomes the past, rows reordered to follow
         their beams (`rows[r]`: the row whose history row r continues; None: unchanged)."""
         R = len(self)
@@ -443,7 +475,7 @@ class DecodeBatch:
 
     # -- batch surgery --------------------------------------------------------
 
-    def filter(self, keep_keys) -> "DecodeBatch":
+    def filter(self, keep_keys) -> DecodeBatch:
         """Keep only the sentences in `keep_keys` (others finished or were cancelled), in batch
         order, in place; then drop source columns and cache entries no kept row uses. Returns self."""
         keep = set(keep_keys)
@@ -477,7 +509,7 @@ class DecodeBatch:
         return self
 
     @classmethod
-    def concatenate(cls, batches: Sequence["DecodeBatch"]) -> "DecodeBatch":
+    def concatenate(cls, batches: Sequence[DecodeBatch]) -> DecodeBatch:
         """Merge batches (same beam width) whose rows may be at different steps: sources are padded
         to the longest (src_mask 0), caches to the longest past (past_mask 0)."""
         batches = [b for b in batches if b is not None]
@@ -493,8 +525,17 @@ class DecodeBatch:
             raise ValueError("duplicate keys across batches")
         out = cls(first.beam, first.eos_id, first.pad_id)
         out.keys = keys
-        for name in ("max_len", "length_penalty", "want_alignment", "src_lens", "done", "steps",
-                     "positions", "tokens", "scores"):
+        for name in (
+            "max_len",
+            "length_penalty",
+            "want_alignment",
+            "src_lens",
+            "done",
+            "steps",
+            "positions",
+            "tokens",
+            "scores",
+        ):
             setattr(out, name, np.concatenate([getattr(b, name) for b in batches]))
         out.finished = [f for b in batches for f in b.finished]
         out.hist = [h for b in batches for h in b.hist]
@@ -512,9 +553,9 @@ class DecodeBatch:
             r0 = 0
             for a in arrays:
                 if pad_axis == 1:
-                    res[r0: r0 + a.shape[0], : a.shape[1]] = a
+                    res[r0 : r0 + a.shape[0], : a.shape[1]] = a
                 else:
-                    res[r0: r0 + a.shape[0], :, : a.shape[2]] = a
+                    res[r0 : r0 + a.shape[0], :, : a.shape[2]] = a
                 r0 += a.shape[0]
             return res
 
@@ -528,18 +569,32 @@ class DecodeBatch:
         return out
 
 
-def generate(model, src_ids_lists: Sequence[Sequence[int]], beam: int = 4, length_penalty: float = 1.0,
-             max_len_a: float = 1.5, max_len_b: int = 10, batch_size: int = 64,
-             want_alignment: bool = False) -> list[Hypothesis]:
+def generate(
+    model,
+    src_ids_lists: Sequence[Sequence[int]],
+    beam: int = 4,
+    length_penalty: float = 1.0,
+    max_len_a: float = 1.5,
+    max_len_b: int = 10,
+    batch_size: int = 64,
+    want_alignment: bool = False,
+) -> list[Hypothesis]:
     """Translate source id lists (each ending with </s>) offline: sorted by length into batches of
     at most `batch_size` sentences; results in input order."""
     order = sorted(range(len(src_ids_lists)), key=lambda i: len(src_ids_lists[i]))
     out: list[Hypothesis | None] = [None] * len(src_ids_lists)
     for start in range(0, len(order), batch_size):
-        idx = order[start: start + batch_size]
-        batch = DecodeBatch.from_sources(model, [src_ids_lists[i] for i in idx], idx, beam=beam,
-                                         length_penalty=length_penalty, max_len_a=max_len_a, max_len_b=max_len_b,
-                                         want_alignment=want_alignment)
+        idx = order[start : start + batch_size]
+        batch = DecodeBatch.from_sources(
+            model,
+            [src_ids_lists[i] for i in idx],
+            idx,
+            beam=beam,
+            length_penalty=length_penalty,
+            max_len_a=max_len_a,
+            max_len_b=max_len_b,
+            want_alignment=want_alignment,
+        )
         while len(batch):
             finished = batch.step(model)
             for f in finished:

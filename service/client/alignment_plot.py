@@ -20,7 +20,9 @@ SPECIAL = re.compile(r"<[^<>\s]+>")  # </s>, <unk>, <pad>: shown as they are
 def _byte_decoder() -> dict[str, int]:
     """The inverse of the byte-level BPE alphabet (GPT-2's bytes_to_unicode): printable bytes map
     to themselves, the others to code points from 256 up ('Ġ' is the space, byte 32)."""
-    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    keep = (
+        list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    )
     chars, extra = {}, 0
     for b in range(256):
         if b in keep:
@@ -57,8 +59,7 @@ def figure_size(n_source: int, n_target: int) -> tuple[float, float]:
     return max(4.0, 0.45 * n_source + 2.2), max(3.0, 0.45 * n_target + 1.8)
 
 
-def alignment_figure(source_tokens: list[str], target_tokens: list[str], weights: np.ndarray,
-                     title: str | None = None):
+def alignment_figure(source_tokens: list[str], target_tokens: list[str], weights: np.ndarray, title: str | None = None):
     """A matplotlib Figure (no pyplot, so no GUI backend or global state): rows are target tokens,
     columns source tokens, darker = more attention."""
     try:
@@ -67,15 +68,18 @@ def alignment_figure(source_tokens: list[str], target_tokens: list[str], weights
         raise SystemExit("alignment pictures need matplotlib: pip install 'mtserve[plot]'") from None
     weights = np.asarray(weights, dtype=np.float32)
     if weights.shape != (len(target_tokens), len(source_tokens)):
-        raise ValueError(f"weights have shape {weights.shape}, expected "
-                         f"({len(target_tokens)} target, {len(source_tokens)} source tokens)")
+        raise ValueError(
+            f"weights have shape {weights.shape}, expected "
+            f"({len(target_tokens)} target, {len(source_tokens)} source tokens)"
+        )
     fig = Figure(figsize=figure_size(len(source_tokens), len(target_tokens)), dpi=DPI, layout="constrained")
     ax = fig.subplots()
     # Black = the strongest weight of the picture (the colour bar gives the scale).
     vmax = float(weights.max()) if weights.size and weights.max() > 0 else 1.0
     image = ax.imshow(weights, cmap="Greys", vmin=0.0, vmax=vmax, aspect="equal", interpolation="nearest")
-    ax.set_xticks(range(len(source_tokens)), readable_tokens(source_tokens), rotation=60, ha="right",
-                  rotation_mode="anchor")
+    ax.set_xticks(
+        range(len(source_tokens)), readable_tokens(source_tokens), rotation=60, ha="right", rotation_mode="anchor"
+    )
     ax.set_yticks(range(len(target_tokens)), readable_tokens(target_tokens))
     ax.set_xlabel("source")
     ax.set_ylabel("translation")

@@ -27,8 +27,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-len-a", type=float, default=1.5)
     p.add_argument("--max-len-b", type=int, default=10)
     p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--engine", choices=["torch", "onnx"], default="torch",
-                   help="torch: the PyTorch reference; onnx: ONNX Runtime over the export (MODEL/onnx or an export dir)")
+    p.add_argument(
+        "--engine",
+        choices=["torch", "onnx"],
+        default="torch",
+        help="torch: the PyTorch reference; onnx: ONNX Runtime over the export (MODEL/onnx or an export dir)",
+    )
     p.add_argument("--precision", choices=["fp32", "int8", "fp16"], default="fp32", help="onnx engine: graph variant")
     p.add_argument("--device", default="cpu", help="cpu or cuda (onnx: auto too)")
     p.add_argument("--threads", type=int, default=0, help="intra-op threads (0 = the library's default)")
@@ -43,7 +47,7 @@ def make_translator(args):
 
         return TorchTranslator(args.model, device=args.device, threads=args.threads)
     if args.engine == "onnx":
-        from service.translator import OnnxTranslator
+        from service.decoding.translator import OnnxTranslator
 
         return OnnxTranslator(args.model, precision=args.precision, device=args.device, threads=args.threads)
     raise ValueError(f"unknown engine {args.engine!r}")
@@ -55,19 +59,37 @@ def run(args) -> dict:
         src, ref = src[: args.limit], ref[: args.limit]
     translator = make_translator(args)
     t0 = time.perf_counter()
-    hyps = translator.translate(src, beam=args.beam, length_penalty=args.length_penalty,
-                                max_len_a=args.max_len_a, max_len_b=args.max_len_b, batch_size=args.batch_size)
+    hyps = translator.translate(
+        src,
+        beam=args.beam,
+        length_penalty=args.length_penalty,
+        max_len_a=args.max_len_a,
+        max_len_b=args.max_len_b,
+        batch_size=args.batch_size,
+    )
     seconds = time.perf_counter() - t0
     bleu = sacrebleu.BLEU()
     score = bleu.corpus_score(hyps, [ref])
     if args.output:
         with open(args.output, "w", encoding="utf-8") as f:
             f.writelines(h + "\n" for h in hyps)
-    result = {"bleu": round(score.score, 2), "signature": str(bleu.get_signature()), "sentences": len(src),
-              "seconds": round(seconds, 2), "sentences_per_s": round(len(src) / seconds, 1),
-              "split": args.split, "beam": args.beam, "engine": args.engine, "model": args.model}
+    result = {
+        "bleu": round(score.score, 2),
+        "signature": str(bleu.get_signature()),
+        "sentences": len(src),
+        "seconds": round(seconds, 2),
+        "sentences_per_s": round(len(src) / seconds, 1),
+        "split": args.split,
+        "beam": args.beam,
+        "engine": args.engine,
+        "model": args.model,
+    }
     if args.engine == "onnx":
         result["precision"] = args.precision
-    print(json.dumps(result) if args.json else f"BLEU {result['bleu']} ({result['signature']}) on "
-          f"{len(src)} sentences of {args.split} in {seconds:.1f}s", file=sys.stdout)
+    print(
+        json.dumps(result)
+        if args.json
+        else f"BLEU {result['bleu']} ({result['signature']}) on {len(src)} sentences of {args.split} in {seconds:.1f}s",
+        file=sys.stdout,
+    )
     return result

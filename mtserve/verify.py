@@ -1,4 +1,4 @@
-"""`mtserve verify` (or `python -m export.verify`): measure an ONNX export against PyTorch.
+"""`mtserve verify` (or `python -m mtserve.verify`): measure an ONNX export against PyTorch.
 
 For a model dir: export the graphs if missing or stale (else reuse them), then report
 - the max abs difference of the decoder's log-probabilities, ORT vs PyTorch, over random padded
@@ -26,8 +26,9 @@ from export.generate import beam_search
 from export.to_onnx import ensure_exported
 
 
-def log_prob_parity(tmodel, omodel, sources: list[list[int]], batches: int = 4, batch_size: int = 16,
-                    steps: int = 60, seed: int = 0) -> float:
+def log_prob_parity(
+    tmodel, omodel, sources: list[list[int]], batches: int = 4, batch_size: int = 16, steps: int = 60, seed: int = 0
+) -> float:
     """Max |log p_ORT - log p_torch| over `batches` random padded batches of `sources` and
     `steps` decode steps each."""
     rng = np.random.default_rng(seed)
@@ -63,13 +64,13 @@ def log_prob_parity(tmodel, omodel, sources: list[list[int]], batches: int = 4, 
 
 
 def agreement(tmodel, omodel, sources: list[list[int]], beam: int, batch_size: int) -> dict:
-    from service.generator import generate
+    from service.decoding.generator import generate
 
     order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
     ref: list = [None] * len(sources)
     t0 = time.perf_counter()
     for start in range(0, len(order), batch_size):
-        idx = order[start:start + batch_size]
+        idx = order[start : start + batch_size]
         for i, h in zip(idx, beam_search(tmodel, [sources[i] for i in idx], beam=beam)):
             ref[i] = h
     t_torch = time.perf_counter() - t0
@@ -77,11 +78,17 @@ def agreement(tmodel, omodel, sources: list[list[int]], beam: int, batch_size: i
     got = generate(omodel, sources, beam=beam, batch_size=batch_size)
     t_onnx = time.perf_counter() - t0
     same = [r.tokens == g.tokens for r, g in zip(ref, got)]
-    return {"identical": int(sum(same)), "sentences": len(sources), "identical_ratio": round(sum(same) / max(len(same), 1), 4),
-            "first_differences": [i for i, s in enumerate(same) if not s][:10],
-            "max_abs_score_diff_when_identical": round(max((abs(r.score - g.score) for r, g, s in zip(ref, got, same) if s),
-                                                           default=0.0), 6),
-            "torch_seconds": round(t_torch, 2), "onnx_seconds": round(t_onnx, 2)}
+    return {
+        "identical": int(sum(same)),
+        "sentences": len(sources),
+        "identical_ratio": round(sum(same) / max(len(same), 1), 4),
+        "first_differences": [i for i, s in enumerate(same) if not s][:10],
+        "max_abs_score_diff_when_identical": round(
+            max((abs(r.score - g.score) for r, g, s in zip(ref, got, same) if s), default=0.0), 6
+        ),
+        "torch_seconds": round(t_torch, 2),
+        "onnx_seconds": round(t_onnx, 2),
+    }
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -105,7 +112,7 @@ def run(args) -> dict:
     if args.threads:
         torch.set_num_threads(args.threads)
     onnx_dir = ensure_exported(args.model, args.precision, args.onnx_dir)
-    from service.onnx_model import OnnxSeq2Seq
+    from service.runtime.onnx_model import OnnxSeq2Seq
 
     omodel = OnnxSeq2Seq(onnx_dir, precision=args.precision, intra_op_threads=args.threads)
     tmodel = load_model(args.model)
@@ -113,10 +120,15 @@ def run(args) -> dict:
     if args.limit:
         src_text = src_text[: args.limit]
     sources = omodel.source_ids(src_text)
-    result = {"model": str(args.model), "onnx_dir": str(onnx_dir), "precision": args.precision,
-              "max_abs_log_prob_diff": log_prob_parity(tmodel, omodel, sources, args.batches, 16, args.steps),
-              "log_prob_check": {"batches": args.batches, "batch_size": 16, "steps": args.steps},
-              "split": args.split, "greedy": agreement(tmodel, omodel, sources, 1, args.batch_size)}
+    result = {
+        "model": str(args.model),
+        "onnx_dir": str(onnx_dir),
+        "precision": args.precision,
+        "max_abs_log_prob_diff": log_prob_parity(tmodel, omodel, sources, args.batches, 16, args.steps),
+        "log_prob_check": {"batches": args.batches, "batch_size": 16, "steps": args.steps},
+        "split": args.split,
+        "greedy": agreement(tmodel, omodel, sources, 1, args.batch_size),
+    }
     if args.beam > 1:
         result[f"beam{args.beam}"] = agreement(tmodel, omodel, sources, args.beam, args.batch_size)
     result["seconds"] = round(time.perf_counter() - t0, 1)

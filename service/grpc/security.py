@@ -27,11 +27,15 @@ log = logging.getLogger("mtserve.security")
 
 # Methods that never need a token: probes must work without secrets (gRPC health, and the
 # liveness/readiness calls of the Open Inference Protocol). They reveal nothing but up/down.
-OPEN_METHODS = frozenset({
-    "/grpc.health.v1.Health/Check", "/grpc.health.v1.Health/Watch",
-    "/inference.GRPCInferenceService/ServerLive", "/inference.GRPCInferenceService/ServerReady",
-    "/inference.GRPCInferenceService/ModelReady",
-})
+OPEN_METHODS = frozenset(
+    {
+        "/grpc.health.v1.Health/Check",
+        "/grpc.health.v1.Health/Watch",
+        "/inference.GRPCInferenceService/ServerLive",
+        "/inference.GRPCInferenceService/ServerReady",
+        "/inference.GRPCInferenceService/ModelReady",
+    }
+)
 AUTH_METADATA_KEY = "authorization"
 
 
@@ -60,8 +64,9 @@ def server_credentials(settings: Settings) -> grpc.ServerCredentials | None:
         client_ca = _read(settings.tls_client_ca_file, "tls_client_ca_file")
         if b"CERTIFICATE" not in client_ca:
             raise StartupError(f"tls_client_ca_file: {settings.tls_client_ca_file} is not a PEM certificate bundle")
-    return grpc.ssl_server_credentials([(key, cert)], root_certificates=client_ca,
-                                       require_client_auth=client_ca is not None)
+    return grpc.ssl_server_credentials(
+        [(key, cert)], root_certificates=client_ca, require_client_auth=client_ca is not None
+    )
 
 
 def load_tokens(settings: Settings) -> list[str]:
@@ -130,8 +135,10 @@ def _denying(handler: grpc.RpcMethodHandler, problem: str) -> grpc.RpcMethodHand
         return grpc.unary_unary_rpc_method_handler(unary, **kw)
     if handler.unary_stream:
         return grpc.unary_stream_rpc_method_handler(
-            streaming if inspect.isasyncgenfunction(handler.unary_stream) else unary, **kw)
+            streaming if inspect.isasyncgenfunction(handler.unary_stream) else unary, **kw
+        )
     if handler.stream_unary:
         return grpc.stream_unary_rpc_method_handler(unary, **kw)
     return grpc.stream_stream_rpc_method_handler(
-        streaming if inspect.isasyncgenfunction(handler.stream_stream) else unary, **kw)
+        streaming if inspect.isasyncgenfunction(handler.stream_stream) else unary, **kw
+    )

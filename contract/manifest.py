@@ -82,7 +82,7 @@ class Dims(_Model):
     max_positions: int
 
     @model_validator(mode="after")
-    def _heads(self) -> "Dims":
+    def _heads(self) -> Dims:
         if self.n_heads * self.d_k != self.d_model:
             raise ValueError(f"n_heads * d_k ({self.n_heads} * {self.d_k}) != d_model ({self.d_model})")
         return self
@@ -124,7 +124,7 @@ class Manifest(_Model):
     variants: dict[Precision, Variant]
 
     @model_validator(mode="after")
-    def _consistent(self) -> "Manifest":
+    def _consistent(self) -> Manifest:
         for key, v in self.variants.items():
             if v.precision != key:
                 raise ValueError(f"variant {key!r} says precision {v.precision!r}")
@@ -135,8 +135,9 @@ class Manifest(_Model):
     def variant(self, precision: str) -> Variant:
         if precision not in self.variants:
             have = ", ".join(sorted(self.variants)) or "none"
-            raise ExportMissing(f"precision {precision!r} was not exported (have: {have}); "
-                                f"run `mtserve export --precision {precision}`")
+            raise ExportMissing(
+                f"precision {precision!r} was not exported (have: {have}); run `mtserve export --precision {precision}`"
+            )
         return self.variants[precision]
 
     def files(self, precision: str | None = None) -> list[FileSpec]:
@@ -164,8 +165,10 @@ def resolve_onnx_dir(path: str | Path) -> Path:
     if (p / "onnx" / MANIFEST).is_file():
         return p / "onnx"
     model_dir = p.parent if p.name == "onnx" else p
-    raise ExportMissing(f"no ONNX export in {p} (no {MANIFEST} there or in {p / 'onnx'}); "
-                        f"run `mtserve export --model {model_dir}` first")
+    raise ExportMissing(
+        f"no ONNX export in {p} (no {MANIFEST} there or in {p / 'onnx'}); "
+        f"run `mtserve export --model {model_dir}` first"
+    )
 
 
 def load_manifest(onnx_dir: str | Path, verify_checksums: bool = True, precision: str | None = None) -> Manifest:
@@ -180,9 +183,11 @@ def load_manifest(onnx_dir: str | Path, verify_checksums: bool = True, precision
         if isinstance(found, int):
             # Graphs of another contract would fail every request: say what to do about it.
             model_dir = d.parent if d.name == "onnx" else d
-            raise ManifestError(f"{d} holds graphs of format_version {found}; this version reads {FORMAT_VERSION}: "
-                                f"export again with `mtserve export --model {model_dir} --out {d}` "
-                                f"(`make serve` does it for the shipped model)") from e
+            raise ManifestError(
+                f"{d} holds graphs of format_version {found}; this version reads {FORMAT_VERSION}: "
+                f"export again with `mtserve export --model {model_dir} --out {d}` "
+                f"(`make serve` does it for the shipped model)"
+            ) from e
         raise ManifestError(f"{d / MANIFEST} is not a valid manifest:\n{e}") from e
     if precision is not None:
         manifest.variant(precision)
@@ -193,8 +198,10 @@ def load_manifest(onnx_dir: str | Path, verify_checksums: bool = True, precision
                 raise ManifestError(f"{path} is listed in {d / MANIFEST} but missing")
             got = sha256_file(path)
             if got != spec.sha256:
-                raise ManifestError(f"checksum mismatch for {path}: manifest says {spec.sha256}, file has {got}; "
-                                    f"the export dir is corrupt or was modified - re-run `mtserve export`")
+                raise ManifestError(
+                    f"checksum mismatch for {path}: manifest says {spec.sha256}, file has {got}; "
+                    f"the export dir is corrupt or was modified - re-run `mtserve export`"
+                )
     return manifest
 
 

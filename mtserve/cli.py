@@ -10,13 +10,33 @@ import importlib
 import sys
 
 COMMANDS = {
-    "train": ("export.train", "train a model on a Multi30k-style corpus (needs the export extra)", "add_arguments", "run"),
-    "evaluate": ("service.evaluate", "translate a split of a data dir and score it with sacreBLEU", "add_arguments", "run"),
-    "export": ("export.to_onnx", "export a model dir to ONNX graphs + manifest (needs the export extra)", "add_arguments", "run"),
-    "verify": ("export.verify", "check an ONNX export against PyTorch: log-prob diffs, greedy agreement", "add_arguments", "run"),
+    "train": (
+        "export.train",
+        "train a model on a Multi30k-style corpus (needs the export extra)",
+        "add_arguments",
+        "run",
+    ),
+    "evaluate": (
+        "mtserve.evaluate",
+        "translate a split of a data dir and score it with sacreBLEU",
+        "add_arguments",
+        "run",
+    ),
+    "export": (
+        "export.to_onnx",
+        "export a model dir to ONNX graphs + manifest (needs the export extra)",
+        "add_arguments",
+        "run",
+    ),
+    "verify": (
+        "mtserve.verify",
+        "check an ONNX export against PyTorch: log-prob diffs, greedy agreement",
+        "add_arguments",
+        "run",
+    ),
     "serve": ("service.server", "run the gRPC translation server", "add_arguments", "run"),
-    "translate": ("service.client_cli", "translate texts with a running server", "add_arguments", "run"),
-    "encode": ("service.client_cli", "encode texts with a running server", "add_encode_arguments", "run_encode"),
+    "translate": ("service.client.cli", "translate texts with a running server", "add_arguments", "run"),
+    "encode": ("service.client.cli", "encode texts with a running server", "add_encode_arguments", "run_encode"),
 }
 
 

@@ -7,12 +7,12 @@ import asyncio
 import inspect
 import logging
 import time
-import uuid
 
 import grpc
 from grpc.aio import AbortError
 
 from service.errors import InvalidArgument, ServiceError
+from service.grpc.context import request_id
 from service.metrics import Metrics
 
 log = logging.getLogger("mtserve.rpc")
@@ -20,13 +20,6 @@ log = logging.getLogger("mtserve.rpc")
 
 def _short(method: str) -> str:
     return method.rsplit("/", 1)[-1]
-
-
-def request_id(context: grpc.aio.ServicerContext) -> str:
-    for key, value in context.invocation_metadata() or ():
-        if key == "x-request-id" and value:
-            return str(value)[:64]
-    return uuid.uuid4().hex[:16]
 
 
 class MalformedRequest:
@@ -102,24 +95,28 @@ class ErrorAndMetricsInterceptor(grpc.aio.ServerInterceptor):
             return grpc.unary_unary_rpc_method_handler(
                 self._wrap_unary(method, handler.unary_unary),
                 request_deserializer=_tolerant(handler.request_deserializer),
-                response_serializer=handler.response_serializer)
+                response_serializer=handler.response_serializer,
+            )
         if handler.unary_stream:
             return grpc.unary_stream_rpc_method_handler(
                 self._wrap_stream(method, handler.unary_stream),
                 request_deserializer=_tolerant(handler.request_deserializer),
-                response_serializer=handler.response_serializer)
+                response_serializer=handler.response_serializer,
+            )
         # Client-streaming methods (TranslateMany, reflection; the auth interceptor's refusals of
         # them): the first argument is the request iterator, checked message by message.
         if handler.stream_unary:
             return grpc.stream_unary_rpc_method_handler(
                 self._wrap_unary(method, handler.stream_unary, streaming_request=True),
                 request_deserializer=_tolerant(handler.request_deserializer),
-                response_serializer=handler.response_serializer)
+                response_serializer=handler.response_serializer,
+            )
         if handler.stream_stream:
             return grpc.stream_stream_rpc_method_handler(
                 self._wrap_stream(method, handler.stream_stream, streaming_request=True),
                 request_deserializer=_tolerant(handler.request_deserializer),
-                response_serializer=handler.response_serializer)
+                response_serializer=handler.response_serializer,
+            )
         return handler
 
     async def _fail(self, context, method: str, exc: BaseException) -> None:
@@ -173,6 +170,7 @@ class ErrorAndMetricsInterceptor(grpc.aio.ServerInterceptor):
         # A streaming handler is either an async generator (ours) or a coroutine writing with
         # context.write() (grpc's health Watch); the wrapper must be of the same kind.
         if inspect.isasyncgenfunction(inner):
+
             async def behaviour(request, context):
                 start = time.perf_counter()
                 gauge = self.metrics.in_flight.labels(method)

@@ -20,8 +20,10 @@ def add_security_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--client-cert", help="PEM client certificate for mutual TLS (with --client-key)")
     g.add_argument("--client-key", help="PEM private key of --client-cert")
     g.add_argument("--server-name", help="name to check the server certificate against (default: the host)")
-    g.add_argument("--token-file", help="file whose first line is the bearer token "
-                                        "(default: the MTSERVE_TOKEN environment variable)")
+    g.add_argument(
+        "--token-file",
+        help="file whose first line is the bearer token (default: the MTSERVE_TOKEN environment variable)",
+    )
     g.add_argument("--token", help="bearer token (visible in ps: prefer MTSERVE_TOKEN or --token-file)")
 
 
@@ -32,8 +34,16 @@ def connect(args: argparse.Namespace) -> Client:
             token = f.readline().strip() or None
     if bool(args.client_cert) != bool(args.client_key):
         sys.exit("mtserve: --client-cert and --client-key go together")
-    return Client(args.server, timeout=args.timeout, tls=args.tls, ca_cert=args.ca_cert, client_cert=args.client_cert,
-                  client_key=args.client_key, token=token, server_name=args.server_name)
+    return Client(
+        args.server,
+        timeout=args.timeout,
+        tls=args.tls,
+        ca_cert=args.ca_cert,
+        client_cert=args.client_cert,
+        client_key=args.client_key,
+        token=token,
+        server_name=args.server_name,
+    )
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -48,9 +58,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-output-tokens", type=int, default=0)
     p.add_argument("--stream", action="store_true", help="print tokens as they are decoded")
     p.add_argument("--json", action="store_true", help="print each result as JSON (scores, tokens)")
-    p.add_argument("--alignment", metavar="PICTURE",
-                   help="also draw each translation's target x source attention into PICTURE (.png, .svg, .pdf; "
-                        "several texts: PICTURE-1.png, ...); needs the plot extra (matplotlib)")
+    p.add_argument(
+        "--alignment",
+        metavar="PICTURE",
+        help="also draw each translation's target x source attention into PICTURE (.png, .svg, .pdf; "
+        "several texts: PICTURE-1.png, ...); needs the plot extra (matplotlib)",
+    )
     p.add_argument("--timeout", type=float, default=60.0)
 
 
@@ -83,9 +96,14 @@ def _translate_texts(client: Client, args) -> None:
                     print(msg.chunk.text, end="", flush=True)
             print()
         return
-    results = client.translate(args.texts, beam_size=args.beam, max_output_tokens=args.max_output_tokens,
-                               return_scores=args.json, return_tokens=args.json,
-                               return_alignment=bool(args.alignment))
+    results = client.translate(
+        args.texts,
+        beam_size=args.beam,
+        max_output_tokens=args.max_output_tokens,
+        return_scores=args.json,
+        return_tokens=args.json,
+        return_alignment=bool(args.alignment),
+    )
     for r in results:
         print(to_json(r) if args.json else r.text)
     if args.alignment:
@@ -95,7 +113,7 @@ def _translate_texts(client: Client, args) -> None:
 def _draw_alignments(picture: str, texts: list[str], results) -> None:
     from pathlib import Path
 
-    from service.alignment_plot import save_alignment
+    from service.client.alignment_plot import save_alignment
 
     path = Path(picture)
     for i, (text, r) in enumerate(zip(texts, results), start=1):
@@ -110,21 +128,27 @@ def _translate_file(client: Client, args) -> None:
     src = sys.stdin if args.input == "-" else open(args.input, encoding="utf-8")
     with src:
         lines = [line.rstrip("\n") for line in src]
-    chunks = [lines[i:i + args.batch_size] for i in range(0, len(lines), args.batch_size)]
+    chunks = [lines[i : i + args.batch_size] for i in range(0, len(lines), args.batch_size)]
 
     def work(chunk: list[str]) -> list[str]:
         # Blank lines stay blank instead of being sent (the server rejects empty texts).
         keep = [i for i, t in enumerate(chunk) if t.strip()]
         out = [""] * len(chunk)
         if keep:
-            for i, r in zip(keep, client.translate([chunk[i] for i in keep], beam_size=args.beam,
-                                                   max_output_tokens=args.max_output_tokens)):
+            for i, r in zip(
+                keep,
+                client.translate(
+                    [chunk[i] for i in keep], beam_size=args.beam, max_output_tokens=args.max_output_tokens
+                ),
+            ):
                 out[i] = r.text
         return out
 
     results: list[list[str]] = []
-    with ThreadPoolExecutor(max(1, args.concurrency)) as pool, \
-            tqdm(total=len(lines), unit="sent", disable=not sys.stderr.isatty() and args.output is None) as bar:
+    with (
+        ThreadPoolExecutor(max(1, args.concurrency)) as pool,
+        tqdm(total=len(lines), unit="sent", disable=not sys.stderr.isatty() and args.output is None) as bar,
+    ):
         for out in pool.map(work, chunks):
             results.append(out)
             bar.update(len(out))

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import grpc
-
 from service.api.mtserve.v1 import translation_pb2 as pb
 from service.api.mtserve.v1 import translation_pb2_grpc as pb_grpc
-from service.engine import Engine, StreamItem, TranslateOptions, TranslationResult
-from service.interceptors import error_status, request_id
+from service.engine.engine import Engine, StreamItem, TranslateOptions, TranslationResult
+from service.grpc.context import deadline, request_id
+from service.grpc.interceptors import error_status
 
 
 def _options(msg: pb.TranslationOptions) -> TranslateOptions:
@@ -19,11 +18,6 @@ def _options(msg: pb.TranslationOptions) -> TranslateOptions:
         return_tokens=msg.return_tokens,
         return_alignment=msg.return_alignment,
     )
-
-
-def _deadline(context: grpc.aio.ServicerContext) -> float | None:
-    remaining = context.time_remaining()
-    return remaining if remaining is not None and remaining < 1e8 else None
 
 
 def translation_pb(r: TranslationResult, opts: TranslateOptions) -> pb.Translation:
@@ -46,13 +40,14 @@ class TranslationServicer(pb_grpc.TranslationServiceServicer):
 
     async def Translate(self, request: pb.TranslateRequest, context) -> pb.TranslateResponse:
         opts = _options(request.options)
-        results = await self.engine.translate(list(request.texts), opts, timeout=_deadline(context))
-        return pb.TranslateResponse(translations=[translation_pb(r, opts) for r in results],
-                                    model=self.engine.model_name)
+        results = await self.engine.translate(list(request.texts), opts, timeout=deadline(context))
+        return pb.TranslateResponse(
+            translations=[translation_pb(r, opts) for r in results], model=self.engine.model_name
+        )
 
     async def TranslateStream(self, request: pb.TranslateStreamRequest, context):
         opts = _options(request.options)
-        async for event in self.engine.translate_stream(request.text, opts, timeout=_deadline(context)):
+        async for event in self.engine.translate_stream(request.text, opts, timeout=deadline(context)):
             if isinstance(event, TranslationResult):
                 yield pb.TranslateStreamResponse(final=translation_pb(event, opts))
             else:
@@ -61,20 +56,31 @@ class TranslationServicer(pb_grpc.TranslationServiceServicer):
     async def TranslateMany(self, request_iterator, context):
         async def items():
             async for r in request_iterator:
-                yield StreamItem(id=r.id, texts=list(r.request.texts), options=_options(r.request.options),
-                                 timeout=r.timeout_ms / 1000.0 if r.timeout_ms else None)
+                yield StreamItem(
+                    id=r.id,
+                    texts=list(r.request.texts),
+                    options=_options(r.request.options),
+                    timeout=r.timeout_ms / 1000.0 if r.timeout_ms else None,
+                )
 
-        async for item, outcome in self.engine.translate_many(items(), timeout=_deadline(context)):
+        async for item, outcome in self.engine.translate_many(items(), timeout=deadline(context)):
             if isinstance(outcome, Exception):
-                code, message = error_status(outcome, "TranslateMany", lambda: f"{request_id(context)}/{item.id}")
+                code, message = error_status(
+                    outcome, "TranslateMany", lambda item=item: f"{request_id(context)}/{item.id}"
+                )
                 yield pb.TranslateManyResponse(id=item.id, error=pb.ItemError(code=code.value[0], message=message))
             else:
-                yield pb.TranslateManyResponse(id=item.id, response=pb.TranslateResponse(
-                    translations=[translation_pb(r, item.options) for r in outcome], model=self.engine.model_name))
+                yield pb.TranslateManyResponse(
+                    id=item.id,
+                    response=pb.TranslateResponse(
+                        translations=[translation_pb(r, item.options) for r in outcome], model=self.engine.model_name
+                    ),
+                )
 
     async def Encode(self, request: pb.EncodeRequest, context) -> pb.EncodeResponse:
-        encodings = await self.engine.encode(list(request.texts), request.return_token_embeddings,
-                                             timeout=_deadline(context))
+        encodings = await self.engine.encode(
+            list(request.texts), request.return_token_embeddings, timeout=deadline(context)
+        )
         out = pb.EncodeResponse(model=self.engine.model_name)
         for e in encodings:
             msg = out.encodings.add(pooled=e.pooled.tolist(), tokens=e.tokens)

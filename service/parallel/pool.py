@@ -13,7 +13,7 @@ It is off by default. On the 2-core development machine it measured no consisten
 gain (docs/performance.md), and it costs a copy of each sentence and result over a pipe and a
 copy of the weights per child.
 
-`EnginePool` (and each `EngineProcess`, one child) is what `service.engine.Engine` and
+`EnginePool` (and each `EngineProcess`, one child) is what `service.engine.engine.Engine` and
 `service.server.Server` see: submit(), submit_encode(), stop_accepting(), wait_idle(), shutdown(),
 idle. Each Sentence and EncodeJob keeps its future in this process; the child settles its own
 copy and sends the outcome back:
@@ -39,17 +39,30 @@ import time
 from multiprocessing.connection import Connection
 
 from service import errors
+from service.batching.jobs import EncodeJob, Sentence, settle
+from service.batching.scheduler import Scheduler
 from service.errors import Internal, ModelLoadError, Unavailable
 from service.metrics import Metrics
-from service.scheduler import EncodeJob, Sentence, _settle
+from service.runtime.loading import load_models
+from service.runtime.memory import keep_freed_memory
 from service.settings import Settings
 
 log = logging.getLogger("mtserve.engine_process")
 
 # Metrics the child updates; the parent's copies are unregistered and the child's served instead.
-CHILD_METRICS = ("queue_wait", "queue_depth", "queue_capacity", "batch_rows", "encoder_latency",
-                 "decoder_step_latency", "input_tokens", "generated_tokens", "decoded_rows", "padding_ratio",
-                 "sentences")
+CHILD_METRICS = (
+    "queue_wait",
+    "queue_depth",
+    "queue_capacity",
+    "batch_rows",
+    "encoder_latency",
+    "decoder_step_latency",
+    "input_tokens",
+    "generated_tokens",
+    "decoded_rows",
+    "padding_ratio",
+    "sentences",
+)
 
 
 # ----------------------------------------------------------------------------- the child
@@ -57,10 +70,6 @@ CHILD_METRICS = ("queue_wait", "queue_depth", "queue_capacity", "batch_rows", "e
 
 def _child_main(conn: Connection, settings_json: str, log_level: str) -> None:
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s[engine]: %(message)s")
-    from service.memory import keep_freed_memory
-    from service.scheduler import Scheduler
-    from service.server import load_models
-
     keep_freed_memory()
     settings = Settings.model_validate_json(settings_json)
     try:
@@ -103,8 +112,15 @@ def _child_main(conn: Connection, settings_json: str, log_level: str) -> None:
                 made.append((key, EncodeJob(src_ids=src_ids)))
             else:
                 key, src_ids, beam, lp, max_len, want_alignment, deadline, stream = fields
-                s = Sentence(src_ids=src_ids, beam=beam, length_penalty=lp, max_len=max_len,
-                             want_alignment=want_alignment, deadline=deadline, key=key)
+                s = Sentence(
+                    src_ids=src_ids,
+                    beam=beam,
+                    length_penalty=lp,
+                    max_len=max_len,
+                    want_alignment=want_alignment,
+                    deadline=deadline,
+                    key=key,
+                )
                 if stream:
                     s.on_tokens = lambda toks, k=key: send(("tokens", k, list(toks)))
                 made.append((key, s))
@@ -155,7 +171,7 @@ class _ChildMetrics:
     """A Prometheus collector: the children's families, fetched at scrape time and summed sample by
     sample (each child counts its own sentences, steps and queue)."""
 
-    def __init__(self, children: list["EngineProcess"], names: set[str]):
+    def __init__(self, children: list[EngineProcess], names: set[str]):
         self.children, self.names = children, names
 
     def describe(self):
@@ -181,7 +197,7 @@ class _ChildMetrics:
         return list(merged.values())
 
 
-def serve_child_metrics(metrics: Metrics, children: list["EngineProcess"]) -> None:
+def serve_child_metrics(metrics: Metrics, children: list[EngineProcess]) -> None:
     """Unregister the parent's copies of the metrics the children update; serve the children's."""
     names = set()
     for attr in CHILD_METRICS:
@@ -227,9 +243,12 @@ class EngineProcess:
 
     def spawn(self) -> None:
         parent, child = self._ctx.Pipe()
-        proc = self._ctx.Process(target=_child_main, args=(child, self.settings.model_dump_json(),
-                                                            self.settings.log_level),
-                                 name="mtserve-engine", daemon=True)
+        proc = self._ctx.Process(
+            target=_child_main,
+            args=(child, self.settings.model_dump_json(), self.settings.log_level),
+            name="mtserve-engine",
+            daemon=True,
+        )
         proc.start()
         child.close()
         self._starting = (parent, proc)
@@ -299,8 +318,18 @@ class EngineProcess:
         fields = []
         for s in sentences:
             s.key = next(self._keys)
-            fields.append((s.key, list(s.src_ids), s.beam, s.length_penalty, s.max_len, s.want_alignment,
-                           s.deadline, s.on_tokens is not None))
+            fields.append(
+                (
+                    s.key,
+                    list(s.src_ids),
+                    s.beam,
+                    s.length_penalty,
+                    s.max_len,
+                    s.want_alignment,
+                    s.deadline,
+                    s.on_tokens is not None,
+                )
+            )
         self._enqueue(sentences, ("submit", fields))
 
     def submit_encode(self, jobs: list[EncodeJob]) -> None:
@@ -370,7 +399,7 @@ class EngineProcess:
                     return
                 self._child_died()
                 continue
-            except Exception:  # noqa: BLE001 - an unreadable message: the pipe cannot be trusted any more
+            except Exception:
                 log.exception("engine process: unreadable message from the child")
                 if self._stopping:
                     return
@@ -379,7 +408,7 @@ class EngineProcess:
                 continue
             try:
                 self._handle(msg)
-            except Exception:  # noqa: BLE001 - one bad message must not stop the reader
+            except Exception:
                 log.exception("engine process reader: cannot handle %r", msg[:2] if isinstance(msg, tuple) else msg)
 
     def _handle(self, msg) -> None:
@@ -387,11 +416,11 @@ class EngineProcess:
         if op == "done" or op == "encoded":
             item = self._forget(msg[1])
             if item is not None:
-                _settle(item.future, result=msg[2])
+                settle(item.future, result=msg[2])
         elif op == "error":
             item = self._forget(msg[1])
             if item is not None:
-                _settle(item.future, error=msg[2])
+                settle(item.future, error=msg[2])
         elif op == "tokens":
             with self._lock:
                 item = self._pending.get(msg[1])
@@ -427,7 +456,7 @@ class EngineProcess:
             self.load = 0
             self._idle.notify_all()
         for item in items:
-            _settle(item.future, error=exc)
+            settle(item.future, error=exc)
 
 
 class EnginePool:
@@ -437,8 +466,9 @@ class EnginePool:
 
     def __init__(self, settings: Settings, metrics: Metrics, start_timeout: float = 300.0):
         n = settings.decode_workers
-        per_child = settings.model_copy(update={"decode_workers": 1,
-                                                "max_queue_size": max(1, -(-settings.max_queue_size // n))})
+        per_child = settings.model_copy(
+            update={"decode_workers": 1, "max_queue_size": max(1, -(-settings.max_queue_size // n))}
+        )
         self.settings = settings
         self.children = [EngineProcess(per_child, start_timeout) for _ in range(n)]
         serve_child_metrics(metrics, self.children)

@@ -1,4 +1,4 @@
-"""`python -m service.healthcheck [ADDRESS] [--service NAME]`: the container's health check.
+"""`python -m service.client.healthcheck [ADDRESS] [--service NAME]`: the container's health check.
 
 Asks the server's `grpc.health.v1.Health/Check` and exits 0 when it answers SERVING, 1 otherwise
 (NOT_SERVING while starting or draining, unreachable, timeout). ADDRESS defaults to the port of
@@ -38,8 +38,9 @@ def check(address: str, service: str = "", timeout: float = 3.0) -> str:
         return _status(health_pb2_grpc.HealthStub(channel), service, timeout)
 
 
-def wait_serving(address: str, timeout: float = 90.0, alive: Callable[[], bool] | None = None,
-                 interval: float = 0.05) -> list[str]:
+def wait_serving(
+    address: str, timeout: float = 90.0, alive: Callable[[], bool] | None = None, interval: float = 0.05
+) -> list[str]:
     """Ask until the server answers SERVING; return what it answered on the way (status names,
     or gRPC code names while it cannot answer yet). TimeoutError after `timeout` seconds;
     RuntimeError as soon as `alive()` (e.g. "the server process still runs") turns false."""
@@ -58,7 +59,7 @@ def wait_serving(address: str, timeout: float = 90.0, alive: Callable[[], bool] 
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m service.healthcheck", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m service.client.healthcheck", description=__doc__.split("\n\n")[0])
     p.add_argument("address", nargs="?", default=None, help="host:port (default: 127.0.0.1 and MTSERVE_ADDRESS's port)")
     p.add_argument("--service", default="", help="service name to ask about ('' = the server as a whole)")
     p.add_argument("--timeout", type=float, default=3.0)

@@ -14,7 +14,7 @@ import numpy as np
 import onnxruntime as ort
 from tokenizers import Tokenizer
 
-from service.manifest import Manifest, load_manifest, resolve_onnx_dir
+from contract.manifest import Manifest, load_manifest, resolve_onnx_dir
 
 log = logging.getLogger("mtserve.onnx")
 
@@ -22,7 +22,7 @@ PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
 
 
 def choose_provider(provider: str, strict: bool = False) -> str:
-    """"cpu", "cuda" or "auto" -> the provider actually used ("cpu" or "cuda"). CUDA asked for but
+    """ "cpu", "cuda" or "auto" -> the provider actually used ("cpu" or "cuda"). CUDA asked for but
     not available: CPU with a warning, or RuntimeError when `strict`."""
     if provider not in ("cpu", "cuda", "auto"):
         raise ValueError(f"unknown provider {provider!r}; choose cpu, cuda or auto")
@@ -30,8 +30,10 @@ def choose_provider(provider: str, strict: bool = False) -> str:
     if provider == "auto":
         return "cuda" if has_cuda else "cpu"
     if provider == "cuda" and not has_cuda:
-        msg = (f"CUDA execution provider requested but not available in this onnxruntime "
-               f"(available: {', '.join(ort.get_available_providers())})")
+        msg = (
+            f"CUDA execution provider requested but not available in this onnxruntime "
+            f"(available: {', '.join(ort.get_available_providers())})"
+        )
         if strict:
             raise RuntimeError(msg)
         log.warning("%s; falling back to the CPU", msg)
@@ -58,9 +60,16 @@ class OnnxSeq2Seq:
     model's dims and special ids for convenience (n_layers, n_heads, d_k, vocab_size, pad_id,
     bos_id, eos_id, max_positions)."""
 
-    def __init__(self, model_dir_or_onnx_dir: str | Path, precision: str = "fp32", provider: str = "cpu",
-                 intra_op_threads: int = 1, inter_op_threads: int = 1, strict: bool = False,
-                 verify_checksums: bool = True):
+    def __init__(
+        self,
+        model_dir_or_onnx_dir: str | Path,
+        precision: str = "fp32",
+        provider: str = "cpu",
+        intra_op_threads: int = 1,
+        inter_op_threads: int = 1,
+        strict: bool = False,
+        verify_checksums: bool = True,
+    ):
         self.dir = resolve_onnx_dir(model_dir_or_onnx_dir)
         self.manifest: Manifest = load_manifest(self.dir, verify_checksums=verify_checksums, precision=precision)
         self.precision = precision
@@ -69,8 +78,11 @@ class OnnxSeq2Seq:
         if variant.target == "cuda" and self.provider == "cpu":
             log.warning("the %s graphs are meant for CUDA; on the CPU they run, slowly", precision)
         if variant.target == "cpu" and self.provider == "cuda" and precision != "fp32":
-            log.warning("the %s graphs are meant for the CPU; on CUDA their quantised MatMuls fall back to "
-                        "the CPU (serve fp16 there)", precision)
+            log.warning(
+                "the %s graphs are meant for the CPU; on CUDA their quantised MatMuls fall back to "
+                "the CPU (serve fp16 there)",
+                precision,
+            )
 
         so = ort.SessionOptions()
         so.intra_op_num_threads = intra_op_threads
@@ -111,46 +123,74 @@ class OnnxSeq2Seq:
         d, ids = self.manifest.dims, self.manifest.special_ids
         got = self.tokenizer.get_vocab_size(with_added_tokens=True)
         if got != d.vocab_size:
-            raise RuntimeError(f"wrong tokenizer: {self.dir / self.manifest.tokenizer.file} has {got} tokens, "
-                               f"the model {d.vocab_size}")
+            raise RuntimeError(
+                f"wrong tokenizer: {self.dir / self.manifest.tokenizer.file} has {got} tokens, the model {d.vocab_size}"
+            )
         for name, want in (("<pad>", ids.pad_id), ("<s>", ids.bos_id), ("</s>", ids.eos_id), ("<unk>", ids.unk_id)):
             if self.tokenizer.token_to_id(name) != want:
-                raise RuntimeError(f"wrong tokenizer: {name} has id {self.tokenizer.token_to_id(name)}, "
-                                   f"the model expects {want}")
+                raise RuntimeError(
+                    f"wrong tokenizer: {name} has id {self.tokenizer.token_to_id(name)}, the model expects {want}"
+                )
 
     def _check_io(self, variant) -> None:
-        for session, spec, what in ((self.encoder, variant.encoder, "encoder"), (self.decoder, variant.decoder, "decoder")):
+        for session, spec, what in (
+            (self.encoder, variant.encoder, "encoder"),
+            (self.decoder, variant.decoder, "decoder"),
+        ):
             got_in = [i.name for i in session.get_inputs()]
             got_out = [o.name for o in session.get_outputs()]
-            if sorted(got_in) != sorted(t.name for t in spec.inputs) or sorted(got_out) != sorted(t.name for t in spec.outputs):
+            if sorted(got_in) != sorted(t.name for t in spec.inputs) or sorted(got_out) != sorted(
+                t.name for t in spec.outputs
+            ):
                 raise RuntimeError(f"the {what} graph's inputs/outputs {got_in} -> {got_out} do not match the manifest")
 
     def __repr__(self) -> str:
-        return (f"OnnxSeq2Seq({self.manifest.name}:{self.manifest.version}, {self.precision}, "
-                f"{self.provider}, layers={self.n_layers}, heads={self.n_heads})")
+        return (
+            f"OnnxSeq2Seq({self.manifest.name}:{self.manifest.version}, {self.precision}, "
+            f"{self.provider}, layers={self.n_layers}, heads={self.n_heads})"
+        )
 
     # -- text <-> ids ---------------------------------------------------------
 
     def source_ids(self, texts: list[str]) -> list[list[int]]:
         """Texts -> source ids ending with </s>, cut to fit the position table (as at training)."""
         limit = self.max_positions - 1
-        return [e.ids[: limit - 1] + [self.eos_id] for e in self.tokenizer.encode_batch(texts, add_special_tokens=False)]
+        return [
+            e.ids[: limit - 1] + [self.eos_id] for e in self.tokenizer.encode_batch(texts, add_special_tokens=False)
+        ]
 
     def detokenize(self, batch: list[list[int]]) -> list[str]:
         return [s.strip() for s in self.tokenizer.decode_batch(batch, skip_special_tokens=True)]
 
     # -- graphs ---------------------------------------------------------------
 
-    def encode(self, src_ids: np.ndarray, src_mask: np.ndarray) -> tuple[np.ndarray, list[np.ndarray], list[np.ndarray]]:
+    def encode(
+        self, src_ids: np.ndarray, src_mask: np.ndarray
+    ) -> tuple[np.ndarray, list[np.ndarray], list[np.ndarray]]:
         """src_ids, src_mask: int64 (B, S) -> memory (B, S, d_model) and per decoder layer the
         cross-attention keys and values, each (B, H, S, d_k)."""
-        out = self.encoder.run(self._enc_out, {"src_ids": np.ascontiguousarray(src_ids, dtype=np.int64),
-                                               "src_mask": np.ascontiguousarray(src_mask, dtype=np.int64)})
+        out = self.encoder.run(
+            self._enc_out,
+            {
+                "src_ids": np.ascontiguousarray(src_ids, dtype=np.int64),
+                "src_mask": np.ascontiguousarray(src_mask, dtype=np.int64),
+            },
+        )
         return out[0], out[1::2], out[2::2]
 
-    def step(self, tokens: np.ndarray, positions: np.ndarray, past_k: list[np.ndarray], past_v: list[np.ndarray],
-             past_mask: np.ndarray, cross_k: list[np.ndarray], cross_v: list[np.ndarray], src_mask: np.ndarray,
-             top_k: int = 1, log_probs: bool = False) -> StepOutput:
+    def step(
+        self,
+        tokens: np.ndarray,
+        positions: np.ndarray,
+        past_k: list[np.ndarray],
+        past_v: list[np.ndarray],
+        past_mask: np.ndarray,
+        cross_k: list[np.ndarray],
+        cross_v: list[np.ndarray],
+        src_mask: np.ndarray,
+        top_k: int = 1,
+        log_probs: bool = False,
+    ) -> StepOutput:
         """One decoder step over B rows of n sentences, each sentence's beams consecutive rows
         (n == B without beams). tokens (B, 1) or (B,), positions (B,) int64; past_k/past_v per
         layer (B, H, P, d_k) float32, P may be 0; past_mask (B, P) float32 (1 valid, 0 padding);
@@ -158,9 +198,13 @@ class OnnxSeq2Seq:
         candidates per row (<= vocab).
         The full (B, V) log-probabilities come back only when `log_probs` is asked for."""
         tokens = np.asarray(tokens, dtype=np.int64)
-        feed = {"tokens": tokens.reshape(-1, 1), "positions": np.asarray(positions, dtype=np.int64),
-                "past_mask": np.asarray(past_mask, dtype=np.float32), "src_mask": np.asarray(src_mask, dtype=np.int64),
-                "top_k": np.array([top_k], dtype=np.int64)}
+        feed = {
+            "tokens": tokens.reshape(-1, 1),
+            "positions": np.asarray(positions, dtype=np.int64),
+            "past_mask": np.asarray(past_mask, dtype=np.float32),
+            "src_mask": np.asarray(src_mask, dtype=np.int64),
+            "top_k": np.array([top_k], dtype=np.int64),
+        }
         for (kn, vn), k, v in zip(self._past_names, past_k, past_v):
             feed[kn], feed[vn] = k, v
         for (kn, vn), k, v in zip(self._cross_names, cross_k, cross_v):
@@ -168,9 +212,15 @@ class OnnxSeq2Seq:
         names = self._step_out_lp if log_probs else self._step_out
         out = self.decoder.run(names, feed)
         L = self.n_layers
-        return StepOutput(top_log_probs=out[0], top_ids=out[1], eos_log_prob=out[2],
-                          present_k=out[3:3 + 2 * L:2], present_v=out[4:4 + 2 * L:2],
-                          cross_attention=out[3 + 2 * L], log_probs=out[4 + 2 * L] if log_probs else None)
+        return StepOutput(
+            top_log_probs=out[0],
+            top_ids=out[1],
+            eos_log_prob=out[2],
+            present_k=out[3 : 3 + 2 * L : 2],
+            present_v=out[4 : 4 + 2 * L : 2],
+            cross_attention=out[3 + 2 * L],
+            log_probs=out[4 + 2 * L] if log_probs else None,
+        )
 
     def empty_past(self, batch: int) -> tuple[list[np.ndarray], list[np.ndarray], np.ndarray]:
         """A zero-length cache: per layer (batch, H, 0, d_k), and past_mask (batch, 0)."""

@@ -25,62 +25,19 @@ client cancel) makes the sentence leave its batch at the next step.
 
 from __future__ import annotations
 
-import concurrent.futures
-import itertools
 import logging
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import numpy as np
 
+from service.batching.jobs import EncodeJob, Sentence, settle
+from service.decoding.generator import DecodeBatch, Finished
 from service.errors import DeadlineExceeded, Internal, ResourceExhausted, Unavailable
-from service.generator import DecodeBatch, Finished
 from service.metrics import Metrics
 from service.settings import Settings
 
 log = logging.getLogger("mtserve.scheduler")
-_keys = itertools.count()
-
-
-@dataclass(eq=False)
-class Sentence:
-    """One source sentence to translate."""
-
-    src_ids: list[int]
-    beam: int
-    length_penalty: float
-    max_len: int  # tokens it may emit, </s> included
-    want_alignment: bool = False
-    deadline: float | None = None  # time.monotonic() after which it is dropped if still queued
-    on_tokens: Callable[[list[int]], None] | None = None  # streaming: called from a worker thread
-    future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
-    key: int = field(default_factory=lambda: next(_keys))
-    enqueued: float = field(default_factory=time.monotonic)
-
-    @property
-    def mode(self) -> tuple[int, float]:
-        return self.beam, self.length_penalty
-
-
-@dataclass(eq=False)
-class EncodeJob:
-    src_ids: list[int]
-    future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
-
-
-def _settle(future: concurrent.futures.Future, result=None, error: BaseException | None = None) -> None:
-    """Resolve a future unless its caller gave up on it already."""
-    if future.done():
-        return
-    try:
-        if error is not None:
-            future.set_exception(error)
-        else:
-            future.set_result(result)
-    except concurrent.futures.InvalidStateError:  # cancelled meanwhile
-        pass
 
 
 class Scheduler:
@@ -113,7 +70,8 @@ class Scheduler:
                 raise Unavailable("server is draining; retry on another replica")
             if len(self._queue) + len(sentences) > self.settings.max_queue_size:
                 raise ResourceExhausted(
-                    f"queue full: {len(self._queue)} sentences waiting, max_queue_size is {self.settings.max_queue_size}")
+                    f"queue full: {len(self._queue)} sentences waiting, max_queue_size is {self.settings.max_queue_size}"
+                )
             self._queue.extend(sentences)
             self.metrics.queue_depth.set(len(self._queue))
             self._cond.notify_all()
@@ -158,9 +116,9 @@ class Scheduler:
             enc_left, self._encode_queue = self._encode_queue, []
             self._cond.notify_all()
         for s in left:
-            _settle(s.future, error=Unavailable("server shut down before this sentence was scheduled"))
+            settle(s.future, error=Unavailable("server shut down before this sentence was scheduled"))
         for j in enc_left:
-            _settle(j.future, error=Unavailable("server shut down before this text was encoded"))
+            settle(j.future, error=Unavailable("server shut down before this text was encoded"))
         for t in self._threads:
             t.join(timeout)
 
@@ -175,7 +133,7 @@ class Scheduler:
                 self.metrics.sentences.labels("cancelled").inc()
             elif s.deadline is not None and now > s.deadline:
                 self.metrics.sentences.labels("deadline_exceeded").inc()
-                _settle(s.future, error=DeadlineExceeded("deadline expired while queued"))
+                settle(s.future, error=DeadlineExceeded("deadline expired while queued"))
             else:
                 live.append(s)
         self._queue = live
@@ -210,8 +168,10 @@ class Scheduler:
             return True
         if not self.settings.continuous_batching:
             return False
-        return (len(self._queue) >= self.settings.admit_fraction * running
-                or time.monotonic() - self._queue[0].enqueued >= self.settings.admit_delay_s)
+        return (
+            len(self._queue) >= self.settings.admit_fraction * running
+            or time.monotonic() - self._queue[0].enqueued >= self.settings.admit_delay_s
+        )
 
     def _worker(self, model) -> None:
         batches: dict[tuple[int, float], tuple[DecodeBatch, dict[int, Sentence]]] = {}
@@ -221,8 +181,12 @@ class Scheduler:
                     self._cond.wait()
                 if self._stopping and not batches:
                     return
-                if not batches and self._queue and self.settings.max_queue_delay_s > 0 \
-                        and len(self._queue) < self.settings.max_batch_sentences:
+                if (
+                    not batches
+                    and self._queue
+                    and self.settings.max_queue_delay_s > 0
+                    and len(self._queue) < self.settings.max_batch_sentences
+                ):
                     # An idle worker waits a moment for company, so that a burst shares one batch.
                     self._cond.wait(self.settings.max_queue_delay_s)
                 admitted = []
@@ -230,8 +194,10 @@ class Scheduler:
                     rows = sum(len(b) for b, _ in batches.values())
                     src_len = max((b.src_len for b, _ in batches.values()), default=0)
                     admitted = self._admit(rows, src_len)
-                encode_jobs, self._encode_queue = self._encode_queue[: self.settings.max_batch_sentences], \
-                    self._encode_queue[self.settings.max_batch_sentences:]
+                encode_jobs, self._encode_queue = (
+                    self._encode_queue[: self.settings.max_batch_sentences],
+                    self._encode_queue[self.settings.max_batch_sentences :],
+                )
                 self._busy_rows += sum(s.beam for s in admitted)
             if encode_jobs:
                 self._run_encode(model, encode_jobs)
@@ -247,13 +213,20 @@ class Scheduler:
         for (beam, lp), group in by_mode.items():
             try:
                 t0 = time.perf_counter()
-                new = DecodeBatch.from_sources(model, [s.src_ids for s in group], [s.key for s in group], beam=beam,
-                                               length_penalty=lp, max_len_a=self.max_len_a, max_len_b=self.max_len_b,
-                                               max_lens=[s.max_len for s in group],
-                                               want_alignment=any(s.want_alignment for s in group))
+                new = DecodeBatch.from_sources(
+                    model,
+                    [s.src_ids for s in group],
+                    [s.key for s in group],
+                    beam=beam,
+                    length_penalty=lp,
+                    max_len_a=self.max_len_a,
+                    max_len_b=self.max_len_b,
+                    max_lens=[s.max_len for s in group],
+                    want_alignment=any(s.want_alignment for s in group),
+                )
                 self.metrics.encoder_latency.observe(time.perf_counter() - t0)
                 self.metrics.input_tokens.inc(sum(len(s.src_ids) for s in group))
-            except Exception as exc:  # noqa: BLE001 - fail these sentences only, keep serving
+            except Exception as exc:
                 log.exception("encoder pass failed for %d sentences", len(group))
                 self._fail(group, exc)
                 continue
@@ -274,7 +247,7 @@ class Scheduler:
             self.metrics.batch_rows.observe(len(batch))
             self.metrics.padding_ratio.observe(batch.padding_ratio)
             self.metrics.decoded_rows.inc(len(batch))
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             log.exception("decoder step failed; failing the %d sentences of this batch", len(members))
             self._fail(list(members.values()), exc)
             del batches[mode]
@@ -286,7 +259,7 @@ class Scheduler:
                 answered += 1
                 self.metrics.sentences.labels("ok").inc()
                 self.metrics.generated_tokens.inc(len(f.tokens) + 1)
-                _settle(s.future, result=f)
+                settle(s.future, result=f)
         if mode[0] == 1:
             for key, tokens in batch.last_tokens().items():
                 s = members.get(key)
@@ -307,7 +280,7 @@ class Scheduler:
     def _fail(self, sentences: list[Sentence], exc: BaseException) -> None:
         for s in sentences:
             self.metrics.sentences.labels("error").inc()
-            _settle(s.future, error=Internal(f"decoding failed: {type(exc).__name__}"))
+            settle(s.future, error=Internal(f"decoding failed: {type(exc).__name__}"))
         with self._cond:
             self._busy_rows -= sum(s.beam for s in sentences)
 
@@ -326,8 +299,8 @@ class Scheduler:
             memory = model.encode(ids, mask)[0]  # (B, S, d_model)
             self.metrics.encoder_latency.observe(time.perf_counter() - t0)
             for i, j in enumerate(live):
-                _settle(j.future, result=np.array(memory[i, : len(j.src_ids)], dtype=np.float32))
-        except Exception as exc:  # noqa: BLE001
+                settle(j.future, result=np.array(memory[i, : len(j.src_ids)], dtype=np.float32))
+        except Exception as exc:
             log.exception("encode batch failed")
             for j in live:
-                _settle(j.future, error=Internal(f"encoding failed: {type(exc).__name__}"))
+                settle(j.future, error=Internal(f"encoding failed: {type(exc).__name__}"))

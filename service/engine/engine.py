@@ -13,11 +13,12 @@ from dataclasses import dataclass
 import numpy as np
 from tokenizers import Tokenizer
 
+from contract.manifest import Manifest
+from service.batching.jobs import EncodeJob, Sentence
+from service.decoding.generator import max_output_len
+from service.engine.backend import Backend
 from service.errors import Cancelled, DeadlineExceeded, InvalidArgument, ServiceError
-from service.generator import max_output_len
-from service.manifest import Manifest
 from service.metrics import Metrics
-from service.scheduler import EncodeJob, Scheduler, Sentence
 from service.settings import Settings
 
 
@@ -76,8 +77,15 @@ class EncodingResult:
 
 
 class Engine:
-    def __init__(self, settings: Settings, manifest: Manifest, tokenizer: Tokenizer, scheduler: Scheduler,
-                 metrics: Metrics, provider: str):
+    def __init__(
+        self,
+        settings: Settings,
+        manifest: Manifest,
+        tokenizer: Tokenizer,
+        scheduler: Backend,
+        metrics: Metrics,
+        provider: str,
+    ):
         self.settings, self.manifest, self.tokenizer = settings, manifest, tokenizer
         self.scheduler, self.metrics, self.provider = scheduler, metrics, provider
         self.eos_id = manifest.special_ids.eos_id
@@ -89,8 +97,9 @@ class Engine:
         if not texts:
             raise InvalidArgument("texts", "at least one text is required")
         if len(texts) > self.settings.max_texts_per_request:
-            raise InvalidArgument("texts", f"{len(texts)} texts exceed max_texts_per_request "
-                                           f"({self.settings.max_texts_per_request})")
+            raise InvalidArgument(
+                "texts", f"{len(texts)} texts exceed max_texts_per_request ({self.settings.max_texts_per_request})"
+            )
 
     def _source_ids(self, texts: list[str], field: str = "texts") -> list[list[int]]:
         limit = min(self.settings.max_input_tokens, self.manifest.dims.max_positions - 1)
@@ -111,10 +120,14 @@ class Engine:
         st, gen = self.settings, self.manifest.generation
         beam = opts.beam_size or st.default_beam_size
         if not 1 <= beam <= st.max_beam_size:
-            raise InvalidArgument("options.beam_size", f"{opts.beam_size} is outside 0..{st.max_beam_size} (0 = default)")
+            raise InvalidArgument(
+                "options.beam_size", f"{opts.beam_size} is outside 0..{st.max_beam_size} (0 = default)"
+            )
         if not 0 <= opts.max_output_tokens <= st.max_output_tokens:
-            raise InvalidArgument("options.max_output_tokens",
-                                  f"{opts.max_output_tokens} is outside 0..{st.max_output_tokens} (0 = default)")
+            raise InvalidArgument(
+                "options.max_output_tokens",
+                f"{opts.max_output_tokens} is outside 0..{st.max_output_tokens} (0 = default)",
+            )
         lp = gen.length_penalty if opts.length_penalty is None else opts.length_penalty
         if not math.isfinite(lp) or not 0.0 <= lp <= 10.0:
             raise InvalidArgument("options.length_penalty", f"{opts.length_penalty} is outside 0..10")
@@ -127,29 +140,45 @@ class Engine:
         deadline = time.monotonic() + timeout if timeout is not None else None
         if deadline is not None and timeout <= 0:
             raise DeadlineExceeded("deadline expired before the request was queued")
-        return [Sentence(src_ids=s, beam=beam, length_penalty=lp,
-                         max_len=min(cap, max_output_len(len(s), gen.max_len_a, gen.max_len_b,
-                                                         self.manifest.dims.max_positions)),
-                         want_alignment=opts.return_alignment, deadline=deadline) for s in src]
+        return [
+            Sentence(
+                src_ids=s,
+                beam=beam,
+                length_penalty=lp,
+                max_len=min(
+                    cap, max_output_len(len(s), gen.max_len_a, gen.max_len_b, self.manifest.dims.max_positions)
+                ),
+                want_alignment=opts.return_alignment,
+                deadline=deadline,
+            )
+            for s in src
+        ]
 
     def _result(self, src: list[int], finished, opts: TranslateOptions) -> TranslationResult:
         ids = list(finished.tokens)
         # Token strings only when the caller asked for them: this runs for every sentence.
         tokens = [self.tokenizer.id_to_token(i) for i in ids] if opts.return_tokens or opts.return_alignment else []
         result = TranslationResult(
-            text=self.tokenizer.decode(ids, skip_special_tokens=True).strip(), score=float(finished.score),
-            tokens=tokens, token_ids=ids, input_tokens=len(src), output_tokens=len(ids) + 1)
+            text=self.tokenizer.decode(ids, skip_special_tokens=True).strip(),
+            score=float(finished.score),
+            tokens=tokens,
+            token_ids=ids,
+            input_tokens=len(src),
+            output_tokens=len(ids) + 1,
+        )
         if opts.return_alignment and finished.alignment is not None:
             result.alignment = Alignment(
                 source_tokens=[self.tokenizer.id_to_token(i) for i in src],
                 target_tokens=tokens + ["</s>"],
-                weights=np.asarray(finished.alignment, dtype=np.float32)[: len(ids) + 1, : len(src)])
+                weights=np.asarray(finished.alignment, dtype=np.float32)[: len(ids) + 1, : len(src)],
+            )
         return result
 
     # -- the calls ------------------------------------------------------------------------
 
-    async def translate(self, texts: list[str], opts: TranslateOptions, timeout: float | None = None
-                        ) -> list[TranslationResult]:
+    async def translate(
+        self, texts: list[str], opts: TranslateOptions, timeout: float | None = None
+    ) -> list[TranslationResult]:
         self._check_texts(texts)
         src = self._source_ids(texts)
         sentences = self._sentences(src, opts, timeout)
@@ -163,8 +192,9 @@ class Engine:
             raise
         return [self._result(s, f, opts) for s, f in zip(src, finished)]
 
-    async def translate_stream(self, text: str, opts: TranslateOptions, timeout: float | None = None
-                               ) -> AsyncIterator[Chunk | TranslationResult]:
+    async def translate_stream(
+        self, text: str, opts: TranslateOptions, timeout: float | None = None
+    ) -> AsyncIterator[Chunk | TranslationResult]:
         src = self._source_ids([text], field="text")
         (sentence,) = self._sentences(src, opts, timeout)
         loop = asyncio.get_running_loop()
@@ -191,7 +221,7 @@ class Engine:
                 text_now = self.tokenizer.decode(ids, skip_special_tokens=True).lstrip()
                 if text_now.endswith("\ufffd"):  # an incomplete UTF-8 sequence: wait for more bytes
                     continue
-                delta, sent = text_now[len(sent):], text_now
+                delta, sent = text_now[len(sent) :], text_now
                 if first:
                     self.metrics.time_to_first_chunk.observe(time.perf_counter() - start)
                     first = False
@@ -201,14 +231,15 @@ class Engine:
             if result.text != sent:  # beam search, or text held back at the end
                 if first:
                     self.metrics.time_to_first_chunk.observe(time.perf_counter() - start)
-                tail = result.text[len(sent):] if result.text.startswith(sent) else result.text
+                tail = result.text[len(sent) :] if result.text.startswith(sent) else result.text
                 yield Chunk(text=tail, token_ids=[] if ids == result.token_ids else result.token_ids)
             yield result
         finally:
             done.cancel()
 
-    async def translate_many(self, items: AsyncIterator[StreamItem], timeout: float | None = None
-                             ) -> AsyncIterator[tuple[StreamItem, list[TranslationResult] | Exception]]:
+    async def translate_many(
+        self, items: AsyncIterator[StreamItem], timeout: float | None = None
+    ) -> AsyncIterator[tuple[StreamItem, list[TranslationResult] | Exception]]:
         """Items as they arrive, answers as they finish: (item, its results) or (item, the error of
         that item alone). At most `max_stream_in_flight` items are read ahead of the answers taken
         from this iterator. `timeout` is the whole stream's (seconds); an item's own comes with it.
@@ -221,22 +252,31 @@ class Engine:
 
         async def one(item: StreamItem) -> None:
             start = time.perf_counter()
-            limits = [t for t in (item.timeout, None if stream_deadline is None else stream_deadline - loop.time())
-                      if t is not None]
+            limits = [
+                t
+                for t in (item.timeout, None if stream_deadline is None else stream_deadline - loop.time())
+                if t is not None
+            ]
             limit = min(limits) if limits else None
             try:
                 if limit is None:
                     outcome = await self.translate(item.texts, item.options)
                 else:
                     try:
-                        outcome = await asyncio.wait_for(self.translate(item.texts, item.options, timeout=limit),
-                                                         max(limit, 0.0))
+                        outcome = await asyncio.wait_for(
+                            self.translate(item.texts, item.options, timeout=limit), max(limit, 0.0)
+                        )
                     except asyncio.TimeoutError:
                         raise DeadlineExceeded("deadline expired before the translation finished") from None
             except Exception as e:  # noqa: BLE001 - every failure is this item's answer, never the stream's
                 outcome = e
-            code = ("OK" if not isinstance(outcome, Exception)
-                    else outcome.code if isinstance(outcome, ServiceError) else "INTERNAL")
+            code = (
+                "OK"
+                if not isinstance(outcome, Exception)
+                else outcome.code
+                if isinstance(outcome, ServiceError)
+                else "INTERNAL"
+            )
             self.metrics.requests.labels("TranslateMany.item", code).inc()
             self.metrics.request_latency.labels("TranslateMany.item", code).observe(time.perf_counter() - start)
             answers.put_nowait((item, outcome, True))
@@ -249,8 +289,15 @@ class Engine:
                     await slots.acquire()
                     if item.id in unanswered:  # its answer could not be told from the first one's
                         self.metrics.requests.labels("TranslateMany.item", "INVALID_ARGUMENT").inc()
-                        answers.put_nowait((item, InvalidArgument(
-                            "id", f"{item.id!r} is the id of an item not answered yet on this stream"), False))
+                        answers.put_nowait(
+                            (
+                                item,
+                                InvalidArgument(
+                                    "id", f"{item.id!r} is the id of an item not answered yet on this stream"
+                                ),
+                                False,
+                            )
+                        )
                         continue
                     unanswered.add(item.id)
                     task = asyncio.ensure_future(one(item))
@@ -279,8 +326,9 @@ class Engine:
             for task in list(pending):  # the stream ended early (cancelled, failed): drop its items
                 task.cancel()
 
-    async def encode(self, texts: list[str], return_token_embeddings: bool, timeout: float | None = None
-                     ) -> list[EncodingResult]:
+    async def encode(
+        self, texts: list[str], return_token_embeddings: bool, timeout: float | None = None
+    ) -> list[EncodingResult]:
         self._check_texts(texts)
         src = self._source_ids(texts)
         jobs = [EncodeJob(src_ids=s) for s in src]
@@ -294,22 +342,44 @@ class Engine:
             for f in futures:
                 f.cancel()
             raise Cancelled("request cancelled") from None
-        return [EncodingResult(pooled=m.mean(axis=0), tokens=[self.tokenizer.id_to_token(i) for i in s],
-                               token_embeddings=m if return_token_embeddings else None)
-                for s, m in zip(src, memories)]
+        return [
+            EncodingResult(
+                pooled=m.mean(axis=0),
+                tokens=[self.tokenizer.id_to_token(i) for i in s],
+                token_embeddings=m if return_token_embeddings else None,
+            )
+            for s, m in zip(src, memories)
+        ]
 
     def model_info(self) -> dict:
         m, d, st = self.manifest, self.manifest.dims, self.settings
         return {
-            "name": m.name, "version": m.version, "source_language": m.src_lang, "target_language": m.tgt_lang,
-            "precision": st.precision, "execution_provider": self.provider, "vocab_size": d.vocab_size,
-            "d_model": d.d_model, "n_heads": d.n_heads, "n_encoder_layers": d.n_encoder_layers,
-            "n_decoder_layers": d.n_decoder_layers, "max_positions": d.max_positions, "opset": m.opset,
-            "max_len_a": m.generation.max_len_a, "max_len_b": m.generation.max_len_b,
+            "name": m.name,
+            "version": m.version,
+            "source_language": m.src_lang,
+            "target_language": m.tgt_lang,
+            "precision": st.precision,
+            "execution_provider": self.provider,
+            "vocab_size": d.vocab_size,
+            "d_model": d.d_model,
+            "n_heads": d.n_heads,
+            "n_encoder_layers": d.n_encoder_layers,
+            "n_decoder_layers": d.n_decoder_layers,
+            "max_positions": d.max_positions,
+            "opset": m.opset,
+            "max_len_a": m.generation.max_len_a,
+            "max_len_b": m.generation.max_len_b,
             "length_penalty": m.generation.length_penalty,
-            "files_sha256": m.checksums(st.precision), "tool_versions": dict(m.tool_versions),
-            "limits": {"max_texts_per_request": st.max_texts_per_request, "max_input_tokens": st.max_input_tokens,
-                       "max_output_tokens": st.max_output_tokens, "max_beam_size": st.max_beam_size,
-                       "default_beam_size": st.default_beam_size, "max_batch_sentences": st.max_batch_sentences,
-                       "max_batch_tokens": st.max_batch_tokens, "max_queue_size": st.max_queue_size},
+            "files_sha256": m.checksums(st.precision),
+            "tool_versions": dict(m.tool_versions),
+            "limits": {
+                "max_texts_per_request": st.max_texts_per_request,
+                "max_input_tokens": st.max_input_tokens,
+                "max_output_tokens": st.max_output_tokens,
+                "max_beam_size": st.max_beam_size,
+                "default_beam_size": st.default_beam_size,
+                "max_batch_sentences": st.max_batch_sentences,
+                "max_batch_tokens": st.max_batch_tokens,
+                "max_queue_size": st.max_queue_size,
+            },
         }

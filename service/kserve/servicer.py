@@ -26,17 +26,25 @@ import numpy as np
 
 from service.api.inference import grpc_service_pb2 as pb
 from service.api.inference import grpc_service_pb2_grpc as pb_grpc
-from service.engine import Engine, TranslateOptions
+from service.engine.engine import Engine, TranslateOptions
 from service.errors import InvalidArgument, NotFound
-from service.servicer import _deadline
+from service.grpc.context import deadline
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
 PLATFORM = "onnxruntime_onnx"
 INPUT = "TEXT"
 # Request parameters that standard clients may set on their own (tritonclient: sequence and
 # priority fields, timeout; HTTP-only flags): accepted and ignored.
-STANDARD_PARAMETERS = {"sequence_id", "sequence_start", "sequence_end", "priority", "timeout", "headers",
-                       "binary_data_output", "triton_enable_empty_final_response"}
+STANDARD_PARAMETERS = {
+    "sequence_id",
+    "sequence_start",
+    "sequence_end",
+    "priority",
+    "timeout",
+    "headers",
+    "binary_data_output",
+    "triton_enable_empty_final_response",
+}
 
 
 @dataclass(frozen=True)
@@ -68,13 +76,16 @@ def deserialize_bytes(raw: bytes, field: str) -> list[bytes]:
     out, i = [], 0
     while i < len(raw):
         if i + 4 > len(raw):
-            raise InvalidArgument(field, f"truncated BYTES data: {len(raw) - i} bytes left where a 4-byte length "
-                                         f"was expected (element {len(out)})")
+            raise InvalidArgument(
+                field,
+                f"truncated BYTES data: {len(raw) - i} bytes left where a 4-byte length "
+                f"was expected (element {len(out)})",
+            )
         (n,) = struct.unpack_from("<I", raw, i)
         i += 4
         if i + n > len(raw):
             raise InvalidArgument(field, f"BYTES element {len(out)} says {n} bytes but only {len(raw) - i} remain")
-        out.append(raw[i:i + n])
+        out.append(raw[i : i + n])
         i += n
     return out
 
@@ -92,13 +103,13 @@ def _parameter(value: pb.InferParameter, field: str, kind: type):
 def _renamed(exc: InvalidArgument, input_index: int) -> InvalidArgument:
     """The engine names mtserve.v1 fields (`texts[1]`, `options.beam_size`); name the v2 ones."""
     f = exc.field
-    problem = exc.message[len(f) + 2:] if exc.message.startswith(f + ": ") else exc.message
+    problem = exc.message[len(f) + 2 :] if exc.message.startswith(f + ": ") else exc.message
     if f == "texts":
         return InvalidArgument(f"inputs[{input_index}]", f"{INPUT}: {problem}")
     if f.startswith("texts["):
-        return InvalidArgument(f"inputs[{input_index}]{f[len('texts'):]}", f"{INPUT}: {problem}")
+        return InvalidArgument(f"inputs[{input_index}]{f[len('texts') :]}", f"{INPUT}: {problem}")
     if f.startswith("options."):
-        return InvalidArgument("parameters." + f[len("options."):], problem)
+        return InvalidArgument("parameters." + f[len("options.") :], problem)
     return exc
 
 
@@ -109,10 +120,17 @@ class KServeServicer(pb_grpc.GRPCInferenceServiceServicer):
         m = engine.manifest
         self.version = m.version
         self.models = {
-            m.name: ModelSpec(m.name, "translate", "TRANSLATION", "BYTES", (-1,),
-                              {"beam_size": int, "max_output_tokens": int, "length_penalty": float}),
-            f"{m.name}-encoder": ModelSpec(f"{m.name}-encoder", "encode", "EMBEDDING", "FP32",
-                                           (-1, m.dims.d_model), {}),
+            m.name: ModelSpec(
+                m.name,
+                "translate",
+                "TRANSLATION",
+                "BYTES",
+                (-1,),
+                {"beam_size": int, "max_output_tokens": int, "length_penalty": float},
+            ),
+            f"{m.name}-encoder": ModelSpec(
+                f"{m.name}-encoder", "encode", "EMBEDDING", "FP32", (-1, m.dims.d_model), {}
+            ),
         }
 
     # -- health and metadata ---------------------------------------------------------------
@@ -134,9 +152,12 @@ class KServeServicer(pb_grpc.GRPCInferenceServiceServicer):
         spec = self._model(request.name, request.version, "name", "version")
         tensor = pb.ModelMetadataResponse.TensorMetadata
         return pb.ModelMetadataResponse(
-            name=spec.name, versions=[self.version], platform=PLATFORM,
+            name=spec.name,
+            versions=[self.version],
+            platform=PLATFORM,
             inputs=[tensor(name=INPUT, datatype="BYTES", shape=[-1])],
-            outputs=[tensor(name=spec.output, datatype=spec.output_datatype, shape=list(spec.output_shape))])
+            outputs=[tensor(name=spec.output, datatype=spec.output_datatype, shape=list(spec.output_shape))],
+        )
 
     def _model(self, name: str, version: str, name_field: str, version_field: str) -> ModelSpec:
         if name not in self.models:
@@ -153,17 +174,18 @@ class KServeServicer(pb_grpc.GRPCInferenceServiceServicer):
         requested = [o.name for o in request.outputs]
         for i, name in enumerate(requested):
             if name != spec.output:
-                raise InvalidArgument(f"outputs[{i}].name", f"model {spec.name!r} has no output {name!r} "
-                                                            f"(outputs: {spec.output})")
+                raise InvalidArgument(
+                    f"outputs[{i}].name", f"model {spec.name!r} has no output {name!r} (outputs: {spec.output})"
+                )
         params = self._parameters(request, spec)
         try:
             if spec.kind == "translate":
                 opts = TranslateOptions(**params)
-                results = await self.engine.translate(texts, opts, timeout=_deadline(context))
+                results = await self.engine.translate(texts, opts, timeout=deadline(context))
                 data = [r.text.encode("utf-8") for r in results]
                 shape = [len(data)]
             else:
-                encodings = await self.engine.encode(texts, False, timeout=_deadline(context))
+                encodings = await self.engine.encode(texts, False, timeout=deadline(context))
                 data = np.stack([e.pooled for e in encodings]).astype("<f4")
                 shape = list(data.shape)
         except InvalidArgument as e:
@@ -195,8 +217,9 @@ class KServeServicer(pb_grpc.GRPCInferenceServiceServicer):
             raise InvalidArgument(f"{field}.shape", f"{INPUT} must have shape [N], got {list(t.shape)}")
         if request.raw_input_contents:
             if len(request.raw_input_contents) != len(inputs):
-                raise InvalidArgument("raw_input_contents", f"{len(request.raw_input_contents)} entries for "
-                                                            f"{len(inputs)} input(s)")
+                raise InvalidArgument(
+                    "raw_input_contents", f"{len(request.raw_input_contents)} entries for {len(inputs)} input(s)"
+                )
             if t.HasField("contents"):
                 raise InvalidArgument(f"{field}.contents", "set together with raw_input_contents; use one of them")
             items = deserialize_bytes(request.raw_input_contents[0], "raw_input_contents[0]")
@@ -207,8 +230,9 @@ class KServeServicer(pb_grpc.GRPCInferenceServiceServicer):
                 raise InvalidArgument(f"{field}.contents", f"BYTES data goes in bytes_contents, got {others[0]}")
             items = list(c.bytes_contents)
         if len(items) != t.shape[0]:
-            raise InvalidArgument(f"{field}.shape", f"shape {list(t.shape)} says {t.shape[0]} elements, "
-                                                    f"the data holds {len(items)}")
+            raise InvalidArgument(
+                f"{field}.shape", f"shape {list(t.shape)} says {t.shape[0]} elements, the data holds {len(items)}"
+            )
         texts = []
         for j, b in enumerate(items):
             try:

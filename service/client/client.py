@@ -55,17 +55,29 @@ def channel_target(target: str | Sequence[str]) -> str:
     return f"{scheme}:{','.join(hosts)}"
 
 
-def options(beam_size=0, max_output_tokens=0, length_penalty=None, return_scores=False, return_tokens=False,
-            return_alignment=False) -> pb.TranslationOptions:
-    opts = pb.TranslationOptions(beam_size=beam_size, max_output_tokens=max_output_tokens, return_scores=return_scores,
-                                 return_tokens=return_tokens, return_alignment=return_alignment)
+def options(
+    beam_size=0,
+    max_output_tokens=0,
+    length_penalty=None,
+    return_scores=False,
+    return_tokens=False,
+    return_alignment=False,
+) -> pb.TranslationOptions:
+    opts = pb.TranslationOptions(
+        beam_size=beam_size,
+        max_output_tokens=max_output_tokens,
+        return_scores=return_scores,
+        return_tokens=return_tokens,
+        return_alignment=return_alignment,
+    )
     if length_penalty is not None:
         opts.length_penalty = length_penalty
     return opts
 
 
-def tls_credentials(ca_cert: str | Path | None = None, client_cert: str | Path | None = None,
-                    client_key: str | Path | None = None) -> grpc.ChannelCredentials:
+def tls_credentials(
+    ca_cert: str | Path | None = None, client_cert: str | Path | None = None, client_key: str | Path | None = None
+) -> grpc.ChannelCredentials:
     """TLS channel credentials from PEM files. Without `ca_cert` the system's roots verify the
     server; `client_cert` and `client_key` (together) present a client certificate (mutual TLS)."""
     if (client_cert is None) != (client_key is None):
@@ -74,15 +86,26 @@ def tls_credentials(ca_cert: str | Path | None = None, client_cert: str | Path |
     def read(p):
         return None if p is None else Path(p).read_bytes()
 
-    return grpc.ssl_channel_credentials(root_certificates=read(ca_cert), private_key=read(client_key),
-                                        certificate_chain=read(client_cert))
+    return grpc.ssl_channel_credentials(
+        root_certificates=read(ca_cert), private_key=read(client_key), certificate_chain=read(client_cert)
+    )
 
 
 class Client:
-    def __init__(self, target: str | Sequence[str] = DEFAULT_SERVER, timeout: float | None = 60.0,
-                 credentials: grpc.ChannelCredentials | None = None, metadata: Sequence[tuple[str, str]] = (), *,
-                 tls: bool = False, ca_cert: str | Path | None = None, client_cert: str | Path | None = None,
-                 client_key: str | Path | None = None, token: str | None = None, server_name: str | None = None):
+    def __init__(
+        self,
+        target: str | Sequence[str] = DEFAULT_SERVER,
+        timeout: float | None = 60.0,
+        credentials: grpc.ChannelCredentials | None = None,
+        metadata: Sequence[tuple[str, str]] = (),
+        *,
+        tls: bool = False,
+        ca_cert: str | Path | None = None,
+        client_cert: str | Path | None = None,
+        client_key: str | Path | None = None,
+        token: str | None = None,
+        server_name: str | None = None,
+    ):
         """`tls` (implied by `ca_cert` or `client_cert`) uses TLS; `server_name` overrides the name
         the server's certificate is checked against; `token` is sent as `authorization: Bearer`."""
         opts = [("grpc.lb_policy_name", "round_robin"), ("grpc.max_receive_message_length", 64 * 1024 * 1024)]
@@ -93,14 +116,15 @@ class Client:
         if token:
             metadata = [*metadata, ("authorization", f"Bearer {token}")]
         t = channel_target(target)
-        self.channel = (grpc.secure_channel(t, credentials, options=opts) if credentials
-                        else grpc.insecure_channel(t, options=opts))
+        self.channel = (
+            grpc.secure_channel(t, credentials, options=opts) if credentials else grpc.insecure_channel(t, options=opts)
+        )
         self.stub = pb_grpc.TranslationServiceStub(self.channel)
         self.health_stub = health_pb2_grpc.HealthStub(self.channel)
         self.timeout = timeout
         self.metadata = list(metadata)
 
-    def __enter__(self) -> "Client":
+    def __enter__(self) -> Client:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -130,8 +154,10 @@ class Client:
         the translations in input order. A failed item raises ItemFailed (the rest still finish)."""
         o = options(**opts)
         timeout_ms = int(self.timeout * 1000) if self.timeout else 0
-        reqs = (pb.TranslateManyRequest(id=str(i), request=pb.TranslateRequest(texts=[t], options=o),
-                                        timeout_ms=timeout_ms) for i, t in enumerate(texts))
+        reqs = (
+            pb.TranslateManyRequest(id=str(i), request=pb.TranslateRequest(texts=[t], options=o), timeout_ms=timeout_ms)
+            for i, t in enumerate(texts)
+        )
         out: list[pb.Translation | None] = [None] * len(texts)
         failed: list[tuple[int, pb.ItemError]] = []
         for r in self.translate_many(reqs):
@@ -151,7 +177,8 @@ class Client:
             item = {"pooled": np.asarray(e.pooled, dtype=np.float32), "tokens": list(e.tokens)}
             if e.HasField("token_embeddings"):
                 item["token_embeddings"] = np.asarray(e.token_embeddings.data, dtype=np.float32).reshape(
-                    tuple(e.token_embeddings.shape))
+                    tuple(e.token_embeddings.shape)
+                )
             out.append(item)
         return out
 
@@ -159,8 +186,9 @@ class Client:
         return self.stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=self.timeout, metadata=self.metadata)
 
     def health(self, service: str = "") -> str:
-        resp = self.health_stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=self.timeout,
-                                      metadata=self.metadata)
+        resp = self.health_stub.Check(
+            health_pb2.HealthCheckRequest(service=service), timeout=self.timeout, metadata=self.metadata
+        )
         return health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)
 
 

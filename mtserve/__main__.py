@@ -1,0 +1,5 @@
+import sys
+
+from mtserve.cli import main
+
+sys.exit(main())

@@ -1,0 +1,51 @@
+"""What the scheduler queues: a sentence to translate and a text to encode, each with the future
+its caller waits on. Knows nothing of gRPC."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import itertools
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+_keys = itertools.count()
+
+
+@dataclass(eq=False)
+class Sentence:
+    """One source sentence to translate."""
+
+    src_ids: list[int]
+    beam: int
+    length_penalty: float
+    max_len: int  # tokens it may emit, </s> included
+    want_alignment: bool = False
+    deadline: float | None = None  # time.monotonic() after which it is dropped if still queued
+    on_tokens: Callable[[list[int]], None] | None = None  # streaming: called from a worker thread
+    future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
+    key: int = field(default_factory=lambda: next(_keys))
+    enqueued: float = field(default_factory=time.monotonic)
+
+    @property
+    def mode(self) -> tuple[int, float]:
+        return self.beam, self.length_penalty
+
+
+@dataclass(eq=False)
+class EncodeJob:
+    src_ids: list[int]
+    future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
+
+
+def settle(future: concurrent.futures.Future, result=None, error: BaseException | None = None) -> None:
+    """Resolve a future unless its caller gave up on it already."""
+    if future.done():
+        return
+    try:
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)
+    except concurrent.futures.InvalidStateError:  # cancelled meanwhile
+        pass
