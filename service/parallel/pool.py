@@ -1,9 +1,9 @@
 """Decode workers in child processes, behind the Scheduler interface.
 
 With `engine_process`, `EnginePool` starts one child process per decode worker. Each child owns
-its ONNX Runtime sessions and a Scheduler with one worker thread. The gRPC process keeps
-validation, tokenisation and the RPCs, and talks to each child over a pipe, as vLLM's engine core
-runs apart from its API server.
+its ONNX Runtime sessions and a Scheduler with one worker thread (service.parallel.child). The
+gRPC process keeps validation, tokenisation and the RPCs, and talks to each child over a pipe, as
+vLLM's engine core runs apart from its API server.
 
 Two things follow. No decode loop shares a GIL with another or with the gRPC event loop. And a
 crash in a child (a native fault in ONNX Runtime, the kernel's OOM killer) fails only the
@@ -15,36 +15,54 @@ copy of the weights per child.
 
 `EnginePool` (and each `EngineProcess`, one child) is what `service.engine.engine.Engine` and
 `service.server.Server` see: submit(), submit_encode(), stop_accepting(), wait_idle(), shutdown(),
-idle. Each Sentence and EncodeJob keeps its future in this process; the child settles its own
-copy and sends the outcome back:
+idle. Each Sentence and EncodeJob keeps its future in this process, under a key; the child settles
+its own copy and sends the outcome back under the same key, in the messages of
+service.parallel.messages. A reader thread per child settles the futures. It survives a message it
+cannot handle (logged) and ignores one it has no case for; one it cannot unpickle means the pipe
+can no longer be trusted, so the child is killed and replaced.
 
-    parent -> child: ("submit", [sentence fields]), ("encode", [(key, src_ids)]), ("cancel", [keys]),
-                     ("stop_accepting",), ("metrics", token), ("shutdown",)
-    child -> parent: ("ready", provider, session pairs) | ("startup_error", message) once, then
-                     ("done", key, Finished), ("encoded", key, memory), ("error", key, ServiceError),
-                     ("tokens", key, ids), ("metrics", token, families)
-
-Errors cross as the ServiceError itself (service.errors pickles them); anything else as Internal. The children's metrics (queue,
-batches, steps, sentences) are fetched at each scrape and summed. If a child dies, its
-unanswered sentences fail with INTERNAL and a new child is started.
+The children's metrics (queue, batches, steps, sentences) are fetched at each scrape and summed.
+If a child dies, its unanswered sentences fail with INTERNAL and a new child is started.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import multiprocessing as mp
 import threading
 import time
+from collections.abc import Sequence
+from concurrent.futures import Future
 from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
 
-from service import errors
+from prometheus_client.metrics_core import Metric
+
 from service.batching.jobs import EncodeJob, Sentence, settle
-from service.batching.scheduler import Scheduler
 from service.errors import Internal, ModelLoadError, Unavailable
 from service.metrics import Metrics
-from service.runtime.loading import load_models
-from service.runtime.memory import keep_freed_memory
+from service.parallel.child import child_main
+from service.parallel.messages import (
+    Cancel,
+    Done,
+    Encode,
+    Encoded,
+    EncodeSpec,
+    Failed,
+    MetricsReply,
+    MetricsRequest,
+    Ready,
+    SentenceSpec,
+    Shutdown,
+    StartupError,
+    StopAccepting,
+    SubmitSentences,
+    ToChild,
+    Tokens,
+    ToParent,
+)
 from service.settings import Settings
 
 log = logging.getLogger("mtserve.engine_process")
@@ -65,108 +83,6 @@ CHILD_METRICS = (
 )
 
 
-# ----------------------------------------------------------------------------- the child
-
-
-def _child_main(conn: Connection, settings_json: str, log_level: str) -> None:
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s[engine]: %(message)s")
-    keep_freed_memory()
-    settings = Settings.model_validate_json(settings_json)
-    try:
-        models = load_models(settings)
-    except Exception as e:  # noqa: BLE001 - reported to the parent, which exits with it
-        conn.send(("startup_error", str(e)))
-        return
-    metrics = Metrics()
-    gen = models[0].manifest.generation
-    scheduler = Scheduler(models, settings, metrics, gen.max_len_a, gen.max_len_b)
-    scheduler.start()
-    send_lock = threading.Lock()
-
-    def send(msg) -> None:
-        with send_lock:
-            try:
-                conn.send(msg)
-            except (OSError, ValueError):  # the parent is gone
-                pass
-
-    live: dict[int, Sentence | EncodeJob] = {}
-    live_lock = threading.Lock()
-
-    def report(key: int, kind: str, future) -> None:
-        with live_lock:
-            live.pop(key, None)
-        if future.cancelled():
-            return
-        exc = future.exception()
-        if exc is not None:
-            send(("error", key, exc if isinstance(exc, errors.ServiceError) else Internal(str(exc))))
-        else:
-            send((kind, key, future.result()))
-
-    def submit(items, encode: bool) -> None:
-        made = []
-        for fields in items:
-            if encode:
-                key, src_ids = fields
-                made.append((key, EncodeJob(src_ids=src_ids)))
-            else:
-                key, src_ids, beam, lp, max_len, want_alignment, deadline, stream = fields
-                s = Sentence(
-                    src_ids=src_ids,
-                    beam=beam,
-                    length_penalty=lp,
-                    max_len=max_len,
-                    want_alignment=want_alignment,
-                    deadline=deadline,
-                    key=key,
-                )
-                if stream:
-                    s.on_tokens = lambda toks, k=key: send(("tokens", k, list(toks)))
-                made.append((key, s))
-        try:
-            (scheduler.submit_encode if encode else scheduler.submit)([item for _, item in made])
-        except errors.ServiceError as e:  # queue full, draining: all of them or none
-            for key, _ in made:
-                send(("error", key, e))
-            return
-        with live_lock:
-            live.update(made)
-        kind = "encoded" if encode else "done"
-        for key, item in made:
-            item.future.add_done_callback(lambda f, k=key: report(k, kind, f))
-
-    sessions = len({id(m) for m in models})
-    send(("ready", models[0].provider, sessions))
-    while True:
-        try:
-            msg = conn.recv()
-        except (EOFError, OSError):  # the parent is gone: stop
-            break
-        op = msg[0]
-        if op == "submit":
-            submit(msg[1], encode=False)
-        elif op == "encode":
-            submit(msg[1], encode=True)
-        elif op == "cancel":
-            with live_lock:
-                gone = [live.get(k) for k in msg[1]]
-            for item in gone:
-                if item is not None:
-                    item.future.cancel()
-        elif op == "stop_accepting":
-            scheduler.stop_accepting()
-        elif op == "metrics":
-            send(("metrics", msg[1], list(metrics.registry.collect())))
-        elif op == "shutdown":
-            break
-    scheduler.stop_accepting()
-    scheduler.shutdown()
-
-
-# ----------------------------------------------------------------------------- the parent
-
-
 class _ChildMetrics:
     """A Prometheus collector: the children's families, fetched at scrape time and summed sample by
     sample (each child counts its own sentences, steps and queue)."""
@@ -174,11 +90,11 @@ class _ChildMetrics:
     def __init__(self, children: list[EngineProcess], names: set[str]):
         self.children, self.names = children, names
 
-    def describe(self):
+    def describe(self) -> list[Metric]:
         return []  # names are not known before the children answer; they never clash (unregistered)
 
-    def collect(self):
-        merged: dict[str, object] = {}
+    def collect(self) -> list[Metric]:
+        merged: dict[str, Metric] = {}
         for child in self.children:
             for fam in child.fetch_metrics():
                 if fam.name not in self.names:
@@ -199,7 +115,7 @@ class _ChildMetrics:
 
 def serve_child_metrics(metrics: Metrics, children: list[EngineProcess]) -> None:
     """Unregister the parent's copies of the metrics the children update; serve the children's."""
-    names = set()
+    names: set[str] = set()
     for attr in CHILD_METRICS:
         m = getattr(metrics, attr)
         names |= {f.name for f in m.collect()}
@@ -220,8 +136,9 @@ class EngineProcess:
         self.provider = "cpu"
         self.sessions = 0
         self._ctx = mp.get_context("spawn")  # never fork a process that runs gRPC threads
+        self._starting: tuple[Connection, BaseProcess] | None = None  # spawned, not ready yet
         self._conn: Connection | None = None
-        self._proc = None
+        self._proc: BaseProcess | None = None
         self._send_lock = threading.Lock()
         self._lock = threading.Lock()  # _pending and _accepting
         self._pending: dict[int, Sentence | EncodeJob] = {}
@@ -230,7 +147,7 @@ class EngineProcess:
         self._accepting = True
         self._stopping = False
         self._idle = threading.Condition(self._lock)
-        self._metric_replies: dict[int, list] = {}
+        self._metric_replies: dict[int, list[Metric]] = {}
         self._metric_ready = threading.Condition()
         self._reader: threading.Thread | None = None
 
@@ -244,7 +161,7 @@ class EngineProcess:
     def spawn(self) -> None:
         parent, child = self._ctx.Pipe()
         proc = self._ctx.Process(
-            target=_child_main,
+            target=child_main,
             args=(child, self.settings.model_dump_json(), self.settings.log_level),
             name="mtserve-engine",
             daemon=True,
@@ -254,6 +171,9 @@ class EngineProcess:
         self._starting = (parent, proc)
 
     def wait_ready(self) -> None:
+        """Wait for the child spawn() started to answer Ready; ModelLoadError if it does not."""
+        if self._starting is None:
+            raise RuntimeError("wait_ready() before spawn()")
         parent, proc = self._starting
         if not parent.poll(self.start_timeout):
             proc.kill()
@@ -263,10 +183,15 @@ class EngineProcess:
         except EOFError:
             proc.join(5)
             raise ModelLoadError(f"the engine process exited during start-up (exit code {proc.exitcode})") from None
-        if msg[0] == "startup_error":
-            proc.join(5)
-            raise ModelLoadError(msg[1])
-        _, self.provider, self.sessions = msg
+        match msg:
+            case Ready(provider, sessions):
+                self.provider, self.sessions = provider, sessions
+            case StartupError(message):
+                proc.join(5)
+                raise ModelLoadError(message)
+            case _:
+                proc.kill()
+                raise ModelLoadError(f"the engine process sent {type(msg).__name__} before Ready")
         self._conn, self._proc = parent, proc
         if self._reader is None:
             self._reader = threading.Thread(target=self._read, name="engine-process-reader", daemon=True)
@@ -275,7 +200,7 @@ class EngineProcess:
     def stop_accepting(self) -> None:
         with self._lock:
             self._accepting = False
-        self._send(("stop_accepting",))
+        self._send(StopAccepting())
 
     def wait_idle(self, timeout: float) -> bool:
         end = time.monotonic() + timeout
@@ -299,7 +224,7 @@ class EngineProcess:
 
     def request_shutdown(self) -> None:
         self._stopping = True
-        self._send(("shutdown",))
+        self._send(Shutdown())
 
     def shutdown(self, timeout: float = 5.0) -> None:
         """Stop the child (after request_shutdown, which lets a pool stop its children together)."""
@@ -315,48 +240,46 @@ class EngineProcess:
     # -- caller side ------------------------------------------------------------------------
 
     def submit(self, sentences: list[Sentence]) -> None:
-        fields = []
+        specs = []
         for s in sentences:
             s.key = next(self._keys)
-            fields.append(
-                (
-                    s.key,
-                    list(s.src_ids),
-                    s.beam,
-                    s.length_penalty,
-                    s.max_len,
-                    s.want_alignment,
-                    s.deadline,
-                    s.on_tokens is not None,
+            specs.append(
+                SentenceSpec(
+                    key=s.key,
+                    src_ids=list(s.src_ids),
+                    beam=s.beam,
+                    length_penalty=s.length_penalty,
+                    max_len=s.max_len,
+                    want_alignment=s.want_alignment,
+                    deadline=s.deadline,
+                    stream=s.on_tokens is not None,
                 )
             )
-        self._enqueue(sentences, ("submit", fields))
+        self._enqueue([(s.key, s) for s in sentences], SubmitSentences(specs))
 
     def submit_encode(self, jobs: list[EncodeJob]) -> None:
         keyed = [(next(self._keys), j) for j in jobs]
-        for key, j in keyed:
-            j.key = key
-        self._enqueue(jobs, ("encode", [(key, list(j.src_ids)) for key, j in keyed]))
+        self._enqueue(keyed, Encode([EncodeSpec(key=key, src_ids=list(j.src_ids)) for key, j in keyed]))
 
-    def _enqueue(self, items, msg) -> None:
+    def _enqueue(self, keyed: Sequence[tuple[int, Sentence | EncodeJob]], msg: ToChild) -> None:
         with self._lock:
             if not self._accepting:
                 raise Unavailable("server is draining; retry on another replica")
             if self._conn is None:
                 raise Unavailable("the engine process is restarting; retry shortly")
-            for item in items:
-                self._pending[item.key] = item
+            for key, item in keyed:
+                self._pending[key] = item
                 self.load += _rows(item)
-        for item in items:
-            item.future.add_done_callback(lambda f, k=item.key: self._cancelled(k, f))
+        for key, item in keyed:
+            item.future.add_done_callback(functools.partial(self._cancelled, key))
         self._send(msg)
 
-    def _cancelled(self, key: int, future) -> None:
+    def _cancelled(self, key: int, future: Future) -> None:
         if future.cancelled():
             self._forget(key)
-            self._send(("cancel", [key]))
+            self._send(Cancel([key]))
 
-    def _forget(self, key: int):
+    def _forget(self, key: int) -> Sentence | EncodeJob | None:
         with self._lock:
             item = self._pending.pop(key, None)
             if item is not None:
@@ -365,7 +288,7 @@ class EngineProcess:
                 self._idle.notify_all()
         return item
 
-    def _send(self, msg) -> None:
+    def _send(self, msg: ToChild) -> None:
         with self._send_lock:
             conn = self._conn
             if conn is None:
@@ -375,9 +298,9 @@ class EngineProcess:
             except (OSError, ValueError):
                 pass  # the child died: the reader fails what was pending
 
-    def fetch_metrics(self, timeout: float = 5.0) -> list:
+    def fetch_metrics(self, timeout: float = 5.0) -> list[Metric]:
         token = next(self._keys)
-        self._send(("metrics", token))
+        self._send(MetricsRequest(token))
         end = time.monotonic() + timeout
         with self._metric_ready:
             while token not in self._metric_replies:
@@ -392,6 +315,8 @@ class EngineProcess:
     def _read(self) -> None:
         while True:
             conn = self._conn
+            if conn is None:  # a restart gave up: shutting down
+                return
             try:
                 msg = conn.recv()
             except (EOFError, OSError):
@@ -403,33 +328,36 @@ class EngineProcess:
                 log.exception("engine process: unreadable message from the child")
                 if self._stopping:
                     return
-                self._proc.kill()
+                if self._proc is not None:
+                    self._proc.kill()
                 self._child_died()
                 continue
             try:
                 self._handle(msg)
             except Exception:
-                log.exception("engine process reader: cannot handle %r", msg[:2] if isinstance(msg, tuple) else msg)
+                log.exception("engine process reader: cannot handle %s", _describe(msg))
 
-    def _handle(self, msg) -> None:
-        op = msg[0]
-        if op == "done" or op == "encoded":
-            item = self._forget(msg[1])
-            if item is not None:
-                settle(item.future, result=msg[2])
-        elif op == "error":
-            item = self._forget(msg[1])
-            if item is not None:
-                settle(item.future, error=msg[2])
-        elif op == "tokens":
-            with self._lock:
-                item = self._pending.get(msg[1])
-            if item is not None and item.on_tokens is not None and not item.future.done():
-                item.on_tokens(msg[2])
-        elif op == "metrics":
-            with self._metric_ready:
-                self._metric_replies[msg[1]] = msg[2]
-                self._metric_ready.notify_all()
+    def _handle(self, msg: ToParent) -> None:
+        match msg:
+            case Done(key, result) | Encoded(key, result):
+                item = self._forget(key)
+                if item is not None:
+                    settle(item.future, result=result)
+            case Failed(key, error):
+                item = self._forget(key)
+                if item is not None:
+                    settle(item.future, error=error)
+            case Tokens(key, ids):
+                with self._lock:
+                    item = self._pending.get(key)
+                if isinstance(item, Sentence) and item.on_tokens is not None and not item.future.done():
+                    item.on_tokens(ids)
+            case MetricsReply(token, families):
+                with self._metric_ready:
+                    self._metric_replies[token] = families
+                    self._metric_ready.notify_all()
+            case _:  # Ready and StartupError come once, to wait_ready; anything else: ignored
+                pass
 
     def _child_died(self) -> None:
         code = None
@@ -457,6 +385,15 @@ class EngineProcess:
             self._idle.notify_all()
         for item in items:
             settle(item.future, error=exc)
+
+
+def _describe(msg: object) -> str:
+    """A message for a log line: its type and key or token, not its payload."""
+    name = type(msg).__name__
+    for field in ("key", "token"):
+        if hasattr(msg, field):
+            return f"{name}({field}={getattr(msg, field)!r})"
+    return name
 
 
 class EnginePool:

@@ -1,13 +1,20 @@
 """The scheduler in a child process (engine_process, the default of `mtserve serve`): the same
 answers as in-process, streaming, encode, TranslateMany, the child's metrics on the server's
-registry, cancellation, queue limits, draining, and a child that dies mid-request."""
+registry, cancellation, queue limits, draining, and a child that dies mid-request. Without a
+model: every message pickles, and each side of the pipe ignores a message it has no case for while
+one it cannot unpickle replaces the child."""
 
 from __future__ import annotations
 
+import dataclasses
+import logging
+import multiprocessing as mp
 import os
+import pickle
 import signal
 import threading
 import time
+import typing
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
@@ -16,6 +23,32 @@ import pytest
 from prometheus_client import generate_latest
 
 from service.api.mtserve.v1 import translation_pb2 as pb
+from service.batching.jobs import EncodeJob, Sentence
+from service.decoding.generator import Finished
+from service.errors import Internal, ResourceExhausted
+from service.metrics import Metrics
+from service.parallel.child import Child
+from service.parallel.messages import (
+    Cancel,
+    Done,
+    Encode,
+    Encoded,
+    EncodeSpec,
+    Failed,
+    MetricsReply,
+    MetricsRequest,
+    Ready,
+    SentenceSpec,
+    Shutdown,
+    StartupError,
+    StopAccepting,
+    SubmitSentences,
+    ToChild,
+    Tokens,
+    ToParent,
+)
+from service.parallel.pool import EngineProcess
+from service.settings import Settings
 
 SENTENCES = [
     "Ein Hund rennt durch den Schnee.",
@@ -148,3 +181,152 @@ def test_translate_many_items_through_the_child(pair):
         answers = {r.id: r for r in c.translate_many(reqs)}
     assert answers["3"].error.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
     assert all(answers[str(i)].response.translations[0].text for i in (0, 1, 2, 4, 5))
+
+
+# ----------------------------------------------------------------------------- without a model
+
+
+def test_every_message_round_trips_through_pickle():
+    spec = SentenceSpec(
+        key=3, src_ids=[4, 5, 2], beam=2, length_penalty=1.0, max_len=9, want_alignment=True, deadline=12.5, stream=True
+    )
+    finished = Finished(key=3, tokens=[7, 8], score=-0.5, log_prob=-1.5, alignment=np.ones((3, 3), np.float32), steps=3)
+    samples = [
+        SubmitSentences([spec]),
+        Encode([EncodeSpec(key=4, src_ids=[6, 2])]),
+        Cancel([3, 4]),
+        StopAccepting(),
+        MetricsRequest(token=5),
+        Shutdown(),
+        Ready(provider="cpu", sessions=2),
+        StartupError("no model at /nowhere"),
+        Done(3, finished),
+        Encoded(4, np.arange(6, dtype=np.float32).reshape(2, 3)),
+        Failed(3, ResourceExhausted("queue full: max_queue_size")),
+        Tokens(3, [7]),
+        MetricsReply(token=5, families=list(Metrics().registry.collect())),
+    ]
+    assert {type(m) for m in samples} == set(typing.get_args(ToChild)) | set(typing.get_args(ToParent))
+    for msg in samples:
+        back = pickle.loads(pickle.dumps(msg))
+        assert type(back) is type(msg)
+        assert repr(back) == repr(msg)
+    failed = pickle.loads(pickle.dumps(samples[10]))
+    assert isinstance(failed.error, ResourceExhausted) and failed.error.message == "queue full: max_queue_size"
+
+
+class FakeScheduler:
+    def __init__(self):
+        self.calls = []
+
+    def submit(self, sentences):
+        self.calls.append(("submit", sentences))
+
+    def submit_encode(self, jobs):
+        self.calls.append(("submit_encode", jobs))
+
+    def stop_accepting(self):
+        self.calls.append(("stop_accepting",))
+
+
+class NotAMessage:
+    pass
+
+
+def test_the_child_ignores_a_message_it_has_no_case_for():
+    parent, conn = mp.Pipe()
+    scheduler = FakeScheduler()
+    child = Child(conn, scheduler, Metrics())
+    assert child.handle(NotAMessage()) is True
+    for msg in (NotAMessage(), ("shutdown",), StopAccepting(), Shutdown(), StopAccepting()):
+        parent.send(msg)
+    child.serve()  # returns at Shutdown, not at the old-style ("shutdown",)
+    assert scheduler.calls == [("stop_accepting",)]
+    assert not parent.poll(0.1)  # no answer to any of them
+    parent.send_bytes(b"not a pickle")  # unreadable: the child process ends (the parent replaces it)
+    with pytest.raises(pickle.UnpicklingError):
+        child.serve()
+
+
+def test_the_child_answers_by_key():
+    parent, conn = mp.Pipe()
+    scheduler = FakeScheduler()
+    child = Child(conn, scheduler, Metrics())
+    spec = SentenceSpec(
+        key=7, src_ids=[4, 2], beam=1, length_penalty=1.0, max_len=5, want_alignment=False, deadline=None, stream=True
+    )
+    specs = [spec, dataclasses.replace(spec, key=8, stream=False), dataclasses.replace(spec, key=9, stream=False)]
+    assert child.handle(SubmitSentences(specs))
+    ((_, sentences),) = scheduler.calls
+    assert [s.key for s in sentences] == [7, 8, 9] and [s.on_tokens is None for s in sentences] == [False, True, True]
+    sentences[0].on_tokens([9])
+    assert repr(parent.recv()) == repr(Tokens(7, [9]))
+    sentences[1].future.set_exception(RuntimeError("boom"))
+    failed = parent.recv()
+    assert isinstance(failed, Failed) and failed.key == 8 and isinstance(failed.error, Internal)
+    finished = Finished(key=9, tokens=[7], score=-0.5, log_prob=-1.0, alignment=None, steps=2)
+    sentences[2].future.set_result(finished)
+    assert repr(parent.recv()) == repr(Done(9, finished))
+    child.handle(Cancel([7, 8]))
+    assert sentences[0].future.cancelled() and not parent.poll(0.1)  # a cancelled one is not answered
+
+
+class FakeProcess:
+    exitcode = -9
+
+    def __init__(self):
+        self.killed = False
+
+    def kill(self):
+        self.killed = True
+
+    def join(self, timeout=None):
+        pass
+
+    def is_alive(self):
+        return False
+
+
+def test_the_reader_survives_a_message_it_cannot_handle_and_replaces_the_child_on_an_unreadable_one(caplog):
+    engine = EngineProcess(Settings())
+    child_end, engine._conn = mp.Pipe()
+    engine._proc = first = FakeProcess()
+    restarted = threading.Event()
+
+    def restart():  # what start_process does, without a process
+        engine._conn, engine._proc = mp.Pipe()[0], FakeProcess()
+        engine._stopping = True
+        restarted.set()
+
+    engine.start_process = restart
+    reader = threading.Thread(target=engine._read, daemon=True)
+    reader.start()
+
+    def boom(tokens):
+        raise RuntimeError("a streaming callback that fails")
+
+    streamed = Sentence(src_ids=[4, 2], beam=1, length_penalty=1.0, max_len=5, on_tokens=boom)
+    waiting = Sentence(src_ids=[5, 2], beam=1, length_penalty=1.0, max_len=5)
+    job = EncodeJob(src_ids=[6, 2])
+    with caplog.at_level(logging.ERROR, logger="mtserve.engine_process"):
+        engine.submit([streamed, waiting])
+        engine.submit_encode([job])
+        submitted, encode = child_end.recv(), child_end.recv()
+        assert [s.key for s in submitted.sentences] == [streamed.key, waiting.key]
+        assert [s.stream for s in submitted.sentences] == [True, False]
+        assert [j.key for j in encode.jobs] == [2] and engine.load == 3
+        child_end.send(NotAMessage())  # ignored
+        child_end.send(Tokens(streamed.key, [9]))  # its callback raises: logged, the reader goes on
+        memory = np.zeros((2, 4), np.float32)
+        child_end.send(Encoded(2, memory))
+        np.testing.assert_array_equal(job.future.result(timeout=5), memory)
+        assert reader.is_alive() and "cannot handle Tokens(key=0)" in caplog.text
+        assert engine.load == 2 and not restarted.is_set()
+        child_end.send_bytes(b"not a pickle")  # unreadable: the child is killed and replaced
+        assert restarted.wait(5)
+        reader.join(5)
+    assert first.killed and not reader.is_alive()
+    for s in (streamed, waiting):
+        with pytest.raises(Internal, match="engine process exited"):
+            s.future.result(timeout=5)
+    assert engine.load == 0 and engine.idle

@@ -1,0 +1,151 @@
+"""What an engine process and the gRPC process say to each other over their pipe.
+
+Every message is a frozen dataclass, pickled by `multiprocessing.Connection`; each side dispatches
+on the message's type. Keys name a sentence or a text to encode: the parent numbers them, and each
+answer carries the key of what it answers.
+
+    parent -> child (`ToChild`): SubmitSentences, Encode, Cancel, StopAccepting, MetricsRequest,
+                                 Shutdown
+    child -> parent (`ToParent`): Ready or StartupError once, then Done, Encoded, Failed, Tokens,
+                                  MetricsReply
+
+A sentence crosses as a `SentenceSpec`, without its future or callback: the parent keeps the
+`Sentence` and its future, the child makes its own copy and answers with its outcome. Errors cross
+as the ServiceError itself (service.errors pickles them with their fields).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TypeAlias
+
+import numpy as np
+from prometheus_client.metrics_core import Metric
+
+from service.decoding.generator import Finished
+from service.errors import ServiceError
+
+# ----------------------------------------------------------------------------- parent -> child
+
+
+@dataclass(frozen=True, slots=True)
+class SentenceSpec:
+    """A `service.batching.jobs.Sentence` without its future: what the child needs to decode it."""
+
+    key: int
+    src_ids: list[int]
+    beam: int
+    length_penalty: float
+    max_len: int
+    want_alignment: bool
+    deadline: float | None  # time.monotonic() (one clock for every process on the machine)
+    stream: bool  # the caller wants a Tokens message at each decoder step
+
+
+@dataclass(frozen=True, slots=True)
+class EncodeSpec:
+    """A `service.batching.jobs.EncodeJob` without its future."""
+
+    key: int
+    src_ids: list[int]
+
+
+@dataclass(frozen=True, slots=True)
+class SubmitSentences:
+    """Queue these sentences: all of them, or a Failed for each."""
+
+    sentences: list[SentenceSpec]
+
+
+@dataclass(frozen=True, slots=True)
+class Encode:
+    """Queue these texts for the encoder alone: all of them, or a Failed for each."""
+
+    jobs: list[EncodeSpec]
+
+
+@dataclass(frozen=True, slots=True)
+class Cancel:
+    """Their callers gave up: cancel these keys' futures in the child; no answer comes."""
+
+    keys: list[int]
+
+
+@dataclass(frozen=True, slots=True)
+class StopAccepting:
+    """Drain: the child's scheduler refuses new work from now on."""
+
+
+@dataclass(frozen=True, slots=True)
+class MetricsRequest:
+    """Send the child's metric families; the reply carries the same token."""
+
+    token: int
+
+
+@dataclass(frozen=True, slots=True)
+class Shutdown:
+    """Stop the scheduler and exit."""
+
+
+ToChild: TypeAlias = SubmitSentences | Encode | Cancel | StopAccepting | MetricsRequest | Shutdown
+
+# ----------------------------------------------------------------------------- child -> parent
+
+
+@dataclass(frozen=True, slots=True)
+class Ready:
+    """The models are loaded: the provider they run on and how many distinct sessions there are."""
+
+    provider: str
+    sessions: int
+
+
+@dataclass(frozen=True, slots=True)
+class StartupError:
+    """The models failed to load; the child exits after sending it."""
+
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class Done:
+    """A sentence finished."""
+
+    key: int
+    result: Finished
+
+
+@dataclass(frozen=True, slots=True)
+class Encoded:
+    """A text's encoder states, (S, d_model) float32."""
+
+    key: int
+    memory: np.ndarray
+
+
+@dataclass(frozen=True, slots=True)
+class Failed:
+    """A sentence or a text failed; anything but a ServiceError crosses as Internal."""
+
+    key: int
+    error: ServiceError
+
+
+@dataclass(frozen=True, slots=True)
+class Tokens:
+    """The tokens a streamed sentence emitted at the last decoder step."""
+
+    key: int
+    ids: list[int]
+
+
+@dataclass(frozen=True, slots=True)
+class MetricsReply:
+    """The child's metric families, answering the MetricsRequest with the same token."""
+
+    token: int
+    families: list[Metric]
+
+
+ToParent: TypeAlias = Ready | StartupError | Done | Encoded | Failed | Tokens | MetricsReply
