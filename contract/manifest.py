@@ -8,6 +8,12 @@ One manifest per export dir lists every exported precision ("variant") side by s
       encoder.fp32.onnx  decoder.fp32.onnx
       encoder.int8.onnx  decoder.int8.onnx
       encoder.fp16.onnx  decoder.fp16.onnx
+                         decoder.fused.fp32.onnx  decoder.fused.int8.onnx
+
+Each precision has the portable graphs (the torch export, any execution provider) and, for the
+CPU precisions, a fused decoder step (`export/fused.py`, ONNX Runtime's contrib operators with an
+in-place cache) that shares the portable encoder. A variant's key is its precision for the
+portable graphs and `PRECISION-fused` for the fused one.
 
 The manifest records everything the serving path needs without torch or the model dir: the model's
 dims and special ids, generation defaults, each graph's input/output contract (names, dtypes and
@@ -18,17 +24,25 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
-from typing import Literal
+from typing import Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 MANIFEST = "manifest.json"
 # 2: the decoder step takes top_k and returns the search outputs and the present cache;
 # 3: the decoder step takes the cross-attention keys/values and src_mask once per sentence
-#    (its beams are consecutive rows), not once per row
-FORMAT_VERSION = 3
+#    (its beams are consecutive rows), not once per row;
+# 4: variants name their decoder graph (portable or fused); fused variants beside the portable ones
+FORMAT_VERSION: Final = 4  # Final: mypy reads it as Literal[4], the type of Manifest.format_version
 Precision = Literal["fp32", "int8", "fp16"]
 PRECISIONS: tuple[str, ...] = ("fp32", "int8", "fp16")
+Graph = Literal["portable", "fused"]
+GRAPHS: tuple[str, ...] = ("portable", "fused")
+
+
+def variant_key(precision: str, graph: str = "portable") -> str:
+    """The manifest's key of a variant: "int8" for the portable graphs, "int8-fused" for the fused."""
+    return precision if graph == "portable" else f"{precision}-{graph}"
 
 
 class ManifestError(ValueError):
@@ -45,7 +59,7 @@ class _Model(BaseModel):
 
 class TensorSpec(_Model):
     name: str
-    dtype: Literal["int64", "float32", "float16"]
+    dtype: Literal["int64", "int32", "float32", "float16"]
     shape: list[int | str]  # a str is a symbolic axis: batch, src_len, past_len
 
 
@@ -92,11 +106,12 @@ class GenerationDefaults(_Model):
     max_len_a: float = 1.5
     max_len_b: int = 10
     length_penalty: float = 1.0
-    beam: int = Field(4, ge=1)
+    beam: int = Field(default=4, ge=1)  # default= by keyword: type checkers see only that as a default
 
 
 class Variant(_Model):
     precision: Precision
+    graph: Graph = "portable"  # the decoder step: the torch export, or the fused contrib-operator graph
     opset: int = Field(ge=17)
     exporter: str  # e.g. "torch.onnx.export(dynamo=True)"
     optimization: str  # the ORT optimisation level baked into the shipped graphs
@@ -106,10 +121,13 @@ class Variant(_Model):
     parity: dict[str, float] = {}  # max abs diff vs PyTorch measured at export time
     encoder: GraphSpec
     decoder: GraphSpec
+    # The fused step again with MatMulNBits (8 bits), for batches of one row: faster there than
+    # DynamicQuantizeMatMul, slower from 4 rows on (docs/performance.md). Same contract as `decoder`.
+    decoder_one_row: GraphSpec | None = None
 
 
 class Manifest(_Model):
-    format_version: Literal[3] = FORMAT_VERSION
+    format_version: Literal[4] = FORMAT_VERSION
     name: str  # model name, e.g. "de-en"
     version: str  # model version: config.json's "version", else the weights' hash prefix
     src_lang: str
@@ -121,32 +139,38 @@ class Manifest(_Model):
     tokenizer: FileSpec
     tool_versions: dict[str, str]
     opset: int = Field(ge=17)  # of every variant
-    variants: dict[Precision, Variant]
+    variants: dict[str, Variant]  # by variant_key
 
     @model_validator(mode="after")
     def _consistent(self) -> Manifest:
         for key, v in self.variants.items():
-            if v.precision != key:
-                raise ValueError(f"variant {key!r} says precision {v.precision!r}")
+            if variant_key(v.precision, v.graph) != key:
+                raise ValueError(f"variant {key!r} says precision {v.precision!r} and graph {v.graph!r}")
             if v.opset != self.opset:
                 raise ValueError(f"variant {key!r} has opset {v.opset}, the manifest {self.opset}")
         return self
 
-    def variant(self, precision: str) -> Variant:
-        if precision not in self.variants:
+    def variant(self, precision: str, graph: str = "portable") -> Variant:
+        key = variant_key(precision, graph)
+        if key not in self.variants:
             have = ", ".join(sorted(self.variants)) or "none"
             raise ExportMissing(
-                f"precision {precision!r} was not exported (have: {have}); run `mtserve export --precision {precision}`"
+                f"variant {key!r} was not exported (have: {have}); run `mtserve export --precision {precision}`"
             )
-        return self.variants[precision]
+        return self.variants[key]
 
-    def files(self, precision: str | None = None) -> list[FileSpec]:
-        variants = self.variants.values() if precision is None else [self.variant(precision)]
-        return [self.tokenizer] + [g for v in variants for g in (v.encoder, v.decoder)]
+    def has(self, precision: str, graph: str = "portable") -> bool:
+        return variant_key(precision, graph) in self.variants
 
-    def checksums(self, precision: str | None = None) -> dict[str, str]:
-        """{file name: sha256} of the tokenizer and the graphs (of `precision` only, when given)."""
-        return {f.file: f.sha256 for f in self.files(precision)}
+    def files(self, precision: str | None = None, graph: str = "portable") -> list[FileSpec]:
+        variants = self.variants.values() if precision is None else [self.variant(precision, graph)]
+        graphs = [g for v in variants for g in (v.encoder, v.decoder, v.decoder_one_row) if g is not None]
+        unique = {g.file: g for g in graphs}  # fused variants share their encoder with the portable one
+        return [self.tokenizer, *unique.values()]
+
+    def checksums(self, precision: str | None = None, graph: str = "portable") -> dict[str, str]:
+        """{file name: sha256} of the tokenizer and the graphs (of one variant only, when given)."""
+        return {f.file: f.sha256 for f in self.files(precision, graph)}
 
 
 def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
@@ -171,10 +195,12 @@ def resolve_onnx_dir(path: str | Path) -> Path:
     )
 
 
-def load_manifest(onnx_dir: str | Path, verify_checksums: bool = True, precision: str | None = None) -> Manifest:
+def load_manifest(
+    onnx_dir: str | Path, verify_checksums: bool = True, precision: str | None = None, graph: str = "portable"
+) -> Manifest:
     """Read and validate `onnx_dir/manifest.json` (a model dir with an `onnx/` subdir works too).
-    With `verify_checksums`, every listed file (only the tokenizer and `precision`'s graphs when
-    given) must exist and match its SHA-256. Raises ManifestError with the reason."""
+    With `verify_checksums`, every listed file (only the tokenizer and the graphs of `precision`
+    and `graph` when a precision is given) must exist and match its SHA-256. Raises ManifestError with the reason."""
     d = resolve_onnx_dir(onnx_dir)
     try:
         manifest = Manifest.model_validate_json((d / MANIFEST).read_text(encoding="utf-8"))
@@ -190,9 +216,9 @@ def load_manifest(onnx_dir: str | Path, verify_checksums: bool = True, precision
             ) from e
         raise ManifestError(f"{d / MANIFEST} is not a valid manifest:\n{e}") from e
     if precision is not None:
-        manifest.variant(precision)
+        manifest.variant(precision, graph)
     if verify_checksums:
-        for spec in manifest.files(precision):
+        for spec in manifest.files(precision, graph):
             path = d / spec.file
             if not path.is_file():
                 raise ManifestError(f"{path} is listed in {d / MANIFEST} but missing")

@@ -4,14 +4,18 @@ parity with PyTorch, for the graphs that ship (ORT-optimised) in every precision
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import numpy as np
 import onnx
 import pytest
 import torch
 
-from contract.manifest import FORMAT_VERSION, load_manifest
-from export.to_onnx import OPSET, decoder_io, encoder_io, export_model
+from contract.graphs import SEARCH_INPUT, SEARCH_OUTPUTS, decoder_io, encoder_io, fused_decoder_io
+from contract.manifest import FORMAT_VERSION, load_manifest, variant_key
+from export.graphs import OPSET
+from export.to_onnx import ensure_exported, export_model
 from service.runtime.onnx_model import OnnxSeq2Seq
 
 PRECISIONS = ["fp32", "int8", "fp16"]
@@ -66,7 +70,7 @@ def random_past(rng, B, H, P, dk, L):
 def test_manifest_lists_every_variant_with_its_contract(tiny_onnx_dir, tiny_model):
     m = load_manifest(tiny_onnx_dir)  # checksums verified
     cfg = tiny_model.cfg
-    assert sorted(m.variants) == sorted(PRECISIONS)
+    assert list(m.variants) == ["fp32", "fp32-fused", "int8", "int8-fused", "fp16"]
     assert m.opset == OPSET >= 17
     assert (m.src_lang, m.tgt_lang) == ("de", "en")
     assert m.special_ids.eos_id == cfg.eos_id and m.special_ids.pad_id == cfg.pad_id
@@ -85,11 +89,19 @@ def test_manifest_lists_every_variant_with_its_contract(tiny_onnx_dir, tiny_mode
     )
     assert {"torch", "onnx", "onnxruntime"} <= set(m.tool_versions)
     assert (tiny_onnx_dir / "tokenizer.json").is_file()
-    for p, v in m.variants.items():
-        assert v.encoder.file == f"encoder.{p}.onnx" and v.decoder.file == f"decoder.{p}.onnx"
+    for key, v in m.variants.items():
+        p = v.precision
+        assert key == variant_key(p, v.graph)
+        assert v.encoder.file == f"encoder.{p}.onnx"
         assert v.encoder.inputs == encoder_io(cfg)[0] and v.encoder.outputs == encoder_io(cfg)[1]
-        assert v.decoder.inputs == decoder_io(cfg)[0] and v.decoder.outputs == decoder_io(cfg)[1]
-        assert v.optimization.startswith("ORT_ENABLE_EXTENDED") or p == "fp16"
+        if v.graph == "portable":
+            assert v.decoder.file == f"decoder.{p}.onnx"
+            assert v.decoder.inputs == decoder_io(cfg)[0] and v.decoder.outputs == decoder_io(cfg)[1]
+            assert v.optimization.startswith("ORT_ENABLE_EXTENDED") or p == "fp16"
+        else:  # the fused step shares the portable variant's encoder
+            assert v.decoder.file == f"decoder.fused.{p}.onnx" and v.target == "cpu"
+            assert v.decoder.inputs == fused_decoder_io(cfg)[0] and v.decoder.outputs == fused_decoder_io(cfg)[1]
+            assert v.encoder == m.variants[p].encoder
     dec = m.variants["fp32"].decoder
     assert dec.input("past_key_0").shape == ["batch", cfg.n_heads, "past_len", cfg.d_k]
     assert dec.input("cross_key_0").shape == ["sentences", cfg.n_heads, "src_len", cfg.d_k]
@@ -98,6 +110,31 @@ def test_manifest_lists_every_variant_with_its_contract(tiny_onnx_dir, tiny_mode
     assert dec.output("cross_attention").shape == ["batch", "src_len"]
     assert m.variants["fp32"].parity["log_probs"] <= 1e-4
     assert set(m.checksums("fp32")) == {"tokenizer.json", "encoder.fp32.onnx", "decoder.fp32.onnx"}
+    assert set(m.checksums("int8", "fused")) == {
+        "tokenizer.json",
+        "encoder.int8.onnx",
+        "decoder.fused.int8.onnx",
+        "decoder.fused.int8.one-row.onnx",
+    }
+    assert m.variants["fp32-fused"].parity["log_probs"] <= 1e-4
+
+
+def test_the_manifest_dims_give_the_contract_the_model_config_gives(tiny_onnx_dir, tiny_model):
+    """The serving side derives the graphs' contract from the manifest's dims, without torch."""
+    m = load_manifest(tiny_onnx_dir)
+    assert encoder_io(m.dims) == encoder_io(tiny_model.cfg)
+    assert decoder_io(m.dims) == decoder_io(tiny_model.cfg)
+    for v in m.variants.values():
+        io = decoder_io(m.dims) if v.graph == "portable" else fused_decoder_io(m.dims)
+        assert (v.decoder.inputs, v.decoder.outputs) == io
+    dec_in, dec_out = decoder_io(m.dims)
+    assert dec_in[-1].name == SEARCH_INPUT and [t.name for t in dec_out[1:4]] == list(SEARCH_OUTPUTS)
+
+
+def test_the_graph_contract_imports_without_torch():
+    code = "import sys, contract.graphs, contract.manifest\nassert 'torch' not in sys.modules\nprint('ok')"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
 
 
 @pytest.mark.parametrize("precision", PRECISIONS)
@@ -241,7 +278,7 @@ def test_beams_share_their_sentence_cross_attention(tiny_onnx_dir, tiny_model, p
     """Format 3: n sentences' cross keys/values and src_mask, once each, for n x K rows (the K
     beams of a sentence consecutive) give what the same step gives with them repeated per row, in
     ONNX Runtime and in PyTorch; the cross-attention weights come back per row."""
-    model = OnnxSeq2Seq(tiny_onnx_dir, precision=precision)
+    model = OnnxSeq2Seq(tiny_onnx_dir, precision=precision, graph="portable")
     cfg, L = tiny_model.cfg, tiny_model.cfg.n_decoder_layers
     rng = np.random.default_rng(11)
     n, K, S, P = 3, 4, 9, 5
@@ -282,7 +319,7 @@ def test_no_nan_even_for_rows_that_are_entirely_padding(tiny_onnx_dir, tiny_mode
     cfg = tiny_model.cfg
     rng = np.random.default_rng(3)
     for precision in PRECISIONS:
-        model = OnnxSeq2Seq(tiny_onnx_dir, precision=precision)
+        model = OnnxSeq2Seq(tiny_onnx_dir, precision=precision, graph="portable")
         ids, mask = random_batch(rng, 3, 6, cfg.vocab_size, lengths=[6, 2, 0])
         mask[2] = 0  # an entirely padded source row
         ids[2] = cfg.pad_id
@@ -334,7 +371,7 @@ def test_fp32_log_probs_match_pytorch_over_many_decode_steps(tiny_onnx, tiny_mod
 
 @pytest.mark.parametrize("precision,bound", [("int8", 1.0), ("fp16", 0.1)])
 def test_int8_and_fp16_load_and_run(tiny_onnx_dir, tiny_onnx, precision, bound):
-    model = OnnxSeq2Seq(tiny_onnx_dir, precision=precision)
+    model = OnnxSeq2Seq(tiny_onnx_dir, precision=precision, graph="portable")
     assert model.precision == precision and model.provider == "cpu"
     rng = np.random.default_rng(4)
     ids, mask = random_batch(rng, 4, 9, model.vocab_size)
@@ -389,24 +426,25 @@ def test_cli_export_with_the_torchscript_fallback_keeps_variants_side_by_side(ti
         ]
     )
     m = load_manifest(out)
-    assert sorted(m.variants) == ["fp32", "int8"] and (m.name, m.version) == ("tiny", "7")
+    assert sorted(m.variants) == ["fp32", "fp32-fused", "int8", "int8-fused"] and (m.name, m.version) == ("tiny", "7")
     assert m.variants["fp32"].exporter == "torch.onnx.export(dynamo=False)"
     assert m.variants["fp32"].parity["log_probs"] <= 1e-4
     assert sorted(p.name for p in out.glob("*.onnx")) == [
         "decoder.fp32.onnx",
+        "decoder.fused.fp32.onnx",
+        "decoder.fused.int8.one-row.onnx",
+        "decoder.fused.int8.onnx",
         "decoder.int8.onnx",
         "encoder.fp32.onnx",
         "encoder.int8.onnx",
     ]
-    assert json.loads((out / "manifest.json").read_text())["format_version"] == FORMAT_VERSION == 3
+    assert json.loads((out / "manifest.json").read_text())["format_version"] == FORMAT_VERSION == 4
 
 
 def test_an_export_of_an_older_format_is_redone(tiny_model_dir, tmp_path):
     """Graphs of an older contract (format 1: no top_k, new_key outputs) would fail every request:
     `ensure_exported`, as `mtserve verify` runs it, exports again instead of reusing them (`mtserve
     serve` refuses them, and `make serve` exports again)."""
-    from export.to_onnx import ensure_exported
-
     out = tmp_path / "onnx"
     export_model(tiny_model_dir, out, ["fp32"])
     manifest = json.loads((out / "manifest.json").read_text())

@@ -1,0 +1,169 @@
+"""The graphs' contract: the inputs and outputs of the two graphs every export dir holds per precision.
+
+`mtserve export` (export/) writes graphs with exactly these inputs and outputs, in this order, and
+records them in the manifest; the serving path (service/) feeds and reads them. Both sides import
+these functions, so neither keeps its own copy of the names, dtypes and shapes.
+
+Two graphs per precision, cut where the serving loop needs them:
+- encoder:      src_ids, src_mask (B, S) -> memory (B, S, d_model) and every decoder layer's
+                cross-attention keys/values cross_key_{i} / cross_value_{i} (B, H, S, d_k);
+- decoder step: one incremental step of `Transformer.decode_step` with an explicit key/value
+                cache over B rows of n sentences (each sentence's beams are consecutive rows; n == B
+                for greedy search): tokens (B, 1), positions (B,), past_key_{i} / past_value_{i}
+                (B, H, P, d_k), past_mask (B, P), cross_key_{i} / cross_value_{i} (n, H, S, d_k) and
+                src_mask (n, S) once per sentence (the beams are folded into the cross-attention
+                query, one attention per sentence and head instead of one per row), top_k (1,)
+                -> log_probs (B, V); the search's inputs computed in the graph, so that the
+                serving loop never scans the vocabulary in numpy: top_log_probs / top_ids (B, k),
+                the k best tokens of each row best first, and eos_log_prob (B,); present_key_{i} /
+                present_value_{i} (B, H, P + 1, d_k), the cache with this step appended (the
+                attention builds it anyway; returning it spares the host a copy per step); and
+                cross_attention (B, S), the last layer's cross-attention averaged over heads.
+Axes batch, sentences, src_len and past_len are dynamic (past_len may be 0, the first step); rows of a call
+may be at different positions, their past padded and masked by past_mask.
+
+No torch here: the dims come from anything with the attributes of `GraphDims`, the export's
+`ModelConfig` as well as the manifest's `Dims`.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from contract.manifest import TensorSpec
+
+# The decoder step's search input and outputs: added to the exported graph after the torch export
+# (a data-dependent k does not go through torch.export).
+SEARCH_INPUT = "top_k"
+SEARCH_OUTPUTS = ("top_log_probs", "top_ids", "eos_log_prob")
+
+
+class GraphDims(Protocol):
+    """The model dims the graphs' shapes depend on."""
+
+    @property
+    def vocab_size(self) -> int: ...
+
+    @property
+    def d_model(self) -> int: ...
+
+    @property
+    def n_heads(self) -> int: ...
+
+    @property
+    def d_k(self) -> int: ...
+
+    @property
+    def n_decoder_layers(self) -> int: ...
+
+
+def encoder_io(dims: GraphDims) -> tuple[list[TensorSpec], list[TensorSpec]]:
+    kv: list[int | str] = ["batch", dims.n_heads, "src_len", dims.d_k]
+    inputs = [
+        TensorSpec(name="src_ids", dtype="int64", shape=["batch", "src_len"]),
+        TensorSpec(name="src_mask", dtype="int64", shape=["batch", "src_len"]),
+    ]
+    outputs = [TensorSpec(name="memory", dtype="float32", shape=["batch", "src_len", dims.d_model])]
+    for i in range(dims.n_decoder_layers):
+        outputs += [
+            TensorSpec(name=f"cross_key_{i}", dtype="float32", shape=kv),
+            TensorSpec(name=f"cross_value_{i}", dtype="float32", shape=kv),
+        ]
+    return inputs, outputs
+
+
+def decoder_io(dims: GraphDims) -> tuple[list[TensorSpec], list[TensorSpec]]:
+    L, H, dk = dims.n_decoder_layers, dims.n_heads, dims.d_k
+    past: list[int | str] = ["batch", H, "past_len", dk]
+    cross: list[int | str] = ["sentences", H, "src_len", dk]  # once per sentence; its beams are consecutive rows
+    inputs = [
+        TensorSpec(name="tokens", dtype="int64", shape=["batch", 1]),
+        TensorSpec(name="positions", dtype="int64", shape=["batch"]),
+    ]
+    for i in range(L):
+        inputs += [
+            TensorSpec(name=f"past_key_{i}", dtype="float32", shape=past),
+            TensorSpec(name=f"past_value_{i}", dtype="float32", shape=past),
+        ]
+    inputs.append(TensorSpec(name="past_mask", dtype="float32", shape=["batch", "past_len"]))
+    for i in range(L):
+        inputs += [
+            TensorSpec(name=f"cross_key_{i}", dtype="float32", shape=cross),
+            TensorSpec(name=f"cross_value_{i}", dtype="float32", shape=cross),
+        ]
+    inputs.append(TensorSpec(name="src_mask", dtype="int64", shape=["sentences", "src_len"]))
+    inputs.append(TensorSpec(name="top_k", dtype="int64", shape=[1]))
+    outputs = [
+        TensorSpec(name="log_probs", dtype="float32", shape=["batch", dims.vocab_size]),
+        TensorSpec(name="top_log_probs", dtype="float32", shape=["batch", "top_k"]),
+        TensorSpec(name="top_ids", dtype="int64", shape=["batch", "top_k"]),
+        TensorSpec(name="eos_log_prob", dtype="float32", shape=["batch"]),
+    ]
+    present: list[int | str] = ["batch", H, "present_len", dk]
+    for i in range(L):
+        outputs += [
+            TensorSpec(name=f"present_key_{i}", dtype="float32", shape=present),
+            TensorSpec(name=f"present_value_{i}", dtype="float32", shape=present),
+        ]
+    outputs.append(TensorSpec(name="cross_attention", dtype="float32", shape=["batch", "src_len"]))
+    return inputs, outputs
+
+
+# ----------------------------------------------------------------------------- the fused step
+
+# How the fused step's linear layers multiply: fp32 MatMul, DynamicQuantizeMatMul (int8 weights
+# per output channel) or MatMulNBits (8 bits in blocks; the faster of the two for one row only).
+FUSED_LINEAR_KINDS = ("fp32", "int8", "nbits8")
+
+
+def fused_decoder_io(dims: GraphDims) -> tuple[list[TensorSpec], list[TensorSpec]]:
+    """The fused decoder step (export/fused.py): the same step as `decoder_io`'s over a
+    preallocated cache of max_len slots that the graph updates in place.
+
+    tokens (B, 1), positions (B, 1): each row's newest token and its position; past_sequence_length
+    (1,) int32: the slot P this step writes, the same for every row; self_mask (B, max_len) int32:
+    1 where a row's slot holds one of its tokens (a row that joined the batch later starts at a
+    later slot), only [:, :P + 1] is read; cache_key_{i} / cache_value_{i} (B, H, max_len, d_k):
+    bound as the same buffers as present_key_{i} / present_value_{i}, so that the step writes slot
+    P in place; cross_key_{i} / cross_value_{i} (sentences, H, S, d_k) and src_mask (sentences, S)
+    once per sentence; beam_width (1,) int32 (K, 1 for greedy search) and cache_indirection
+    (sentences, K, max_len) int32: which beam of the sentence holds each slot of a beam's history,
+    so that a beam reorder never moves the cache."""
+    L, H, dk = dims.n_decoder_layers, dims.n_heads, dims.d_k
+    cache: list[int | str] = ["batch", H, "max_len", dk]
+    cross: list[int | str] = ["sentences", H, "src_len", dk]
+    inputs = [
+        TensorSpec(name="tokens", dtype="int64", shape=["batch", 1]),
+        TensorSpec(name="positions", dtype="int64", shape=["batch", 1]),
+        TensorSpec(name="past_sequence_length", dtype="int32", shape=[1]),
+        TensorSpec(name="self_mask", dtype="int32", shape=["batch", "max_len"]),
+    ]
+    for i in range(L):
+        inputs += [
+            TensorSpec(name=f"cache_key_{i}", dtype="float32", shape=cache),
+            TensorSpec(name=f"cache_value_{i}", dtype="float32", shape=cache),
+        ]
+    for i in range(L):
+        inputs += [
+            TensorSpec(name=f"cross_key_{i}", dtype="float32", shape=cross),
+            TensorSpec(name=f"cross_value_{i}", dtype="float32", shape=cross),
+        ]
+    inputs += [
+        TensorSpec(name="src_mask", dtype="int32", shape=["sentences", "src_len"]),
+        TensorSpec(name="top_k", dtype="int64", shape=[1]),
+        TensorSpec(name="beam_width", dtype="int32", shape=[1]),
+        TensorSpec(name="cache_indirection", dtype="int32", shape=["sentences", "beam", "max_len"]),
+    ]
+    outputs = [
+        TensorSpec(name="log_probs", dtype="float32", shape=["batch", dims.vocab_size]),
+        TensorSpec(name="top_log_probs", dtype="float32", shape=["batch", "top_k"]),
+        TensorSpec(name="top_ids", dtype="int64", shape=["batch", "top_k"]),
+        TensorSpec(name="eos_log_prob", dtype="float32", shape=["batch"]),
+    ]
+    for i in range(L):
+        outputs += [
+            TensorSpec(name=f"present_key_{i}", dtype="float32", shape=cache),
+            TensorSpec(name=f"present_value_{i}", dtype="float32", shape=cache),
+        ]
+    outputs.append(TensorSpec(name="cross_attention", dtype="float32", shape=["batch", "src_len"]))
+    return inputs, outputs

@@ -1,0 +1,205 @@
+"""The checks an export runs on its graphs: onnx.checker and the contract's inputs and outputs, and
+parity with the PyTorch model under ONNX Runtime."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import torch
+
+from contract.manifest import TensorSpec
+from export.model import Transformer
+
+# Per-precision parity bound checked at export time against PyTorch (max |Δ log_probs|).
+FP32_TOLERANCE = 1e-4
+
+
+def _elem_type_name(t: int) -> str:
+    return {
+        onnx.TensorProto.INT64: "int64",
+        onnx.TensorProto.INT32: "int32",
+        onnx.TensorProto.FLOAT: "float32",
+        onnx.TensorProto.FLOAT16: "float16",
+    }.get(t, str(t))
+
+
+def check_graph(path: Path, inputs: list[TensorSpec], outputs: list[TensorSpec]) -> None:
+    """onnx.checker (full check) plus the graph's I/O against the contract: names, order, dtypes,
+    ranks and symbolic axes."""
+    model = onnx.load(str(path))
+    onnx.checker.check_model(model, full_check=True)
+    for kind, got, want in (("input", model.graph.input, inputs), ("output", model.graph.output, outputs)):
+        got_names = [v.name for v in got]
+        if got_names != [t.name for t in want]:
+            raise RuntimeError(f"{path.name}: {kind}s {got_names} != {[t.name for t in want]}")
+        for v, spec in zip(got, want):
+            dtype = _elem_type_name(v.type.tensor_type.elem_type)
+            dims = [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim]
+            if dtype != spec.dtype or len(dims) != len(spec.shape):
+                raise RuntimeError(f"{path.name}: {kind} {v.name} is {dtype}{dims}, expected {spec.dtype}{spec.shape}")
+            for d, s in zip(dims, spec.shape):
+                if isinstance(s, int) and d != s:
+                    raise RuntimeError(f"{path.name}: {kind} {v.name} has dims {dims}, expected {spec.shape}")
+                if isinstance(s, str) and isinstance(d, int) and d > 0:
+                    raise RuntimeError(f"{path.name}: {kind} {v.name} axis {s} frozen to {d}")
+
+
+def parity_check(model: Transformer, enc_path: Path, dec_path: Path, seed: int = 0) -> dict[str, float]:
+    """Run both graphs with ORT on a random padded batch, first step (past_len 0) and a later step
+    with a padded past, against PyTorch. Returns the max abs differences."""
+    cfg = model.cfg
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    enc = ort.InferenceSession(str(enc_path), so, providers=["CPUExecutionProvider"])
+    dec = ort.InferenceSession(str(dec_path), so, providers=["CPUExecutionProvider"])
+    g = torch.Generator().manual_seed(seed)
+    B, S, L = 4, 7, cfg.n_decoder_layers
+    lengths = torch.tensor([7, 3, 1, 5])
+    src_mask = (torch.arange(S)[None, :] < lengths[:, None]).long()
+    src_ids = torch.randint(4, cfg.vocab_size, (B, S), generator=g) * src_mask
+    diffs = {"encoder_memory": 0.0, "log_probs": 0.0, "present_kv": 0.0, "cross_attention": 0.0}
+    k = 2 * 4  # what beam search with 4 beams asks for
+    out_names = [o.name for o in dec.get_outputs()]
+    with torch.no_grad():
+        memory = model.encode(src_ids, src_mask)
+        cross = model.cross_kv(memory)
+        eo = enc.run(None, {"src_ids": src_ids.numpy(), "src_mask": src_mask.numpy()})
+        diffs["encoder_memory"] = float(np.abs(eo[0] - memory.numpy()).max())
+        for P, n in ((0, B), (3, B // 2)):  # the second step: n sentences of B // n beams each
+            tokens = torch.randint(4, cfg.vocab_size, (B, 1), generator=g)
+            positions = torch.full((B,), P, dtype=torch.long)
+            past = [
+                (
+                    torch.randn(B, cfg.n_heads, P, cfg.d_k, generator=g),
+                    torch.randn(B, cfg.n_heads, P, cfg.d_k, generator=g),
+                )
+                for _ in range(L)
+            ]
+            past_mask = torch.ones(B, P)
+            if P:
+                past_mask[1, 1:] = 0
+            # The reference repeats each sentence's keys/values for its rows (no folding involved).
+            rep = torch.arange(n).repeat_interleave(B // n)
+            lp, new_kv, w = model.decode_step(
+                tokens,
+                positions,
+                past,
+                past_mask,
+                [(ck[rep], cv[rep]) for ck, cv in cross],
+                src_mask[rep],
+                need_weights=True,
+            )
+            feed = {
+                "tokens": tokens.numpy(),
+                "positions": positions.numpy(),
+                "past_mask": past_mask.numpy(),
+                "src_mask": src_mask[:n].numpy(),
+                "top_k": np.array([k], dtype=np.int64),
+            }
+            for i in range(L):
+                feed[f"past_key_{i}"], feed[f"past_value_{i}"] = past[i][0].numpy(), past[i][1].numpy()
+                feed[f"cross_key_{i}"], feed[f"cross_value_{i}"] = eo[1 + 2 * i][:n], eo[2 + 2 * i][:n]
+            do = dict(zip(out_names, dec.run(None, feed)))
+            if not all(np.isfinite(x).all() for x in do.values()):
+                raise RuntimeError(f"{dec_path.name}: non-finite outputs")
+            lp_ort = do["log_probs"]
+            diffs["log_probs"] = max(diffs["log_probs"], float(np.abs(lp_ort - lp.numpy()).max()))
+            # The search outputs are exact functions of the graph's own log_probs.
+            want_top = -np.sort(-lp_ort, axis=1)[:, :k]
+            if (
+                do["top_ids"].shape != (B, k)
+                or not np.array_equal(do["top_log_probs"], want_top)
+                or not np.array_equal(np.take_along_axis(lp_ort, do["top_ids"], axis=1), want_top)
+                or not np.array_equal(do["eos_log_prob"], lp_ort[:, cfg.eos_id])
+            ):
+                raise RuntimeError(f"{dec_path.name}: top_k / eos_log_prob disagree with log_probs")
+            for i in range(L):
+                for j, name in enumerate(("key", "value")):
+                    present = torch.cat([past[i][j], new_kv[i][j]], dim=2).numpy()
+                    diffs["present_kv"] = max(
+                        diffs["present_kv"], float(np.abs(do[f"present_{name}_{i}"] - present).max())
+                    )
+            diffs["cross_attention"] = max(
+                diffs["cross_attention"], float(np.abs(do["cross_attention"] - w.numpy()).max())
+            )
+    return diffs
+
+
+def fused_parity_check(model: Transformer, dec_path: Path, seed: int = 0) -> dict[str, float]:
+    """The fused decoder step against `Transformer.decode_step` on random states that exercise
+    its contract: rows that joined at later slots (masked), junk in the slots past P and in the
+    mask's unused columns, sentences of K beams whose histories come from other beams through
+    cache_indirection, and the first step (P = 0). Returns the max abs differences."""
+    cfg = model.cfg
+    H, dk, L = cfg.n_heads, cfg.d_k, cfg.n_decoder_layers
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    dec = ort.InferenceSession(str(dec_path), so, providers=["CPUExecutionProvider"])
+    names = [o.name for o in dec.get_outputs()]
+    g = torch.Generator().manual_seed(seed)
+    rng = np.random.default_rng(seed)
+    diffs = {"log_probs": 0.0, "present_kv": 0.0, "cross_attention": 0.0}
+    for n, K, P, M, S in ((4, 1, 0, 8, 7), (3, 1, 5, 12, 9), (2, 4, 6, 16, 9), (3, 2, 10, 11, 5)):
+        B = n * K
+        lengths = torch.randint(1, S + 1, (n,), generator=g)
+        lengths[0] = S
+        src_mask = (torch.arange(S)[None, :] < lengths[:, None]).long()
+        src_ids = torch.randint(4, cfg.vocab_size, (n, S), generator=g) * src_mask
+        start = torch.randint(0, P + 1, (n,), generator=g).repeat_interleave(K)  # a sentence's first slot
+        start[0] = 0
+        positions = P - start
+        tokens = torch.randint(4, cfg.vocab_size, (B, 1), generator=g)
+        cache = [torch.randn(B, H, M, dk, generator=g) for _ in range(2 * L)]
+        indirection = rng.integers(0, K, (n, K, M)).astype(np.int32)
+        # Row b's slot t lives in row (b // K) * K + indirection[b // K, b % K, t].
+        owner = (np.arange(B) // K * K)[:, None] + indirection.reshape(B, M)  # (B, M)
+        slots = np.arange(P)
+        past = [c[owner[:, :P], :, slots].permute(0, 2, 1, 3) for c in cache]  # (B, H, P, d_k)
+        past_mask = (torch.arange(P)[None, :] >= start[:, None]).float()
+        with torch.no_grad():
+            cross = model.cross_kv(model.encode(src_ids, src_mask))
+            rep = torch.arange(n).repeat_interleave(K)
+            lp, new_kv, w = model.decode_step(
+                tokens,
+                positions,
+                list(zip(past[0::2], past[1::2])),
+                past_mask,
+                [(ck[rep], cv[rep]) for ck, cv in cross],
+                src_mask[rep],
+                need_weights=True,
+            )
+        junk = rng.integers(0, 2, (B, M - P - 1))  # columns past P: never read
+        self_mask = np.concatenate([past_mask.numpy(), np.ones((B, 1)), junk], axis=1).astype(np.int32)
+        feed = {
+            "tokens": tokens.numpy(),
+            "positions": positions[:, None].numpy(),
+            "past_sequence_length": np.array([P], np.int32),
+            "self_mask": self_mask,
+            "src_mask": src_mask.numpy().astype(np.int32),
+            "top_k": np.array([2 * K], np.int64),
+            "beam_width": np.array([K], np.int32),
+            "cache_indirection": indirection,
+        }
+        for i in range(L):
+            feed[f"cache_key_{i}"], feed[f"cache_value_{i}"] = cache[2 * i].numpy(), cache[2 * i + 1].numpy()
+            feed[f"cross_key_{i}"], feed[f"cross_value_{i}"] = cross[i][0].numpy(), cross[i][1].numpy()
+        out = dict(zip(names, dec.run(None, feed)))
+        if not all(np.isfinite(x).all() for x in out.values()):
+            raise RuntimeError(f"{dec_path.name}: non-finite outputs")
+        diffs["log_probs"] = max(diffs["log_probs"], float(np.abs(out["log_probs"] - lp.numpy()).max()))
+        diffs["cross_attention"] = max(
+            diffs["cross_attention"], float(np.abs(out["cross_attention"] - w.numpy()).max())
+        )
+        for i in range(L):
+            for j, name in enumerate(("key", "value")):
+                got = out[f"present_{name}_{i}"][:, :, P]
+                diffs["present_kv"] = max(diffs["present_kv"], float(np.abs(got - new_kv[i][j][:, :, 0].numpy()).max()))
+        want_top = -np.sort(-out["log_probs"], axis=1)[:, : 2 * K]
+        if not np.array_equal(out["top_log_probs"], want_top) or not np.array_equal(
+            out["eos_log_prob"], out["log_probs"][:, cfg.eos_id]
+        ):
+            raise RuntimeError(f"{dec_path.name}: top_k / eos_log_prob disagree with log_probs")
+    return diffs

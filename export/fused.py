@@ -1,0 +1,241 @@
+"""The fused decoder step: one step of `Transformer.decode_step` written straight from the weights
+with onnx.helper, on ONNX Runtime's com.microsoft contrib operators (the contract is
+`contract.graphs.fused_decoder_io`).
+
+Why a graph of its own rather than the torch export: the exported step has 144 nodes at int8
+(Reshape, Transpose, Concat around every attention), and at batch 1 ONNX Runtime's per-node
+cost is most of a step; its cache grows by a Concat every step and is copied on every beam
+reorder. Here, per decoder layer (pre-norm):
+
+    x ─ Add+LayerNorm ─ QKV (one int8 MatMul, bias in) ─ Split ─ DecoderMaskedMultiHeadAttention ─ out proj
+      ─ Add+LayerNorm ─ Q ─ MultiHeadAttention over the encoder's keys/values ─ out proj
+      ─ Add+LayerNorm ─ W1 ─ Relu ─ W2
+
+- DecoderMaskedMultiHeadAttention (past_present_share_buffer) reads and writes a preallocated
+  (B, H, M, d_k) cache in place: the host binds the same buffer as past and present, and the
+  kernel writes slot `past_sequence_length` only. Beams reorder through `cache_indirection`
+  ((n, K, M): which beam holds each slot of a beam's history), so the cache is never copied.
+- The cross-attention folds a sentence's K beams into one query (n, K, D), one attention per
+  sentence and head, over the encoder's (n, H, S, d_k) keys and values (format 3's layout).
+- LayerNormalization after an Add, not SkipLayerNormalization: on the CPU the contrib kernel took
+  3.5x as long (46 µs a node at 32 rows, docs/performance.md).
+- The linear layers are DynamicQuantizeMatMul (int8 weights per output channel, activations
+  quantised at run time) or MatMulNBits (8 bits, blocks of 128, accuracy level 4), which is
+  faster for one row only (docs/performance.md has the table from 1 to 128 rows).
+- The self-attention mask is bound at full capacity (B, M) and sliced to (B, P + 1) in the graph,
+  so that the host binds every input once per batch and writes into it between steps.
+
+Shapes: B rows = n sentences x K beams (a sentence's beams are consecutive rows), M cache slots,
+P = past_sequence_length (the slot this step writes), S source length, D d_model, H heads.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import onnx
+import torch
+from onnx import TensorProto, helper, numpy_helper
+
+from contract.graphs import FUSED_LINEAR_KINDS, fused_decoder_io
+from contract.manifest import TensorSpec
+from export.model import Transformer
+
+MS = "com.microsoft"
+DTYPES = {"float32": TensorProto.FLOAT, "int64": TensorProto.INT64, "int32": TensorProto.INT32}
+NBITS_BLOCK = 128
+
+
+def _np(t: torch.Tensor) -> np.ndarray:
+    return t.detach().cpu().float().numpy()
+
+
+def quantize_per_channel(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """w (K, N) -> int8 (K, N) and scales (N,): symmetric per output column, as
+    onnxruntime.quantization.quantize_dynamic(per_channel=True, QInt8) makes them."""
+    amax = np.abs(w).max(axis=0)
+    scale = np.where(amax > 0, amax / 127.0, 1.0).astype(np.float32)
+    return np.clip(np.rint(w / scale), -127, 127).astype(np.int8), scale
+
+
+def quantize_blocks(w: np.ndarray, block: int) -> tuple[np.ndarray, np.ndarray]:
+    """w (K, N) -> MatMulNBits' 8-bit layout: B (N, K / block, block) uint8 with the default zero
+    point 128, scales (N, K / block)."""
+    K, N = w.shape
+    kb = -(-K // block)
+    wt = np.zeros((N, kb * block), np.float32)
+    wt[:, :K] = w.T
+    wt = wt.reshape(N, kb, block)
+    amax = np.abs(wt).max(axis=2)
+    scale = np.where(amax > 0, amax / 127.0, 1.0).astype(np.float32)
+    q = (np.clip(np.rint(wt / scale[:, :, None]), -127, 127) + 128).astype(np.uint8)
+    return q, scale
+
+
+class GraphBuilder:
+    """Nodes and initializers of one graph, with the few node shapes the step is made of."""
+
+    def __init__(self, linear_kind: str):
+        if linear_kind not in FUSED_LINEAR_KINDS:
+            raise ValueError(f"unknown linear kind {linear_kind!r}; choose from {FUSED_LINEAR_KINDS}")
+        self.linear_kind = linear_kind
+        self.nodes: list[onnx.NodeProto] = []
+        self.inits: list[onnx.TensorProto] = []
+
+    def init(self, name: str, value) -> str:
+        self.inits.append(numpy_helper.from_array(np.asarray(value), name))
+        return name
+
+    def node(self, op: str, inputs: list[str], outputs: list[str], name: str, domain: str = "", **attrs) -> str:
+        self.nodes.append(helper.make_node(op, inputs, outputs, name=name, domain=domain, **attrs))
+        return outputs[0]
+
+    def linear(self, name: str, x: str, w: np.ndarray, b: np.ndarray | None) -> str:
+        """y = x @ w + b as one node; w (K, N)."""
+        K, N = w.shape
+        bias = self.init(f"{name}.b", b.astype(np.float32)) if b is not None else ""
+        y = f"{name}.y"
+        if self.linear_kind == "fp32":
+            mm = self.node("MatMul", [x, self.init(f"{name}.w", w.astype(np.float32))], [f"{name}.mm"], name)
+            return self.node("Add", [mm, bias], [y], f"{name}.add") if bias else mm
+        if self.linear_kind == "int8":
+            q, s = quantize_per_channel(w)
+            ins = [
+                x,
+                self.init(f"{name}.wq", q),
+                self.init(f"{name}.ws", s),
+                self.init(f"{name}.wz", np.zeros(N, np.int8)),
+            ]
+            return self.node("DynamicQuantizeMatMul", [*ins, bias], [y], name, MS)
+        q, s = quantize_blocks(w, NBITS_BLOCK)
+        ins = [x, self.init(f"{name}.wq", q), self.init(f"{name}.ws", s), "", ""]
+        return self.node(
+            "MatMulNBits", [*ins, bias], [y], name, MS, K=K, N=N, bits=8, block_size=NBITS_BLOCK, accuracy_level=4
+        )
+
+    def module_linear(self, name: str, x: str, lin: torch.nn.Linear) -> str:
+        return self.linear(name, x, _np(lin.weight).T, _np(lin.bias) if lin.bias is not None else None)
+
+    def add_norm(self, name: str, x: str, residual: str, norm: torch.nn.LayerNorm) -> tuple[str, str]:
+        """(LayerNorm(x + residual), x + residual): the next sublayer's input and the residual stream."""
+        s = self.node("Add", [x, residual], [f"{name}.sum"], f"{name}.add")
+        g, b = self.init(f"{name}.g", _np(norm.weight)), self.init(f"{name}.b", _np(norm.bias))
+        return self.node("LayerNormalization", [s, g, b], [f"{name}.y"], name, axis=-1, epsilon=float(norm.eps)), s
+
+
+def build_fused_decoder(model: Transformer, path: str | Path, linear_kind: str = "int8") -> onnx.ModelProto:
+    """Write the fused decoder step of `model` to `path` and return it (`contract.graphs.fused_decoder_io`)."""
+    cfg = model.cfg
+    if not cfg.pre_norm:
+        raise ValueError("the fused decoder step is written for pre-norm models")
+    D, H, L = cfg.d_model, cfg.n_heads, cfg.n_decoder_layers
+    g = GraphBuilder(linear_kind)
+
+    # the mask the kernels want: (B, P + 1) of the full-capacity (B, M) one
+    total = g.node("Add", ["past_sequence_length", g.init("one", np.array([1], np.int32))], ["total_len"], "total_len")
+    zero, axis1 = g.init("zero", np.array([0], np.int32)), g.init("axis1", np.array([1], np.int32))
+    self_mask = g.node("Slice", ["self_mask", zero, total, axis1], ["self_mask_used"], "self_mask_used")
+
+    # token embedding (table pre-scaled by √d_model) + positional encoding: (B, 1, D) each
+    x = g.node("Gather", [g.init("embed", _np(model.embed.weight) * math.sqrt(D)), "tokens"], ["x_tok"], "embed")
+    pe = g.node("Gather", [g.init("pe", _np(model.pe)), "positions"], ["x_pos"], "pos_embed")
+
+    # a sentence's beams fold into one cross-attention query: (B, 1, D) <-> (n, K, D)
+    n = g.node("Shape", ["cross_key_0"], ["n_sentences"], "n_sentences", start=0, end=1)
+    fold = g.node("Concat", [n, g.init("fold_tail", np.array([-1, D], np.int64))], ["fold_shape"], "fold", axis=0)
+    rows = g.init("row_shape", np.array([-1, 1, D], np.int64))
+
+    y, resid = x, pe  # each layer adds its input to the residual stream, then normalises
+    for i, layer in enumerate(model.decoder_layers):
+        p = f"l{i}"
+        h, resid = g.add_norm(f"{p}.norm_self", y, resid, layer.res_self.norm)
+        # self-attention over the in-place cache; packed QKV split in three (the CPU kernel
+        # refuses a packed query: "Tensor size (3072) != new size (1024)")
+        qkv = g.module_linear(f"{p}.qkv", h, layer.self_attn.qkv_proj)  # (B, 1, 3D)
+        split = g.init(f"{p}.split", np.array([D, D, D], np.int64))
+        q, k, v = f"{p}.q", f"{p}.k", f"{p}.v"
+        g.node("Split", [qkv, split], [q, k, v], f"{p}.qkv_split", axis=-1)
+        g.node(
+            "DecoderMaskedMultiHeadAttention",
+            [
+                q,
+                k,
+                v,
+                self_mask,
+                "",
+                f"cache_key_{i}",
+                f"cache_value_{i}",
+                "past_sequence_length",
+                "beam_width",
+                "cache_indirection",
+            ],
+            [f"{p}.self", f"present_key_{i}", f"present_value_{i}"],
+            f"{p}.self_attn",
+            MS,
+            num_heads=H,
+            past_present_share_buffer=1,
+        )  # (B, 1, D)
+        a = g.module_linear(f"{p}.self_out", f"{p}.self", layer.self_attn.out_proj)
+        h, resid = g.add_norm(f"{p}.norm_cross", a, resid, layer.res_cross.norm)
+        # cross-attention: one per sentence and head, its beams in the query
+        q = g.node(
+            "Reshape", [g.module_linear(f"{p}.cross_q", h, layer.cross_attn.q_proj), fold], [f"{p}.cq"], f"{p}.cq"
+        )
+        last = i == L - 1
+        outs = [f"{p}.cross"] + (["", "", "cross_scores"] if last else [])  # (n, K, D) [+ (n, H, K, S)]
+        g.node(
+            "MultiHeadAttention",
+            [q, f"cross_key_{i}", f"cross_value_{i}", "", "src_mask"],
+            outs,
+            f"{p}.cross_attn",
+            MS,
+            num_heads=H,
+        )
+        c = g.node("Reshape", [f"{p}.cross", rows], [f"{p}.cross_rows"], f"{p}.cross_rows")  # (B, 1, D)
+        a = g.module_linear(f"{p}.cross_out", c, layer.cross_attn.out_proj)
+        # feed-forward
+        h, resid = g.add_norm(f"{p}.norm_ffn", a, resid, layer.res_ffn.norm)
+        f = g.node("Relu", [g.module_linear(f"{p}.w1", h, layer.ffn.w1)], [f"{p}.relu"], f"{p}.relu")
+        y = g.module_linear(f"{p}.w2", f, layer.ffn.w2)
+
+    # output projection (its own copy of the tied embedding, so that it is quantised too) and search
+    s = g.node("Add", [y, resid], ["final.sum"], "final.add")
+    norm = model.decoder_norm
+    nw, nb = g.init("final.g", _np(norm.weight)), g.init("final.b", _np(norm.bias))
+    h = g.node("LayerNormalization", [s, nw, nb], ["final.y"], "final", axis=-1, epsilon=float(norm.eps))
+    h = g.node("Reshape", [h, g.init("flat_shape", np.array([-1, D], np.int64))], ["hidden"], "hidden")  # (B, D)
+    out_w = model.generator.weight if model.generator is not None else model.embed.weight  # (V, D)
+    logits = g.linear("logits", h, _np(out_w).T, None)  # (B, V)
+    g.node("LogSoftmax", [logits], ["log_probs"], "log_softmax", axis=-1)
+    g.node("TopK", ["log_probs", "top_k"], ["top_log_probs", "top_ids"], "top_k", axis=-1, largest=1, sorted=1)
+    g.node("Gather", ["log_probs", g.init("eos_id", np.array(cfg.eos_id, np.int64))], ["eos_log_prob"], "eos", axis=1)
+    # the last layer's cross-attention averaged over heads, from the kernel's scaled masked scores
+    g.node("Softmax", ["cross_scores"], ["cross_probs"], "cross_softmax", axis=-1)  # (n, H, K, S)
+    mean = g.node(
+        "ReduceMean",
+        ["cross_probs", g.init("heads_axis", np.array([1], np.int64))],
+        ["cross_mean"],
+        "cross_mean",
+        keepdims=0,
+    )  # (n, K, S)
+    g.node("Flatten", [mean], ["cross_attention"], "cross_rows", axis=2)  # (B, S)
+
+    inputs, outputs = fused_decoder_io(cfg)
+    graph = helper.make_graph(
+        g.nodes, "fused_decoder_step", [_value_info(t) for t in inputs], [_value_info(t) for t in outputs], g.inits
+    )
+    # MultiHeadAttention's scores output has no type inference of its own
+    graph.value_info.append(helper.make_tensor_value_info("cross_scores", TensorProto.FLOAT, None))
+    model_proto = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid(MS, 1)], producer_name="mtserve.export"
+    )
+    model_proto.ir_version = 9
+    onnx.checker.check_model(model_proto)
+    onnx.save(model_proto, str(path))
+    return model_proto
+
+
+def _value_info(t: TensorSpec) -> onnx.ValueInfoProto:
+    return helper.make_tensor_value_info(t.name, DTYPES[t.dtype], t.shape)
