@@ -34,6 +34,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="torch: the PyTorch reference; onnx: ONNX Runtime over the export (MODEL/onnx or an export dir)",
     )
     p.add_argument("--precision", choices=["fp32", "int8", "fp16"], default="fp32", help="onnx engine: graph variant")
+    p.add_argument(
+        "--graph",
+        choices=["auto", "fused", "portable"],
+        default="auto",
+        help="onnx engine: the decoder step (auto: the fused one where the export has it for the device)",
+    )
     p.add_argument("--device", default="cpu", help="cpu or cuda (onnx: auto too)")
     p.add_argument("--threads", type=int, default=0, help="intra-op threads (0 = the library's default)")
     p.add_argument("--limit", type=int, help="first N sentences only")
@@ -49,7 +55,9 @@ def make_translator(args):
     if args.engine == "onnx":
         from service.decoding.translator import OnnxTranslator
 
-        return OnnxTranslator(args.model, precision=args.precision, device=args.device, threads=args.threads)
+        return OnnxTranslator(
+            args.model, precision=args.precision, device=args.device, threads=args.threads, graph=args.graph
+        )
     raise ValueError(f"unknown engine {args.engine!r}")
 
 
@@ -86,6 +94,7 @@ def run(args) -> dict:
     }
     if args.engine == "onnx":
         result["precision"] = args.precision
+        result["graph"] = translator.model.graph
     print(
         json.dumps(result)
         if args.json

@@ -47,20 +47,66 @@ def log_prob_parity(
         _, ck, cv = omodel.encode(ids, mask)
         with torch.no_grad():
             tcross = tmodel.cross_kv(tmodel.encode(t(ids), t(mask)))
-        pk, pv, pm = omodel.empty_past(B)
-        tpast = [(t(k).clone(), t(v).clone()) for k, v in zip(pk, pv)]
+        step = (
+            FusedLogProbs(omodel, B, steps, ck, cv, mask)
+            if omodel.graph == "fused"
+            else PortableLogProbs(omodel, B, ck, cv, mask)
+        )
+        tpast = [
+            (torch.zeros(B, omodel.n_heads, 0, omodel.d_k), torch.zeros(B, omodel.n_heads, 0, omodel.d_k))
+        ] * omodel.n_layers
         tokens = np.full((B, 1), omodel.bos_id, dtype=np.int64)
         for p in range(steps):
             pos = np.full(B, p, dtype=np.int64)
-            out = omodel.step(tokens, pos, pk, pv, pm, ck, cv, mask, log_probs=True)
+            log_probs = step(tokens, pos)
             with torch.no_grad():
-                tlp, tnew, _ = tmodel.decode_step(t(tokens), t(pos), tpast, t(pm), tcross, t(mask))
-            worst = max(worst, float(np.abs(out.log_probs - tlp.numpy()).max()))
-            pk, pv = out.present_k, out.present_v
+                tlp, tnew, _ = tmodel.decode_step(t(tokens), t(pos), tpast, torch.ones(B, p), tcross, t(mask))
+            worst = max(worst, float(np.abs(log_probs - tlp.numpy()).max()))
             tpast = [(torch.cat([a, k], 2), torch.cat([b, v], 2)) for (a, b), (k, v) in zip(tpast, tnew)]
-            pm = np.ones((B, p + 1), dtype=np.float32)
             tokens = tlp.argmax(-1, keepdim=True).numpy()
     return worst
+
+
+class PortableLogProbs:
+    """The portable decoder step's log-probabilities, step after step, its cache grown by the graph."""
+
+    def __init__(self, omodel, B: int, ck, cv, mask):
+        self.omodel, self.ck, self.cv, self.mask = omodel, ck, cv, mask
+        self.pk, self.pv, self.pm = omodel.empty_past(B)
+
+    def __call__(self, tokens: np.ndarray, pos: np.ndarray) -> np.ndarray:
+        out = self.omodel.step(tokens, pos, self.pk, self.pv, self.pm, self.ck, self.cv, self.mask, log_probs=True)
+        self.pk, self.pv = out.present_k, out.present_v
+        self.pm = np.ones((len(tokens), self.pm.shape[1] + 1), dtype=np.float32)
+        assert out.log_probs is not None
+        return out.log_probs
+
+
+class FusedLogProbs:
+    """The fused decoder step's log-probabilities, step after step, over a cache of `steps` slots."""
+
+    def __init__(self, omodel, B: int, steps: int, ck, cv, mask):
+        L, H, dk = omodel.n_layers, omodel.n_heads, omodel.d_k
+        self.session = omodel.decoder
+        self.cache = [np.zeros((B, H, steps, dk), dtype=np.float32) for _ in range(2 * L)]
+        self.names = ["log_probs"] + [f"present_{kv}_{i}" for i in range(L) for kv in ("key", "value")]
+        self.feed = {
+            "self_mask": np.ones((B, steps), dtype=np.int32),
+            "src_mask": mask.astype(np.int32),
+            "top_k": np.array([1], dtype=np.int64),
+            "beam_width": np.array([1], dtype=np.int32),
+            "cache_indirection": np.zeros((B, 1, steps), dtype=np.int32),
+        }
+        for i in range(L):
+            self.feed[f"cross_key_{i}"], self.feed[f"cross_value_{i}"] = ck[i], cv[i]
+        self.L = L
+
+    def __call__(self, tokens: np.ndarray, pos: np.ndarray) -> np.ndarray:
+        feed = dict(self.feed, tokens=tokens, positions=pos[:, None], past_sequence_length=pos[:1].astype(np.int32))
+        for i in range(self.L):
+            feed[f"cache_key_{i}"], feed[f"cache_value_{i}"] = self.cache[2 * i], self.cache[2 * i + 1]
+        log_probs, *self.cache = self.session.run(self.names, feed)
+        return log_probs
 
 
 def agreement(tmodel, omodel, sources: list[list[int]], beam: int, batch_size: int) -> dict:
@@ -95,6 +141,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="models/de-en", help="model dir")
     p.add_argument("--onnx-dir", help="export dir (default: MODEL/onnx; exported there when missing or stale)")
     p.add_argument("--precision", default="fp32", choices=["fp32", "int8", "fp16"])
+    p.add_argument(
+        "--graph",
+        default="auto",
+        choices=["auto", "portable", "fused"],
+        help="the decoder step: auto (the fused one where the export has it for the CPU), portable or fused",
+    )
     p.add_argument("--data", default=str(DEFAULT_DATA_DIR))
     p.add_argument("--split", default="test_2016_flickr")
     p.add_argument("--src-lang", default="de")
@@ -114,7 +166,7 @@ def run(args) -> dict:
     onnx_dir = ensure_exported(args.model, args.precision, args.onnx_dir)
     from service.runtime.onnx_model import OnnxSeq2Seq
 
-    omodel = OnnxSeq2Seq(onnx_dir, precision=args.precision, intra_op_threads=args.threads)
+    omodel = OnnxSeq2Seq(onnx_dir, precision=args.precision, intra_op_threads=args.threads, graph=args.graph)
     tmodel = load_model(args.model)
     src_text, _ = read_parallel(args.data, args.split, args.src_lang, args.tgt_lang)
     if args.limit:
@@ -124,6 +176,7 @@ def run(args) -> dict:
         "model": str(args.model),
         "onnx_dir": str(onnx_dir),
         "precision": args.precision,
+        "graph": omodel.graph,
         "max_abs_log_prob_diff": log_prob_parity(tmodel, omodel, sources, args.batches, 16, args.steps),
         "log_prob_check": {"batches": args.batches, "batch_size": 16, "steps": args.steps},
         "split": args.split,

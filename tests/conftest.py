@@ -128,10 +128,11 @@ def tiny_onnx_dir(tiny_model_dir) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_onnx(tiny_onnx_dir):
-    """The fp32 export loaded with ONNX Runtime (CPU, one thread)."""
+    """The fp32 export's portable graphs loaded with ONNX Runtime (CPU, one thread): `step` feeds
+    the decoder graph directly (tests/service/test_generator.py runs the fused one too)."""
     from service.runtime.onnx_model import OnnxSeq2Seq
 
-    return OnnxSeq2Seq(tiny_onnx_dir, precision="fp32")
+    return OnnxSeq2Seq(tiny_onnx_dir, precision="fp32", graph="portable")
 
 
 class RunningServer:
@@ -163,15 +164,32 @@ class RunningServer:
             time.sleep(0.01)
         return self.server.scheduler.idle
 
-    def slow_down(self, seconds: float) -> None:
-        """Fault injection for timing tests: every decoder step of every worker sleeps first."""
+    def intercept_steps(self, before) -> None:
+        """Fault injection: `before(rows)` runs before every decoder step of every worker, on
+        either graph (the portable one's `step`, the fused one's bound steps), and may sleep or
+        raise. Batches bound before the call keep their steps as they were."""
         for model in {id(m): m for m in self.server.scheduler.models}.values():  # workers may share one
 
-            def step(*a, _orig=model.step, **kw):
-                time.sleep(seconds)
-                return _orig(*a, **kw)
+            def step(tokens, *a, _orig=model.step, **kw):
+                before(len(tokens))
+                return _orig(tokens, *a, **kw)
 
-            model.step = step
+            def bind_step(inputs, outputs, _orig=model.bind_step):
+                bound = _orig(inputs, outputs)
+                run, rows = bound.run, len(inputs["tokens"])
+
+                def checked_run():
+                    before(rows)
+                    run()
+
+                bound.run = checked_run
+                return bound
+
+            model.step, model.bind_step = step, bind_step
+
+    def slow_down(self, seconds: float) -> None:
+        """Fault injection for timing tests: every decoder step of every worker sleeps first."""
+        self.intercept_steps(lambda rows: time.sleep(seconds))
 
     def stop(self) -> None:
         self.stopped = True

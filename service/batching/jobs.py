@@ -8,6 +8,7 @@ import itertools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 _keys = itertools.count()
 
@@ -26,6 +27,8 @@ class Sentence:
     future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
     key: int = field(default_factory=lambda: next(_keys))
     enqueued: float = field(default_factory=time.monotonic)
+    admitted: float | None = None  # time.monotonic() when it joined a decode batch
+    trace: Any = None  # a service.tracing.SentenceTrace when its RPC is traced
 
     @property
     def mode(self) -> tuple[int, float]:

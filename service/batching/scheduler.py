@@ -31,6 +31,7 @@ import time
 
 import numpy as np
 
+from service import tracing
 from service.batching.jobs import EncodeJob, Sentence, settle
 from service.decoding.generator import DecodeBatch, Finished
 from service.errors import DeadlineExceeded, Internal, ResourceExhausted, Unavailable
@@ -143,7 +144,8 @@ class Scheduler:
         st = self.settings
         first = live[0]
         ranked = sorted(live[1:], key=lambda s: abs(len(s.src_ids) - len(first.src_ids)))
-        chosen, rows, longest = [], running_rows, running_src_len
+        chosen: list[Sentence] = []
+        rows, longest = running_rows, running_src_len
         for s in [first, *ranked]:
             new_rows, new_longest = rows + s.beam, max(longest, len(s.src_ids))
             if chosen or running_rows:
@@ -158,6 +160,7 @@ class Scheduler:
         self.metrics.queue_depth.set(len(self._queue))
         for s in chosen:
             self.metrics.queue_wait.observe(now - s.enqueued)
+            s.admitted = now
         return chosen
 
     def _admission_due(self, running: int) -> bool:
@@ -224,7 +227,8 @@ class Scheduler:
                     max_lens=[s.max_len for s in group],
                     want_alignment=any(s.want_alignment for s in group),
                 )
-                self.metrics.encoder_latency.observe(time.perf_counter() - t0)
+                encoder_s = time.perf_counter() - t0
+                self.metrics.encoder_latency.observe(encoder_s)
                 self.metrics.input_tokens.inc(sum(len(s.src_ids) for s in group))
             except Exception as exc:
                 log.exception("encoder pass failed for %d sentences", len(group))
@@ -237,6 +241,8 @@ class Scheduler:
                 batches[(beam, lp)] = (DecodeBatch.concatenate([old, new]), members)
             else:
                 batches[(beam, lp)] = (new, {s.key: s for s in group})
+            if tracing.tracer is not None:
+                tracing.joined(batches[(beam, lp)][1], group, t0, t0 + encoder_s)
 
     def _step(self, model, batches, mode) -> None:
         batch, members = batches[mode]
@@ -247,9 +253,13 @@ class Scheduler:
             self.metrics.batch_rows.observe(len(batch))
             self.metrics.padding_ratio.observe(batch.padding_ratio)
             self.metrics.decoded_rows.inc(len(batch))
+            if tracing.tracer is not None:
+                tracing.stepped(members, len(batch))
         except Exception as exc:
             log.exception("decoder step failed; failing the %d sentences of this batch", len(members))
             self._fail(list(members.values()), exc)
+            if tracing.tracer is not None:
+                tracing.batch_ended(members, exc)
             del batches[mode]
             return
         answered = 0
@@ -273,6 +283,8 @@ class Scheduler:
             with self._cond:
                 self._busy_rows -= mode[0] * (answered + len(gone))
         if not members:
+            if tracing.tracer is not None:
+                tracing.batch_ended(members)
             del batches[mode]
         elif batch.n_sentences - len(members) >= self.settings.compact_fraction * batch.n_sentences:
             batch.filter(list(members))

@@ -11,8 +11,9 @@ It reproduces exactly the semantics of the PyTorch reference (export/generate.py
 - `beam == 1` is greedy search (score = plain sum of log-probabilities).
 
 The state of a running batch is a `DecodeBatch` (the text-generation-inference `Seq2SeqLMBatch`
-pattern): every row carries its own self-attention cache with a `past_mask`, position and score,
-so rows at different steps share a decoder call. A sentence occupies `beam` consecutive rows and
+pattern): every row carries its own self-attention cache (`service.decoding.cache`: the portable
+graph's, or the fused graph's in-place buffers), position and score, so rows at different steps
+share a decoder call. A sentence occupies `beam` consecutive rows and
 carries its source mask and cross-attention keys/values once, for all its beams (the graph folds
 the beams into the cross-attention query). The serving loop:
 
@@ -29,16 +30,21 @@ Nothing here imports torch.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass, field, fields
+from typing import Any, Literal, TypeAlias
 
 import numpy as np
+
+from service.decoding.cache import ConcatCache, RowCache, new_cache
 
 NEG_INF = float("-inf")
 # The encoder runs over a batch's sources in length-sorted chunks of this many sentences: each chunk
 # is padded only to its own longest source. A mixed batch of 16 padded to its longest is 42% padding
 # (test_2016_flickr), and from 8 sentences on a larger encoder batch is no cheaper per sentence.
 ENCODE_CHUNK = 8
+# Offline `generate` drops finished sentences from a batch once they are this share of it.
+COMPACT_FRACTION = 0.25
 
 
 def max_output_len(src_len: int, a: float, b: int, max_positions: int) -> int:
@@ -73,15 +79,19 @@ class Finished:
 
 # A row's output so far is a linked list of immutable nodes (token, attention row or None, parent,
 # length), so that reordering beams costs one reference per row, not a copy of its history.
-_Node = tuple  # (int, np.ndarray | None, _Node | None, int)
+_Node: TypeAlias = "tuple[int, np.ndarray | None, _Node | None, int]"
+# A hypothesis that ended with </s> while its sentence still decodes: (length-normalised score,
+# sum of log-probabilities, its output without the </s>, the </s> step's attention row or None).
+_Ended: TypeAlias = "tuple[float, float, _Node | None, np.ndarray | None]"
 
 
-def _node(tok: int, att, parent: _Node | None) -> _Node:
+def _node(tok: int, att: np.ndarray | None, parent: _Node | None) -> _Node:
     return (tok, att, parent, 1 if parent is None else parent[3] + 1)
 
 
-def _walk(node: _Node | None) -> tuple[list[int], list]:
-    toks, atts = [], []
+def _walk(node: _Node | None) -> tuple[list[int], list[np.ndarray | None]]:
+    toks: list[int] = []
+    atts: list[np.ndarray | None] = []
     while node is not None:
         toks.append(node[0])
         atts.append(node[1])
@@ -91,6 +101,15 @@ def _walk(node: _Node | None) -> tuple[list[int], list]:
 
 def _length(node: _Node | None) -> int:
     return 0 if node is None else node[3]
+
+
+def _alignment(atts: list[np.ndarray | None], src_len: int) -> np.ndarray:
+    """float32 (len(atts), src_len): a finished hypothesis's attention rows, cut to its source."""
+    cut = []
+    for a in atts:
+        assert a is not None, "a sentence that wants its alignment records the attention of every step"
+        cut.append(a[:src_len])
+    return np.stack(cut).astype(np.float32, copy=False)
 
 
 def encode_sources(
@@ -105,7 +124,7 @@ def encode_sources(
     S = int(lens.max())
     mask = (np.arange(S)[None, :] < lens[:, None]).astype(np.int64)
 
-    def run(rows) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    def run(rows: list[int]) -> tuple[list[np.ndarray], list[np.ndarray]]:
         s_len = int(lens[rows].max())
         ids = np.full((len(rows), s_len), model.pad_id, dtype=np.int64)
         for i, r in enumerate(rows):
@@ -117,11 +136,12 @@ def encode_sources(
         ck, cv = run(list(range(n)))
         return lens, mask, list(ck), list(cv)
     order = np.argsort(lens, kind="stable")
-    ck_all = cv_all = None
+    ck_all: list[np.ndarray] = []
+    cv_all: list[np.ndarray] = []
     for start in range(0, n, chunk):
         rows = order[start : start + chunk]
         ck, cv = run(rows.tolist())
-        if ck_all is None:
+        if not ck_all:
             shape = (n, ck[0].shape[1], S, ck[0].shape[3])
             ck_all = [np.empty(shape, dtype=ck[0].dtype) for _ in ck]
             cv_all = [np.empty(shape, dtype=cv[0].dtype) for _ in cv]
@@ -132,6 +152,63 @@ def encode_sources(
     return lens, mask, ck_all, cv_all
 
 
+@dataclass(frozen=True)
+class Layout:
+    """How a `DecodeBatch` field follows its rows through `filter` and `concatenate`.
+
+    axis: "batch" (one value for the whole batch; batches concatenate only when theirs agree),
+    "sentence" or "row" (a numpy array or list indexed by sentence or row along its first axis, for
+    a sentence a dict keyed by the sentence's key, or for rows a `RowCache`, which selects and
+    concatenates itself). padded: "source", an axis (1 of a mask (N, S), 2 of keys or values
+    (N, H, S, d_k)) that runs to the batch's longest source: `concatenate` pads it with zeros,
+    `filter` drops what no kept sentence uses. layers: a list of such arrays, one per decoder layer."""
+
+    axis: Literal["batch", "sentence", "row"]
+    padded: Literal["source"] | None = None
+    layers: bool = False
+
+
+def _batch_wide() -> Any:
+    return field(metadata={"layout": Layout("batch")})
+
+
+def _per(
+    axis: Literal["sentence", "row"],
+    empty: Callable[[], Any],
+    padded: Literal["source"] | None = None,
+    layers: bool = False,
+) -> Any:
+    """A field indexed by sentence or row; `empty()` makes its value for no sentences."""
+    return field(default_factory=empty, metadata={"layout": Layout(axis, padded, layers)})
+
+
+def _zeros(*shape: int, dtype: type) -> Callable[[], np.ndarray]:
+    return lambda: np.zeros(shape, dtype=dtype)
+
+
+_LAYOUTS: dict[type, tuple[tuple[str, Layout], ...]] = {}
+
+
+def layouts(cls: type) -> tuple[tuple[str, Layout], ...]:
+    """Each field of a `DecodeBatch` (sub)class with its layout, in declaration order (worked out
+    once per class). A field that declares none raises: `filter` and `concatenate` could not carry it."""
+    found = _LAYOUTS.get(cls)
+    if found is None:
+        out = []
+        for f in fields(cls):
+            layout = f.metadata.get("layout")
+            if not isinstance(layout, Layout):
+                raise TypeError(f"{cls.__name__}.{f.name} declares no Layout: filter and concatenate cannot carry it")
+            out.append((f.name, layout))
+        found = _LAYOUTS[cls] = tuple(out)
+    return found
+
+
+def _pad_axis(a: np.ndarray) -> int:
+    """The axis that runs to the longest source: 1 of a mask (N, S), 2 of keys or values (N, H, S, d_k)."""
+    return 1 if a.ndim == 2 else 2
+
+
 def _as_list(value, n: int, name: str) -> list:
     if isinstance(value, (list, tuple, np.ndarray)):
         if len(value) != n:
@@ -140,37 +217,44 @@ def _as_list(value, n: int, name: str) -> list:
     return [value] * n
 
 
+@dataclass(eq=False, repr=False, slots=True)
 class DecodeBatch:
     """Decoding state of a set of sentences, `beam` consecutive rows each (see the module doc).
 
-    Per row: past_k/past_v per layer (R, H, P, d_k), past_mask (R, P) float32, positions (R,)
-    int64 (the position of the row's next input token), tokens (R,) int64 (that token), scores
-    (R,) float32 (greedy: sum of log-probabilities; beam: the beam's cumulative score) and its
-    output so far. Per sentence: src_mask (n, S) int64, cross_k/cross_v per layer (n, H, S, d_k),
-    key, max_len, length_penalty, want_alignment, src_len (real length), done, finished hypotheses.
-    """
+    Every field declares its `Layout`: batch-wide, per sentence (n of them) or per row (R = n x
+    beam). `filter` and `concatenate` carry the fields by these declarations, so a field added
+    here follows the batch through both, and one without a layout fails at import (in a subclass:
+    at its first filter or concatenate). The slots make an undeclared attribute an error too."""
 
-    def __init__(self, beam: int, eos_id: int, pad_id: int):
-        self.beam, self.eos_id, self.pad_id = beam, eos_id, pad_id
-        self.keys: list[Hashable] = []
-        self.max_len = np.zeros(0, dtype=np.int64)
-        self.length_penalty = np.zeros(0, dtype=np.float64)
-        self.want_alignment = np.zeros(0, dtype=bool)
-        self.src_lens = np.zeros(0, dtype=np.int64)
-        self.done = np.zeros(0, dtype=bool)
-        self.steps = np.zeros(0, dtype=np.int64)
-        self.finished: list[list[tuple[float, float, _Node | None, np.ndarray | None]]] = []
-        self.src_mask = np.zeros((0, 0), dtype=np.int64)
-        self.cross_k: list[np.ndarray] = []
-        self.cross_v: list[np.ndarray] = []
-        self.past_k: list[np.ndarray] = []
-        self.past_v: list[np.ndarray] = []
-        self.past_mask = np.zeros((0, 0), dtype=np.float32)
-        self.positions = np.zeros(0, dtype=np.int64)
-        self.tokens = np.zeros(0, dtype=np.int64)
-        self.scores = np.zeros(0, dtype=np.float32)
-        self.hist: list[_Node | None] = []
-        self._last: dict[Hashable, list[int]] = {}
+    beam: int = _batch_wide()
+    eos_id: int = _batch_wide()
+    pad_id: int = _batch_wide()
+
+    # -- per sentence ---------------------------------------------------------
+    keys: list[Hashable] = _per("sentence", list)
+    max_len: np.ndarray = _per("sentence", _zeros(0, dtype=np.int64))  # tokens it may emit, </s> included
+    length_penalty: np.ndarray = _per("sentence", _zeros(0, dtype=np.float64))
+    want_alignment: np.ndarray = _per("sentence", _zeros(0, dtype=bool))
+    src_lens: np.ndarray = _per("sentence", _zeros(0, dtype=np.int64))  # real source length, </s> included
+    done: np.ndarray = _per("sentence", _zeros(0, dtype=bool))
+    steps: np.ndarray = _per("sentence", _zeros(0, dtype=np.int64))  # decoder steps taken
+    finished: list[list[_Ended]] = _per("sentence", list)  # hypotheses ended so far (beam search)
+    src_mask: np.ndarray = _per("sentence", _zeros(0, 0, dtype=np.int64), padded="source")  # (n, S) int64
+    # Per decoder layer the cross-attention keys and values (n, H, S, d_k), once for all beams.
+    cross_k: list[np.ndarray] = _per("sentence", list, padded="source", layers=True)
+    cross_v: list[np.ndarray] = _per("sentence", list, padded="source", layers=True)
+    # Greedy only: the token each sentence emitted at the last step, by key (`last_tokens`).
+    last_emitted: dict[Hashable, list[int]] = _per("sentence", dict)
+
+    # -- per row --------------------------------------------------------------
+    # The self-attention keys and values of every row, with which entries are the row's own (a
+    # row that joined late has padding before them); it selects and concatenates itself.
+    cache: RowCache = _per("row", lambda: ConcatCache([], [], np.zeros((0, 0), dtype=np.float32)))
+    positions: np.ndarray = _per("row", _zeros(0, dtype=np.int64))  # the position of the next input token
+    tokens: np.ndarray = _per("row", _zeros(0, dtype=np.int64))  # the next input token
+    # float32; greedy: the sum of log-probabilities, beam: the beam's cumulative score
+    scores: np.ndarray = _per("row", _zeros(0, dtype=np.float32))
+    hist: list[_Node | None] = _per("row", list)  # the output so far
 
     # -- construction ---------------------------------------------------------
 
@@ -218,7 +302,7 @@ class DecodeBatch:
         self.steps = np.zeros(n, dtype=np.int64)
         self.finished = [[] for _ in range(n)]
         self.src_mask, self.cross_k, self.cross_v = mask, list(ck), list(cv)
-        self.past_k, self.past_v, self.past_mask = model.empty_past(R)
+        self.cache = new_cache(model, R, K, capacity=int(self.max_len.max()) + 1)
         self.positions = np.zeros(R, dtype=np.int64)
         self.tokens = np.full(R, model.bos_id, dtype=np.int64)
         scores = np.zeros((n, K), dtype=np.float32)
@@ -231,7 +315,7 @@ class DecodeBatch:
         H, dk, L = model.n_heads, model.d_k, model.n_layers
         z = np.zeros((0, H, 0, dk), dtype=np.float32)
         self.cross_k, self.cross_v = [z] * L, [z] * L
-        self.past_k, self.past_v = [z] * L, [z] * L
+        self.cache = new_cache(model, 0, self.beam, capacity=1)
 
     # -- views ----------------------------------------------------------------
 
@@ -250,7 +334,7 @@ class DecodeBatch:
 
     @property
     def past_len(self) -> int:
-        return int(self.past_mask.shape[1])
+        return self.cache.past_len
 
     @property
     def padding_ratio(self) -> float:
@@ -268,14 +352,14 @@ class DecodeBatch:
     def last_tokens(self) -> dict[Hashable, list[int]]:
         """Greedy only: the token each sentence emitted at the last step (</s> included), for
         streaming. Beam search commits to nothing before a sentence finishes: empty."""
-        return dict(self._last)
+        return dict(self.last_emitted)
 
     # -- one decoder step -----------------------------------------------------
 
     def step(self, model) -> list[Finished]:
         """Run one decoder step for every row; return the sentences that finished at it. Their rows
         (and those of sentences done earlier) stay until `filter()`; they get no more results."""
-        self._last = {}
+        self.last_emitted = {}
         if len(self) == 0:
             return []
         live_before = ~self.done
@@ -283,17 +367,7 @@ class DecodeBatch:
         # The graph ranks the vocabulary: the best token of a row (greedy), or its 2K best (beam:
         # a sentence's 2K best candidates over K rows x V tokens are among its rows' 2K best).
         k_row = 1 if K == 1 else min(2 * K, model.vocab_size)
-        out = model.step(
-            self.tokens,
-            self.positions,
-            self.past_k,
-            self.past_v,
-            self.past_mask,
-            self.cross_k,
-            self.cross_v,
-            self.src_mask,
-            top_k=k_row,
-        )
+        out = self.cache.step(model, self.tokens, self.positions, self.cross_k, self.cross_v, self.src_mask, k_row)
         top_lp, top_ids, att = out.top_log_probs, out.top_ids, out.cross_attention
         force = self.positions >= np.repeat(self.max_len, K) - 1  # (R,) last allowed step: </s> only
         if force.any():
@@ -308,7 +382,10 @@ class DecodeBatch:
             finished, rows = self._beam_one(top_lp, top_ids, att, force)
         else:
             finished, rows = self._beam(top_lp, top_ids, att, force)
-        self._advance_cache(out.present_k, out.present_v, rows)
+        self.cache.advance(rows)
+        # Rows of finished sentences may ride along until the next filter(): they stay at their
+        # last position, which is within the position table (the next ones may not be).
+        self.positions = self.positions + np.repeat(~self.done, self.beam)
         self.steps += live_before
         return finished
 
@@ -322,14 +399,12 @@ class DecodeBatch:
         for r in np.flatnonzero(live).tolist():
             tok = nxt_list[r]
             self.hist[r] = _node(tok, att[r] if self.want_alignment[r] else None, self.hist[r])
-            self._last[self.keys[r]] = [tok]
+            self.last_emitted[self.keys[r]] = [tok]
             if tok == eos:
                 self.done[r] = True
                 toks, atts = _walk(self.hist[r])
                 keep = [j for j, t in enumerate(toks) if t != pad]  # the reference drops pad ids
-                alignment = None
-                if self.want_alignment[r]:
-                    alignment = np.stack([atts[j][: self.src_lens[r]] for j in keep]).astype(np.float32, copy=False)
+                alignment = _alignment([atts[j] for j in keep], self.src_lens[r]) if self.want_alignment[r] else None
                 score = float(self.scores[r])
                 finished.append(
                     Finished(
@@ -451,27 +526,9 @@ class DecodeBatch:
         toks, atts = _walk(node)
         alignment = None
         if self.want_alignment[i] and eos_att is not None:
-            L = self.src_lens[i]
-            alignment = np.stack([a[:L] for a in atts] + [eos_att[:L]]).astype(np.float32, copy=False)
+            alignment = _alignment([*atts, eos_att], self.src_lens[i])
         self.finished[i] = []
         return Finished(self.keys[i], toks, score, s, alignment, int(self.steps[i]) + 1)
-
-    def _advance_cache(self, present_k: list[np.ndarray], present_v: list[np.ndarray], rows: np.ndarray | None) -> None:
-        """The graph's present cache (past + this step) becomes the past, rows reordered to follow
-        their beams (`rows[r]`: the row whose history row r continues; None: unchanged)."""
-        R = len(self)
-        if rows is not None and np.array_equal(rows, np.arange(R)):
-            rows = None
-        if rows is None:
-            self.past_k, self.past_v = list(present_k), list(present_v)
-        else:
-            self.past_k = [k[rows] for k in present_k]
-            self.past_v = [v[rows] for v in present_v]
-        mask = np.concatenate([self.past_mask, np.ones((R, 1), dtype=np.float32)], axis=1)
-        self.past_mask = mask if rows is None else mask[rows]
-        # Rows of finished sentences may ride along until the next filter(): they stay at their
-        # last position, which is within the position table (the next ones may not be).
-        self.positions = self.positions + np.repeat(~self.done, self.beam)
 
     # -- batch surgery --------------------------------------------------------
 
@@ -485,71 +542,64 @@ class DecodeBatch:
         K = self.beam
         sent = np.array(idx, dtype=np.int64)
         rows = (sent[:, None] * K + np.arange(K)[None, :]).reshape(-1)
-        self.keys = [self.keys[i] for i in idx]
-        for name in ("max_len", "length_penalty", "want_alignment", "src_lens", "done", "steps"):
-            setattr(self, name, getattr(self, name)[sent])
-        self.finished = [self.finished[i] for i in idx]
-        self.hist = [self.hist[r] for r in rows.tolist()]
-        self.positions, self.tokens, self.scores = self.positions[rows], self.tokens[rows], self.scores[rows]
-        S = int(self.src_lens.max()) if len(idx) else 0
-        self.src_mask = self.src_mask[sent, :S]
-        self.cross_k = [k[sent, :, :S] for k in self.cross_k]
-        self.cross_v = [v[sent, :, :S] for v in self.cross_v]
-        pm = self.past_mask[rows]
-        used = np.flatnonzero(pm.any(axis=0)) if len(rows) else np.zeros(0, dtype=np.int64)
-        if len(used) == pm.shape[1]:
-            self.past_mask = pm
-            self.past_k = [k[rows] for k in self.past_k]
-            self.past_v = [v[rows] for v in self.past_v]
-        else:  # entries that were padding in every kept row
-            self.past_mask = np.ascontiguousarray(pm[:, used])
-            self.past_k = [np.ascontiguousarray(k[rows][:, :, used]) for k in self.past_k]
-            self.past_v = [np.ascontiguousarray(v[rows][:, :, used]) for v in self.past_v]
-        self._last = {k: t for k, t in self._last.items() if k in keep}
+        # The source axis shrinks to the kept sentences' longest source; the cache drops the
+        # entries that no kept row uses by itself.
+        S = int(self.src_lens[sent].max()) if len(idx) else 0
+
+        def take(a: np.ndarray, at: np.ndarray, padded: str | None) -> np.ndarray:
+            if padded == "source":
+                return a[(at,) + (slice(None),) * (_pad_axis(a) - 1) + (slice(None, S),)]
+            return a[at]
+
+        picks = {"sentence": (sent, idx), "row": (rows, rows.tolist())}
+        for name, layout in layouts(type(self)):
+            if layout.axis == "batch":
+                continue
+            value = getattr(self, name)
+            at, at_list = picks[layout.axis]
+            if layout.layers:
+                setattr(self, name, [take(a, at, layout.padded) for a in value])
+            elif isinstance(value, np.ndarray):
+                setattr(self, name, take(value, at, layout.padded))
+            elif isinstance(value, list):
+                setattr(self, name, [value[i] for i in at_list])
+            elif isinstance(value, dict) and layout.axis == "sentence":  # keyed by the sentences' keys
+                setattr(self, name, {k: v for k, v in value.items() if k in keep})
+            elif isinstance(value, RowCache) and layout.axis == "row":
+                setattr(self, name, value.select(rows))
+            else:
+                raise TypeError(f"{name}: cannot filter a {type(value).__name__} by {layout.axis}")
         return self
 
     @classmethod
-    def concatenate(cls, batches: Sequence[DecodeBatch]) -> DecodeBatch:
+    def concatenate(cls, batches: Sequence[DecodeBatch | None]) -> DecodeBatch:
         """Merge batches (same beam width) whose rows may be at different steps: sources are padded
-        to the longest (src_mask 0), caches to the longest past (past_mask 0)."""
-        batches = [b for b in batches if b is not None]
-        if not batches:
+        to the longest (src_mask 0), caches to the longest past (masked)."""
+        present = [b for b in batches if b is not None]
+        if not present:
             raise ValueError("nothing to concatenate")
-        first = batches[0]
-        if any(b.beam != first.beam for b in batches):
-            raise ValueError(f"cannot concatenate batches of beam widths {sorted({b.beam for b in batches})}")
-        if len(batches) == 1:
+        first = present[0]
+        for name, layout in layouts(cls):
+            if layout.axis == "batch" and any(getattr(b, name) != getattr(first, name) for b in present):
+                raise ValueError(
+                    f"cannot concatenate batches of different {name}: {sorted({getattr(b, name) for b in present})}"
+                )
+        if len(present) == 1:
             return first
-        keys = [k for b in batches for k in b.keys]
+        keys = [k for b in present for k in b.keys]
         if len(set(keys)) != len(keys):
             raise ValueError("duplicate keys across batches")
-        out = cls(first.beam, first.eos_id, first.pad_id)
-        out.keys = keys
-        for name in (
-            "max_len",
-            "length_penalty",
-            "want_alignment",
-            "src_lens",
-            "done",
-            "steps",
-            "positions",
-            "tokens",
-            "scores",
-        ):
-            setattr(out, name, np.concatenate([getattr(b, name) for b in batches]))
-        out.finished = [f for b in batches for f in b.finished]
-        out.hist = [h for b in batches for h in b.hist]
-        out._last = {k: t for b in batches for k, t in b._last.items()}
-        S = max(b.src_len for b in batches)
-        P = max(b.past_len for b in batches)
+        longest = {"source": max(b.src_len for b in present)}
 
-        def stack(arrays: list[np.ndarray], axis_len: int, dtype) -> np.ndarray:
-            """The first axes of all batches' arrays (rows, or sentences) one after the other,
-            padded with zeros along axis 1 (masks) or 2 (k/v) to axis_len."""
+        def stack(arrays: list[np.ndarray], padded: str | None) -> np.ndarray:
+            """The first axes of all batches' arrays (rows, or sentences) one after the other; a
+            padded axis runs to the longest, zeros after each array's own length."""
+            if padded is None:
+                return np.concatenate(arrays)
             shape = list(arrays[0].shape)
-            pad_axis = 1 if len(shape) == 2 else 2
-            shape[0], shape[pad_axis] = sum(a.shape[0] for a in arrays), axis_len
-            res = np.zeros(shape, dtype=dtype)
+            pad_axis = _pad_axis(arrays[0])
+            shape[0], shape[pad_axis] = sum(a.shape[0] for a in arrays), longest[padded]
+            res = np.zeros(shape, dtype=np.result_type(*arrays))
             r0 = 0
             for a in arrays:
                 if pad_axis == 1:
@@ -559,14 +609,27 @@ class DecodeBatch:
                 r0 += a.shape[0]
             return res
 
-        out.src_mask = stack([b.src_mask for b in batches], S, np.int64)
-        out.past_mask = stack([b.past_mask for b in batches], P, np.float32)
-        L = len(first.cross_k)
-        out.cross_k = [stack([b.cross_k[i] for b in batches], S, np.float32) for i in range(L)]
-        out.cross_v = [stack([b.cross_v[i] for b in batches], S, np.float32) for i in range(L)]
-        out.past_k = [stack([b.past_k[i] for b in batches], P, np.float32) for i in range(L)]
-        out.past_v = [stack([b.past_v[i] for b in batches], P, np.float32) for i in range(L)]
-        return out
+        merged: dict[str, Any] = {}
+        for name, layout in layouts(cls):
+            values = [getattr(b, name) for b in present]
+            if layout.axis == "batch":
+                merged[name] = values[0]
+            elif layout.layers:
+                merged[name] = [stack([v[i] for v in values], layout.padded) for i in range(len(values[0]))]
+            elif isinstance(values[0], np.ndarray):
+                merged[name] = stack(values, layout.padded)
+            elif isinstance(values[0], list):
+                merged[name] = [x for v in values for x in v]
+            elif isinstance(values[0], dict) and layout.axis == "sentence":
+                merged[name] = {k: x for v in values for k, x in v.items()}
+            elif isinstance(values[0], RowCache) and layout.axis == "row":
+                merged[name] = type(values[0]).concatenate(values)
+            else:
+                raise TypeError(f"{name}: cannot concatenate a {type(values[0]).__name__} by {layout.axis}")
+        return cls(**merged)
+
+
+layouts(DecodeBatch)  # a field without a Layout fails here, at import
 
 
 def generate(
@@ -582,7 +645,7 @@ def generate(
     """Translate source id lists (each ending with </s>) offline: sorted by length into batches of
     at most `batch_size` sentences; results in input order."""
     order = sorted(range(len(src_ids_lists)), key=lambda i: len(src_ids_lists[i]))
-    out: list[Hypothesis | None] = [None] * len(src_ids_lists)
+    out: dict[Hashable, Hypothesis] = {}
     for start in range(0, len(order), batch_size):
         idx = order[start : start + batch_size]
         batch = DecodeBatch.from_sources(
@@ -596,9 +659,11 @@ def generate(
             want_alignment=want_alignment,
         )
         while len(batch):
-            finished = batch.step(model)
-            for f in finished:
+            for f in batch.step(model):
                 out[f.key] = f.hypothesis()
-            if finished:
-                batch.filter(batch.active_keys())
-    return out  # type: ignore[return-value]
+            # Finished rows ride along until they are a quarter of the batch (or all of it): each
+            # filter copies the cache, so it is done in bulk, as the server's scheduler does.
+            active = batch.active_keys()
+            if len(active) <= (1 - COMPACT_FRACTION) * batch.n_sentences:
+                batch.filter(active)
+    return [out[i] for i in range(len(src_ids_lists))]

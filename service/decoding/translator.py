@@ -19,9 +19,16 @@ class OnnxTranslator:
         device: str = "cpu",
         threads: int = 0,
         strict: bool = False,
+        graph: str = "auto",
     ):
         self.model = OnnxSeq2Seq(
-            model_dir, precision=precision, provider=device, intra_op_threads=threads, inter_op_threads=1, strict=strict
+            model_dir,
+            precision=precision,
+            provider=device,
+            intra_op_threads=threads,
+            inter_op_threads=1,
+            strict=strict,
+            graph=graph,
         )
         self.tokenizer = self.model.tokenizer
 

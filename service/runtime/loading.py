@@ -19,6 +19,7 @@ def load_models(settings: Settings) -> list[OnnxSeq2Seq]:
         return OnnxSeq2Seq(
             graphs,
             precision=settings.precision,
+            graph=settings.graph,
             provider=settings.provider,
             intra_op_threads=settings.intra_op_threads,
             inter_op_threads=settings.inter_op_threads,

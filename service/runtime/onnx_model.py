@@ -1,7 +1,10 @@
 """The exported model behind ONNX Runtime: manifest, tokenizer and the two sessions (no torch).
 
-`OnnxSeq2Seq.encode` runs the encoder graph once per source batch; `OnnxSeq2Seq.step` runs one
-decoder step with an explicit key/value cache. Numpy in, numpy out; every float tensor is
+`OnnxSeq2Seq.encode` runs the encoder graph once per source batch. The decoder step is one of two
+graphs (`graph`): the portable one, which `OnnxSeq2Seq.step` runs with an explicit key/value cache
+that it returns grown by a step; or the fused one (export/fused.py), which updates a preallocated
+cache in place and runs through `bind_step`: the caller binds its buffers once per batch and
+writes into them between steps. Numpy in, numpy out; every float tensor is
 float32 whatever the precision of the graphs (the fp16 graphs cast at their boundaries)."""
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import numpy as np
 import onnxruntime as ort
 from tokenizers import Tokenizer
 
-from contract.manifest import Manifest, load_manifest, resolve_onnx_dir
+from contract.manifest import GRAPHS, Manifest, load_manifest, resolve_onnx_dir
 
 log = logging.getLogger("mtserve.onnx")
 
@@ -41,6 +44,38 @@ def choose_provider(provider: str, strict: bool = False) -> str:
     return provider
 
 
+def choose_graph(manifest: Manifest, precision: str, provider: str, graph: str = "auto") -> str:
+    """The decoder step to run: "fused" or "portable" as asked, or with "auto" the fused graph where
+    the export has it for this precision and provider (the CPU), else the portable one."""
+    if graph not in ("auto", *GRAPHS):
+        raise ValueError(f"unknown graph {graph!r}; choose auto, portable or fused")
+    if graph == "auto":
+        fused = manifest.has(precision, "fused") and manifest.variant(precision, "fused").target == provider
+        return "fused" if fused else "portable"
+    manifest.variant(precision, graph)  # ExportMissing when it was not exported
+    return graph
+
+
+class BoundStep:
+    """A decoder session with its inputs and outputs bound to numpy buffers (IO binding): `run()`
+    reads the inputs' current contents and writes the outputs in place, nothing copied."""
+
+    def __init__(self, session: ort.InferenceSession, inputs: dict[str, np.ndarray], outputs: dict[str, np.ndarray]):
+        self.session, self.io = session, session.io_binding()
+        self._values = []  # the OrtValues must live as long as the binding
+        for name, array in inputs.items():
+            value = ort.OrtValue.ortvalue_from_numpy(array)
+            self.io.bind_ortvalue_input(name, value)
+            self._values.append(value)
+        for name, array in outputs.items():
+            value = ort.OrtValue.ortvalue_from_numpy(array)
+            self.io.bind_ortvalue_output(name, value)
+            self._values.append(value)
+
+    def run(self) -> None:
+        self.session.run_with_iobinding(self.io)
+
+
 class StepOutput(NamedTuple):
     """One decoder step's results for B rows (float32 whatever the graphs' precision)."""
 
@@ -56,8 +91,8 @@ class StepOutput(NamedTuple):
 class OnnxSeq2Seq:
     """An ONNX export dir (or a model dir with an `onnx/` subdir) loaded for inference.
 
-    Attributes: manifest, tokenizer, provider ("cpu"/"cuda", the one in use), precision, and the
-    model's dims and special ids for convenience (n_layers, n_heads, d_k, vocab_size, pad_id,
+    Attributes: manifest, tokenizer, provider ("cpu"/"cuda", the one in use), precision, graph
+    ("portable"/"fused", the decoder step in use), and the model's dims and special ids for convenience (n_layers, n_heads, d_k, vocab_size, pad_id,
     bos_id, eos_id, max_positions)."""
 
     def __init__(
@@ -69,12 +104,16 @@ class OnnxSeq2Seq:
         inter_op_threads: int = 1,
         strict: bool = False,
         verify_checksums: bool = True,
+        graph: str = "auto",
     ):
         self.dir = resolve_onnx_dir(model_dir_or_onnx_dir)
-        self.manifest: Manifest = load_manifest(self.dir, verify_checksums=verify_checksums, precision=precision)
-        self.precision = precision
-        variant = self.manifest.variant(precision)
         self.provider = choose_provider(provider, strict)
+        self.manifest: Manifest = load_manifest(self.dir, verify_checksums=False)
+        self.graph = choose_graph(self.manifest, precision, self.provider, graph)
+        if verify_checksums:
+            load_manifest(self.dir, verify_checksums=True, precision=precision, graph=self.graph)
+        self.precision = precision
+        variant = self.manifest.variant(precision, self.graph)
         if variant.target == "cuda" and self.provider == "cpu":
             log.warning("the %s graphs are meant for CUDA; on the CPU they run, slowly", precision)
         if variant.target == "cpu" and self.provider == "cuda" and precision != "fp32":
@@ -92,6 +131,12 @@ class OnnxSeq2Seq:
         providers = [PROVIDERS[self.provider]] + (["CPUExecutionProvider"] if self.provider == "cuda" else [])
         self.encoder = ort.InferenceSession(str(self.dir / variant.encoder.file), so, providers=providers)
         self.decoder = ort.InferenceSession(str(self.dir / variant.decoder.file), so, providers=providers)
+        # The fused step for batches of one row (a lone greedy request), where it is faster.
+        self.decoder_one_row = (
+            ort.InferenceSession(str(self.dir / variant.decoder_one_row.file), so, providers=providers)
+            if self.graph == "fused" and variant.decoder_one_row is not None
+            else None
+        )
         if self.provider == "cuda" and PROVIDERS["cuda"] not in self.decoder.get_providers():
             # Listed by onnxruntime-gpu, but the session could not start it (no driver, wrong
             # CUDA or cuDNN): onnxruntime fell back to the CPU. Say so, or refuse when strict.
@@ -133,10 +178,10 @@ class OnnxSeq2Seq:
                 )
 
     def _check_io(self, variant) -> None:
-        for session, spec, what in (
-            (self.encoder, variant.encoder, "encoder"),
-            (self.decoder, variant.decoder, "decoder"),
-        ):
+        checks = [(self.encoder, variant.encoder, "encoder"), (self.decoder, variant.decoder, "decoder")]
+        if self.decoder_one_row is not None and variant.decoder_one_row is not None:
+            checks.append((self.decoder_one_row, variant.decoder_one_row, "one-row decoder"))
+        for session, spec, what in checks:
             got_in = [i.name for i in session.get_inputs()]
             got_out = [o.name for o in session.get_outputs()]
             if sorted(got_in) != sorted(t.name for t in spec.inputs) or sorted(got_out) != sorted(
@@ -146,7 +191,7 @@ class OnnxSeq2Seq:
 
     def __repr__(self) -> str:
         return (
-            f"OnnxSeq2Seq({self.manifest.name}:{self.manifest.version}, {self.precision}, "
+            f"OnnxSeq2Seq({self.manifest.name}:{self.manifest.version}, {self.precision}, {self.graph}, "
             f"{self.provider}, layers={self.n_layers}, heads={self.n_heads})"
         )
 
@@ -197,6 +242,8 @@ class OnnxSeq2Seq:
         cross_k/v per layer (n, H, S, d_k) and src_mask (n, S) int64, once per sentence; top_k:
         candidates per row (<= vocab).
         The full (B, V) log-probabilities come back only when `log_probs` is asked for."""
+        if self.graph != "portable":
+            raise RuntimeError(f"step runs the portable graph; this model runs the {self.graph} one (bind_step)")
         tokens = np.asarray(tokens, dtype=np.int64)
         feed = {
             "tokens": tokens.reshape(-1, 1),
@@ -221,6 +268,14 @@ class OnnxSeq2Seq:
             cross_attention=out[3 + 2 * L],
             log_probs=out[4 + 2 * L] if log_probs else None,
         )
+
+    def bind_step(self, inputs: dict[str, np.ndarray], outputs: dict[str, np.ndarray]) -> BoundStep:
+        """The fused decoder step bound to a batch's buffers (`contract.graphs.fused_decoder_io`):
+        bind a cache buffer as both its input and its present output, and the step writes it in place."""
+        if self.graph != "fused":
+            raise RuntimeError(f"bind_step runs the fused graph; this model runs the {self.graph} one")
+        one_row = self.decoder_one_row is not None and len(inputs["tokens"]) == 1
+        return BoundStep(self.decoder_one_row if one_row else self.decoder, inputs, outputs)
 
     def empty_past(self, batch: int) -> tuple[list[np.ndarray], list[np.ndarray], np.ndarray]:
         """A zero-length cache: per layer (batch, H, 0, d_k), and past_mask (batch, 0)."""

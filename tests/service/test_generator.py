@@ -1,17 +1,24 @@
 """The numpy generator over the ONNX graphs: token-for-token parity with the PyTorch reference
-(export/generate.py), and continuous-batching surgery (filter / concatenate mid-decode)."""
+(export/generate.py), and continuous-batching surgery (filter / concatenate mid-decode). Every test
+runs on both decoder steps: the fused graph (in-place cache, beams through cache_indirection) and
+the portable one."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass, field
 
 import numpy as np
 import pytest
 
+from service.decoding.cache import InPlaceCache, RowCache
 from service.decoding.generator import (
     DecodeBatch,
     Finished,
+    Layout,
     _walk,
     encode_sources,
     generate,
+    layouts,
     max_output_len,
 )
 
@@ -19,6 +26,14 @@ N_SENTENCES = 40
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+@pytest.fixture(scope="module", params=["fused", "portable"])
+def tiny_onnx(request, tiny_onnx_dir):
+    """The tiny fp32 export with each decoder step (this module's tests run on both)."""
+    from service.runtime.onnx_model import OnnxSeq2Seq
+
+    return OnnxSeq2Seq(tiny_onnx_dir, precision="fp32", graph=request.param)
 
 
 @pytest.fixture(scope="module")
@@ -189,9 +204,9 @@ def test_filter_drops_cache_entries_and_source_columns_no_row_uses(tiny_onnx, so
     b = DecodeBatch.from_sources(tiny_onnx, [sources[2]], [2], beam=2)
     b.step(tiny_onnx)
     batch = DecodeBatch.concatenate([a, b])
-    assert batch.past_len == 4 and batch.past_mask[4:].sum() == 2  # b's rows: 1 real entry, 3 padding
+    assert batch.past_len == 4 and batch.cache.entries()[2][4:].sum() == 2  # b's rows: 1 real entry, 3 padding
     batch.filter([2])
-    assert batch.past_len == 1 and batch.src_len == len(sources[2]) and batch.past_mask.all()
+    assert batch.past_len == 1 and batch.src_len == len(sources[2]) and batch.cache.entries()[2].all()
     results: dict = {}
     run_to_end(tiny_onnx, batch, results)
     assert results[2].tokens == want.tokens and results[2].score == pytest.approx(want.score, abs=1e-4)
@@ -262,3 +277,151 @@ def test_the_one_sentence_beam_step_selects_as_the_batched_one(K, want_alignment
                 break
             a.steps += 1
             b.steps += 1
+
+
+def assert_fields_fit(batch: DecodeBatch, n_layers: int) -> None:
+    """Every declared per-sentence and per-row field has one entry per sentence or row, and every
+    padded axis runs to the batch's longest source; the cache has every row, `past_len` entries each."""
+    n, R = batch.n_sentences, len(batch)
+    longest = {"source": batch.src_len}
+    for name, layout in layouts(type(batch)):
+        if layout.axis == "batch":
+            continue
+        value = getattr(batch, name)
+        want = n if layout.axis == "sentence" else R
+        if isinstance(value, dict):
+            assert set(value) <= set(batch.keys), name
+            continue
+        if isinstance(value, RowCache):
+            keys, values, own = value.entries()
+            assert len(value) == want and own.shape == (want, batch.past_len), name
+            assert all(a.shape[0] == want and a.shape[2] == batch.past_len for a in keys + values), name
+            continue
+        arrays = value if layout.layers else [value]
+        if layout.layers:
+            assert len(arrays) == n_layers, name
+        for a in arrays:
+            assert len(a) == want, name
+            if layout.padded:
+                assert a.shape[1 if a.ndim == 2 else 2] == longest[layout.padded], name
+
+
+def assert_same_fields(got: DecodeBatch, want: DecodeBatch) -> None:
+    for name, _ in layouts(type(want)):
+        x, y = getattr(got, name), getattr(want, name)
+        if isinstance(y, RowCache):  # the same entries, whatever the buffers' layout
+            for a, b in zip(x.entries(), y.entries()):
+                for u, w in zip(a if isinstance(a, list) else [a], b if isinstance(b, list) else [b]):
+                    np.testing.assert_array_equal(u, w, err_msg=name)
+            continue
+        if isinstance(y, np.ndarray) or (isinstance(y, list) and y and isinstance(y[0], np.ndarray)):
+            xs, ys = (x, y) if isinstance(y, list) else ([x], [y])
+            assert len(xs) == len(ys), name
+            for a, b in zip(xs, ys):
+                assert a.dtype == b.dtype and a.shape == b.shape, name
+                np.testing.assert_array_equal(a, b, err_msg=name)
+        else:
+            assert x == y, name
+
+
+@pytest.mark.parametrize("beam", [1, 2])
+def test_every_declared_field_follows_filter_and_concatenate(tiny_onnx, sources, beam):
+    """filter and concatenate carry the fields by their declared layout: after each, every field
+    fits the batch, and concatenating then filtering back gives each part's fields unchanged."""
+    assert {layout.axis for _, layout in layouts(DecodeBatch)} == {"batch", "sentence", "row"}
+    a = DecodeBatch.from_sources(tiny_onnx, sources[:3], ["a0", "a1", "a2"], beam=beam, want_alignment=True)
+    for _ in range(3):
+        a.step(tiny_onnx)
+    b = DecodeBatch.from_sources(tiny_onnx, sources[3:5], ["b0", "b1"], beam=beam)
+    b.step(tiny_onnx)
+    assert a.past_len == 3 and b.past_len == 1 and a.src_len != b.src_len
+    for part in (a, b):
+        assert_fields_fit(part, tiny_onnx.n_layers)
+    both = DecodeBatch.concatenate([a, b])
+    assert_fields_fit(both, tiny_onnx.n_layers)
+    assert both.n_sentences == 5 and len(both) == 5 * beam
+    for part in (a, b):
+        back = DecodeBatch.concatenate([a, b]).filter(part.keys)
+        assert_fields_fit(back, tiny_onnx.n_layers)
+        assert_same_fields(back, part)
+    dropped = both.active_keys()[0]
+    both.filter([k for k in both.keys if k != dropped])
+    assert_fields_fit(both, tiny_onnx.n_layers)
+    assert dropped not in both.keys and dropped not in both.last_emitted
+    with pytest.raises(AttributeError):
+        both.undeclared = 1  # the slots admit declared fields only
+
+
+def test_a_field_added_later_is_carried_or_fails_loudly(tiny_onnx, sources):
+    @dataclass(eq=False, repr=False)
+    class Tagged(DecodeBatch):
+        row_tag: np.ndarray = field(
+            default_factory=lambda: np.zeros(0, dtype=np.int64), metadata={"layout": Layout("row")}
+        )
+        sentence_tag: list = field(default_factory=list, metadata={"layout": Layout("sentence")})
+
+    a = Tagged.from_sources(tiny_onnx, sources[:2], [0, 1], beam=2)
+    a.row_tag, a.sentence_tag = np.arange(4), ["x", "y"]
+    b = Tagged.from_sources(tiny_onnx, sources[2:3], [2], beam=2)
+    b.row_tag, b.sentence_tag = np.arange(10, 12), ["z"]
+    both = Tagged.concatenate([a, b])
+    assert both.row_tag.tolist() == [0, 1, 2, 3, 10, 11] and both.sentence_tag == ["x", "y", "z"]
+    both.filter([0, 2])
+    assert both.row_tag.tolist() == [0, 1, 10, 11] and both.sentence_tag == ["x", "z"]
+
+    @dataclass(eq=False, repr=False)
+    class Undeclared(DecodeBatch):
+        extra: list = field(default_factory=list)
+
+    with pytest.raises(TypeError, match="extra"):
+        layouts(Undeclared)
+    c = Undeclared.from_sources(tiny_onnx, sources[:2], [0, 1])
+    with pytest.raises(TypeError, match="extra"):
+        c.filter([0])
+
+
+@pytest.mark.parametrize("beam", [1, 3])
+def test_a_full_in_place_cache_grows_and_decoding_goes_on(tiny_onnx_dir, sources, beam):
+    """The fused graph's buffers start with room for two steps only: each time they are full the
+    batch copies them into larger ones, and the outputs are those of a batch with room enough."""
+    from service.runtime.onnx_model import OnnxSeq2Seq
+
+    model = OnnxSeq2Seq(tiny_onnx_dir, precision="fp32", graph="fused")
+    want = generate(model, sources[:6], beam=beam, batch_size=6)
+    batch = DecodeBatch.from_sources(model, sources[:6], list(range(6)), beam=beam)
+    batch.cache = InPlaceCache.empty(model, len(batch), beam, capacity=2)
+    results: dict = {}
+    capacities = set()
+    while len(batch):
+        for f in batch.step(model):
+            results[f.key] = f
+        capacities.add(batch.cache.capacity)
+        batch.filter(batch.active_keys())
+    assert len(capacities) > 2  # it grew more than once
+    assert [results[i].tokens for i in range(6)] == [h.tokens for h in want]
+    assert [results[i].score for i in range(6)] == pytest.approx([h.score for h in want], abs=1e-5)
+
+
+def test_beams_reorder_through_the_indirection_without_moving_the_cache(tiny_onnx_dir, sources):
+    """A beam step of the fused graph leaves the buffers where they are: only cache_indirection
+    follows the parents; what each row attends to is what the portable graph's gathered cache holds."""
+    from service.runtime.onnx_model import OnnxSeq2Seq
+
+    fused = OnnxSeq2Seq(tiny_onnx_dir, precision="fp32", graph="fused")
+    portable = OnnxSeq2Seq(tiny_onnx_dir, precision="fp32", graph="portable")
+    a = DecodeBatch.from_sources(fused, sources[:3], [0, 1, 2], beam=4)
+    b = DecodeBatch.from_sources(portable, sources[:3], [0, 1, 2], beam=4)
+    buffers = [k.ctypes.data for k in a.cache.k]
+    reordered = False
+    for _ in range(5):
+        a.step(fused)
+        b.step(portable)
+        assert [k.ctypes.data for k in a.cache.k] == buffers
+        ind = a.cache.indirection[:, :, : a.cache.P]
+        reordered |= bool((ind != np.arange(4)[None, :, None]).any())
+        ka, va, own_a = a.cache.entries()
+        kb, vb, own_b = b.cache.entries()
+        np.testing.assert_array_equal(own_a, own_b)
+        for x, y in zip(ka + va, kb + vb):
+            np.testing.assert_allclose(x, y, atol=1e-5)
+    assert reordered

@@ -1,0 +1,323 @@
+"""The self-attention key/value cache of a running batch, one class per decoder-step graph.
+
+`DecodeBatch` drives either through the same four calls: `step` runs the decoder once for every
+row, `advance` records the step (its beams reordered: `rows[r]` is the row whose history row r
+continues), `select` keeps some rows (a filter), `concatenate` stacks batches whose rows are at
+different steps. Rows of a sentence are consecutive, `beam` of them.
+
+- `ConcatCache`, for the portable graph: per layer (R, H, P, d_k) arrays that the graph returns
+  grown by one entry each step; a beam reorder gathers them on the host.
+- `InPlaceCache`, for the fused graph (export/fused.py): per layer (R, H, M, d_k) buffers of M
+  slots, bound once with IO binding and written in place by the graph at slot P; a beam reorder
+  changes only `indirection` (which beam of the sentence holds each slot of a beam's history).
+  Nothing is copied between steps; `select` and `concatenate` copy once, when a batch changes.
+
+A row that joins a running batch starts at a later slot: `mask` says which slots are its own,
+and its position (kept by `DecodeBatch`) counts only those.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import NamedTuple, Self
+
+import numpy as np
+
+from service.runtime.onnx_model import BoundStep
+
+
+class StepResult(NamedTuple):
+    """One decoder step's results for R rows."""
+
+    top_log_probs: np.ndarray  # (R, k) the best log-probabilities of each row, best first
+    top_ids: np.ndarray  # (R, k) int64, their token ids
+    eos_log_prob: np.ndarray  # (R,) log p(</s>), for rows forced to end
+    cross_attention: np.ndarray  # (R, S) the last layer's cross-attention, averaged over heads
+
+
+class RowCache(ABC):
+    """What `DecodeBatch` asks of a cache (see the module doc)."""
+
+    @property
+    @abstractmethod
+    def past_len(self) -> int:
+        """The entries a row may attend to before this step (its own, and padding)."""
+
+    @abstractmethod
+    def __len__(self) -> int:
+        """Rows."""
+
+    @abstractmethod
+    def entries(self) -> tuple[list[np.ndarray], list[np.ndarray], np.ndarray]:
+        """What the rows attend to, whatever the layout: per layer keys and values (R, H, P, d_k),
+        each row's own history in order, and which of the P entries are the row's own (R, P) bool."""
+
+    @abstractmethod
+    def step(self, model, tokens, positions, cross_k, cross_v, src_mask, top_k: int) -> StepResult:
+        """Run the decoder once for every row; `advance` must follow."""
+
+    @abstractmethod
+    def advance(self, rows: np.ndarray | None) -> None:
+        """Keep the step's entries, row r continuing the history of row `rows[r]` (None: its own)."""
+
+    @abstractmethod
+    def select(self, rows: np.ndarray) -> Self:
+        """A cache of `rows` (whole sentences) only."""
+
+    @classmethod
+    @abstractmethod
+    def concatenate(cls, caches: Sequence[Self]) -> Self:
+        """The rows of `caches` one after the other."""
+
+
+def new_cache(model, rows: int, beam: int, capacity: int) -> RowCache:
+    """An empty cache for the graph `model` runs (`model.graph`): room for `capacity` steps."""
+    cls = InPlaceCache if model.graph == "fused" else ConcatCache
+    return cls.empty(model, rows, beam, capacity)
+
+
+class ConcatCache(RowCache):
+    """Per layer past keys and values (R, H, P, d_k) and past_mask (R, P) float32."""
+
+    def __init__(self, past_k: list[np.ndarray], past_v: list[np.ndarray], past_mask: np.ndarray):
+        self.past_k, self.past_v, self.past_mask = past_k, past_v, past_mask
+        self._present: tuple[list[np.ndarray], list[np.ndarray]] | None = None
+
+    @classmethod
+    def empty(cls, model, rows: int, beam: int, capacity: int) -> ConcatCache:
+        return cls(*model.empty_past(rows))
+
+    @property
+    def past_len(self) -> int:
+        return int(self.past_mask.shape[1])
+
+    def __len__(self) -> int:
+        return len(self.past_mask)
+
+    def entries(self) -> tuple[list[np.ndarray], list[np.ndarray], np.ndarray]:
+        return self.past_k, self.past_v, self.past_mask > 0
+
+    def step(self, model, tokens, positions, cross_k, cross_v, src_mask, top_k: int) -> StepResult:
+        out = model.step(tokens, positions, self.past_k, self.past_v, self.past_mask, cross_k, cross_v, src_mask, top_k)
+        self._present = (out.present_k, out.present_v)
+        return StepResult(out.top_log_probs, out.top_ids, out.eos_log_prob, out.cross_attention)
+
+    def advance(self, rows: np.ndarray | None) -> None:
+        """The graph's present cache (past + this step) becomes the past, reordered by `rows`."""
+        assert self._present is not None, "advance() follows step()"
+        present_k, present_v = self._present
+        self._present = None
+        R = len(self.past_mask)
+        if rows is not None and np.array_equal(rows, np.arange(R)):
+            rows = None
+        mask = np.concatenate([self.past_mask, np.ones((R, 1), dtype=np.float32)], axis=1)
+        if rows is None:
+            self.past_k, self.past_v, self.past_mask = list(present_k), list(present_v), mask
+        else:
+            self.past_k = [k[rows] for k in present_k]
+            self.past_v = [v[rows] for v in present_v]
+            self.past_mask = mask[rows]
+
+    def select(self, rows: np.ndarray) -> ConcatCache:
+        """The cache of `rows` only, without the entries that are padding in all of them."""
+        pm = self.past_mask[rows]
+        used = np.flatnonzero(pm.any(axis=0)) if len(rows) else np.zeros(0, dtype=np.int64)
+        if len(used) == pm.shape[1]:
+            return ConcatCache([k[rows] for k in self.past_k], [v[rows] for v in self.past_v], pm)
+        return ConcatCache(
+            [np.ascontiguousarray(k[rows][:, :, used]) for k in self.past_k],
+            [np.ascontiguousarray(v[rows][:, :, used]) for v in self.past_v],
+            np.ascontiguousarray(pm[:, used]),
+        )
+
+    @classmethod
+    def concatenate(cls, caches: Sequence[ConcatCache]) -> ConcatCache:
+        """Rows one after the other, each padded to the longest past (past_mask 0)."""
+        P = max(c.past_len for c in caches)
+        return cls(
+            [stack_padded([c.past_k[i] for c in caches], P) for i in range(len(caches[0].past_k))],
+            [stack_padded([c.past_v[i] for c in caches], P) for i in range(len(caches[0].past_v))],
+            stack_padded([c.past_mask for c in caches], P),
+        )
+
+
+def stack_padded(arrays: Sequence[np.ndarray], axis_len: int) -> np.ndarray:
+    """The arrays' first axes (rows or sentences) one after the other, each padded with zeros to
+    `axis_len` along axis 1 (masks: (N, T)) or axis 2 (keys and values: (N, H, T, d_k))."""
+    shape = list(arrays[0].shape)
+    pad_axis = 1 if len(shape) == 2 else 2
+    shape[0], shape[pad_axis] = sum(a.shape[0] for a in arrays), axis_len
+    out = np.zeros(shape, dtype=arrays[0].dtype)
+    r0 = 0
+    for a in arrays:
+        if pad_axis == 1:
+            out[r0 : r0 + a.shape[0], : a.shape[1]] = a
+        else:
+            out[r0 : r0 + a.shape[0], :, : a.shape[2]] = a
+        r0 += a.shape[0]
+    return out
+
+
+class InPlaceCache(RowCache):
+    """Per layer key and value buffers (R, H, M, d_k), mask (R, M) int32 (1: the row's own slot),
+    indirection (n, K, M) int32, and P, the slot the next step writes (slots 0..P-1 are used)."""
+
+    def __init__(self, k: list[np.ndarray], v: list[np.ndarray], mask: np.ndarray, indirection: np.ndarray, P: int):
+        self.k, self.v, self.mask, self.indirection, self.P = k, v, mask, indirection, P
+        # The IO binding of these buffers and the step's inputs, made at the first step and again when
+        # the batch's sources (after a filter or a concatenation) or k change.
+        self._bound: BoundStep | None = None
+        self._bound_for: tuple[np.ndarray, int] | None = None
+        self._inputs: dict[str, np.ndarray] = {}
+        self._outputs: dict[str, np.ndarray] = {}
+
+    @classmethod
+    def empty(cls, model, rows: int, beam: int, capacity: int) -> InPlaceCache:
+        shape = (rows, model.n_heads, capacity, model.d_k)
+        k = [np.zeros(shape, dtype=np.float32) for _ in range(model.n_layers)]
+        v = [np.zeros(shape, dtype=np.float32) for _ in range(model.n_layers)]
+        indirection = np.broadcast_to(np.arange(beam, dtype=np.int32)[None, :, None], (rows // beam, beam, capacity))
+        return cls(k, v, np.zeros((rows, capacity), dtype=np.int32), np.ascontiguousarray(indirection), 0)
+
+    @property
+    def past_len(self) -> int:
+        return self.P
+
+    def __len__(self) -> int:
+        return len(self.mask)
+
+    def entries(self) -> tuple[list[np.ndarray], list[np.ndarray], np.ndarray]:
+        k, v = self._resolved(np.arange(len(self.mask)), np.arange(self.P))
+        return k, v, self.mask[:, : self.P] > 0
+
+    @property
+    def capacity(self) -> int:
+        return int(self.mask.shape[1])
+
+    @property
+    def beam(self) -> int:
+        return int(self.indirection.shape[1])
+
+    def step(self, model, tokens, positions, cross_k, cross_v, src_mask, top_k: int) -> StepResult:
+        if self.P >= self.capacity:
+            self._grow(max(2 * self.capacity, self.P + 1))
+        bound = self._bound
+        if (
+            bound is None
+            or self._bound_for is None
+            or self._bound_for[0] is not cross_k[0]
+            or self._bound_for[1] != top_k
+        ):
+            bound = self._bind(model, cross_k, cross_v, src_mask, top_k)
+        ins = self._inputs
+        ins["tokens"][:, 0] = tokens
+        ins["positions"][:, 0] = positions
+        ins["past_sequence_length"][0] = self.P
+        self.mask[:, self.P] = 1
+        bound.run()
+        out = self._outputs
+        # The output buffers are the next step's too: the search keeps what it needs as copies.
+        return StepResult(
+            out["top_log_probs"].copy(),
+            out["top_ids"].copy(),
+            out["eos_log_prob"].copy(),
+            out["cross_attention"].copy(),
+        )
+
+    def _bind(self, model, cross_k, cross_v, src_mask, top_k: int) -> BoundStep:
+        R, K = len(self.mask), self.beam
+        ins: dict[str, np.ndarray] = {
+            "tokens": np.zeros((R, 1), dtype=np.int64),
+            "positions": np.zeros((R, 1), dtype=np.int64),
+            "past_sequence_length": np.zeros(1, dtype=np.int32),
+            "self_mask": self.mask,
+            "src_mask": np.ascontiguousarray(src_mask, dtype=np.int32),
+            "top_k": np.array([top_k], dtype=np.int64),
+            "beam_width": np.array([K], dtype=np.int32),
+            "cache_indirection": self.indirection,
+        }
+        outs: dict[str, np.ndarray] = {
+            "top_log_probs": np.empty((R, top_k), dtype=np.float32),
+            "top_ids": np.empty((R, top_k), dtype=np.int64),
+            "eos_log_prob": np.empty(R, dtype=np.float32),
+            "cross_attention": np.empty((R, src_mask.shape[1]), dtype=np.float32),
+        }
+        for i in range(len(self.k)):
+            ins[f"cache_key_{i}"], ins[f"cache_value_{i}"] = self.k[i], self.v[i]
+            outs[f"present_key_{i}"], outs[f"present_value_{i}"] = self.k[i], self.v[i]  # the same buffers
+            ins[f"cross_key_{i}"] = np.ascontiguousarray(cross_k[i], dtype=np.float32)
+            ins[f"cross_value_{i}"] = np.ascontiguousarray(cross_v[i], dtype=np.float32)
+        self._inputs, self._outputs = ins, outs
+        self._bound, self._bound_for = model.bind_step(ins, outs), (cross_k[0], top_k)
+        return self._bound
+
+    def advance(self, rows: np.ndarray | None) -> None:
+        """Slot P is written; beams follow their parents through the indirection alone."""
+        P, K = self.P, self.beam
+        if rows is not None and K > 1:
+            n = len(rows) // K
+            parent = rows.reshape(n, K) - (np.arange(n) * K)[:, None]  # the parent beam of each beam
+            ind = self.indirection
+            ind[:, :, :P] = ind[np.arange(n)[:, None], parent, :P]
+            ind[:, :, P] = parent  # slot P was written in the parent's own row
+        self.P = P + 1
+
+    def _resolved(self, rows: np.ndarray, slots: np.ndarray) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """Per layer the keys and values of `rows` at `slots`, each row's history gathered from the
+        beams the indirection names: (len(rows), H, len(slots), d_k)."""
+        K = self.beam
+        owner = (rows // K * K)[:, None] + self.indirection.reshape(-1, self.capacity)[rows][:, slots]  # (r, t)
+        gather = (owner, slice(None), slots[None, :])
+        return (
+            [np.ascontiguousarray(k[gather].transpose(0, 2, 1, 3)) for k in self.k],
+            [np.ascontiguousarray(v[gather].transpose(0, 2, 1, 3)) for v in self.v],
+        )
+
+    def select(self, rows: np.ndarray) -> InPlaceCache:
+        """`rows` (whole sentences) in new buffers of the same capacity, without the slots that none
+        of them uses. A sentence's beams move together, so the indirection stays valid as it is."""
+        mask = self.mask[rows, : self.P]
+        slots = np.flatnonzero(mask.any(axis=0)) if len(rows) else np.zeros(0, dtype=np.int64)
+        return self._packed([self], [rows], [slots], self.capacity - self.P + len(slots))
+
+    @classmethod
+    def concatenate(cls, caches: Sequence[InPlaceCache]) -> InPlaceCache:
+        """Rows one after the other, each history in the first slots (mask 0 after it up to the
+        longest); capacity for the steps each batch still had room for."""
+        P = max(c.P for c in caches)
+        capacity = P + max(c.capacity - c.P for c in caches)
+        every = [np.arange(len(c.mask)) for c in caches]
+        return cls._packed(caches, every, [np.arange(c.P) for c in caches], capacity)
+
+    @classmethod
+    def _packed(cls, caches, rows_of, slots_of, capacity: int) -> InPlaceCache:
+        """The `rows_of` each cache at its `slots_of` (the same slots for all its rows) in new
+        buffers of `capacity` slots, one cache after the other, each from slot 0."""
+        first = caches[0]
+        R = sum(len(r) for r in rows_of)
+        H, dk, L, K = first.k[0].shape[1], first.k[0].shape[3], len(first.k), first.beam
+        k = [np.zeros((R, H, capacity, dk), dtype=np.float32) for _ in range(L)]
+        v = [np.zeros((R, H, capacity, dk), dtype=np.float32) for _ in range(L)]
+        mask = np.zeros((R, capacity), dtype=np.int32)
+        indirection = np.empty((R // K, K, capacity), dtype=np.int32)
+        indirection[...] = np.arange(K, dtype=np.int32)[None, :, None]
+        r0, P = 0, 0
+        for c, rows, slots in zip(caches, rows_of, slots_of):
+            n0, T = r0 // K, len(slots)
+            prefix = T == 0 or (slots[0] == 0 and slots[-1] == T - 1)  # slots 0..T-1: slicing, no gather
+            at = (rows, slice(None), slice(None, T)) if prefix else None
+            for i in range(L):
+                k[i][r0 : r0 + len(rows), :, :T] = c.k[i][at] if at else c.k[i][rows][:, :, slots]
+                v[i][r0 : r0 + len(rows), :, :T] = c.v[i][at] if at else c.v[i][rows][:, :, slots]
+            mask[r0 : r0 + len(rows), :T] = c.mask[rows][:, slots]
+            indirection[n0 : n0 + len(rows) // K, :, :T] = c.indirection[rows[::K] // K][:, :, slots]
+            r0 += len(rows)
+            P = max(P, T)
+        return cls(k, v, mask, indirection, P)
+
+    def _grow(self, capacity: int) -> None:
+        """Larger buffers (a batch that admitted rows late decodes past its first capacity)."""
+        grown = InPlaceCache._packed([self], [np.arange(len(self.mask))], [np.arange(self.P)], capacity)
+        self.k, self.v, self.mask, self.indirection = grown.k, grown.v, grown.mask, grown.indirection
+        self._bound = None
