@@ -1,5 +1,5 @@
 """One error hierarchy for everything a request can run into. Each class carries its gRPC status
-code; the error interceptor (service/interceptors.py) is the only place that turns them into
+code; the error interceptor (service/grpc/interceptors.py) is the only place that turns them into
 statuses, so the batcher and the engine never know about gRPC."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ class ServiceError(Exception):
         return _restore, (type(self), self.message, dict(self.__dict__))
 
 
-def _restore(cls: type, message: str, state: dict) -> ServiceError:
+def _restore(cls: type[ServiceError], message: str, state: dict) -> ServiceError:
     error = cls.__new__(cls)
     Exception.__init__(error, message)
     error.__dict__.update(state)

@@ -3,7 +3,25 @@ conventions: base units, `_seconds`, `_total`. Documented in docs/metrics.md."""
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, start_http_server
+import threading
+from dataclasses import dataclass, field
+from wsgiref.simple_server import WSGIServer
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    Info,
+    Summary,
+    disable_created_metrics,
+    start_http_server,
+)
+
+# No `*_created` series beside every counter, histogram and summary: they roughly double a scrape,
+# and no dashboard or alert reads them (rate() and increase() need none). Process-wide, so the
+# engine processes' metrics lose them too.
+disable_created_metrics()
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 STEP_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
@@ -74,7 +92,70 @@ class Metrics:
         )
         self.sentences = Counter("mtserve_sentences_total", "sentences finished, by outcome", ["outcome"], registry=r)
         self.model_info = Info("mtserve_model", "the model being served", registry=r)
+        # Per model (the translation model and the encoder model, whichever API called them): what
+        # KServe ModelStatistics reports, read back from these (`model_statistics`).
+        self.inference_duration = Summary(
+            "mtserve_inference_request_duration_seconds",
+            "inference requests by model and outcome (success, failure): from their arrival at the engine to their results",
+            ["model", "outcome"],
+            registry=r,
+        )
+        self.inference_phase = Summary(
+            "mtserve_inference_phase_duration_seconds",
+            "successful inference requests by model: time in each phase (queue, compute_input, compute_infer, compute_output)",
+            ["model", "phase"],
+            registry=r,
+        )
+        self.inferences = Counter(
+            "mtserve_inferences_total", "texts of successful inference requests, by model", ["model"], registry=r
+        )
+        self.last_inference = Gauge(
+            "mtserve_last_inference_timestamp_seconds",
+            "Unix time of the last inference request's end, by model",
+            ["model"],
+            registry=r,
+        )
 
-    def serve(self, port: int, address: str = "0.0.0.0"):
+    def model_statistics(self) -> dict[str, ModelStatistics]:
+        """The per-model inference metrics by model, as a scrape would read them (in engine
+        processes too: the children's decoder steps are fetched, which blocks on their pipes)."""
+        stats: dict[str, ModelStatistics] = {}
+        phases = {"queue", "compute_input", "compute_infer", "compute_output"}
+        steps = 0.0
+        for family in self.registry.collect():
+            for s in family.samples:
+                model = s.labels.get("model")
+                if s.name == "mtserve_decoder_step_duration_seconds_count":
+                    steps += s.value
+                if model is None:
+                    continue
+                st = stats.setdefault(model, ModelStatistics())
+                kind = "count" if s.name.endswith("_count") else "sum" if s.name.endswith("_sum") else None
+                if family.name == "mtserve_inference_request_duration_seconds" and kind:
+                    getattr(st, s.labels["outcome"])[kind] += s.value
+                elif family.name == "mtserve_inference_phase_duration_seconds" and kind:
+                    if s.labels["phase"] in phases:
+                        st.phases.setdefault(s.labels["phase"], {"count": 0.0, "sum": 0.0})[kind] += s.value
+                elif s.name == "mtserve_inferences_total":
+                    st.inferences += s.value
+                elif s.name == "mtserve_last_inference_timestamp_seconds":
+                    st.last_inference = max(st.last_inference, s.value)
+        for st in stats.values():
+            st.decoder_steps = steps
+        return stats
+
+    def serve(self, port: int, address: str = "0.0.0.0") -> tuple[WSGIServer, threading.Thread]:
         """Start the /metrics HTTP endpoint; returns (server, thread)."""
         return start_http_server(port, addr=address, registry=self.registry)
+
+
+@dataclass
+class ModelStatistics:
+    """One model's inference metrics: counts, and sums in seconds."""
+
+    success: dict[str, float] = field(default_factory=lambda: {"count": 0.0, "sum": 0.0})
+    failure: dict[str, float] = field(default_factory=lambda: {"count": 0.0, "sum": 0.0})
+    phases: dict[str, dict[str, float]] = field(default_factory=dict)  # phase -> {"count", "sum"}
+    inferences: float = 0.0
+    last_inference: float = 0.0  # Unix time; 0 = none
+    decoder_steps: float = 0.0  # every decoder step of the server (the translation model's executions)

@@ -13,16 +13,21 @@ import asyncio
 import logging
 import signal
 import sys
+from collections.abc import Callable
+from typing import NamedTuple
+from wsgiref.simple_server import WSGIServer
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from tokenizers import Tokenizer
 
-from contract.manifest import load_manifest, resolve_onnx_dir
+from contract.manifest import Manifest, load_manifest, resolve_onnx_dir
+from service import tracing
 from service.api.inference import grpc_service_pb2_grpc
 from service.api.mtserve.v1 import translation_pb2, translation_pb2_grpc
 from service.batching.scheduler import Scheduler
+from service.engine.backend import Backend
 from service.engine.engine import Engine, TranslateOptions
 from service.errors import ModelLoadError, StartupError
 from service.grpc.interceptors import ErrorAndMetricsInterceptor
@@ -34,54 +39,141 @@ from service.metrics import Metrics
 from service.parallel.pool import EnginePool
 from service.runtime.loading import load_models
 from service.runtime.memory import keep_freed_memory
+from service.runtime.onnx_model import choose_graph
 from service.settings import Settings
 
 log = logging.getLogger("mtserve.server")
 SERVICE_NAME = translation_pb2.DESCRIPTOR.services_by_name["TranslationService"].full_name
 
 
-class Server:
-    """The assembled server; `start()` / `drain()` for tests, `run()` for the CLI."""
+class LoadedModel(NamedTuple):
+    """What the engine and the start-up log need from whichever backend loaded the model."""
 
-    def __init__(self, settings: Settings):
+    manifest: Manifest
+    tokenizer: Tokenizer
+    provider: str
+    sessions: int  # session pairs, for the start-up log
+    graph: str  # the decoder step: "fused", "portable", or the custom backend's name
+
+
+BackendFactory = Callable[[Settings, Metrics, Manifest], Backend]
+"""Builds a backend that decodes in place of the ONNX Runtime one, from the settings, the server's
+metrics and the export's manifest (benchmarks/ct2_server.py: CTranslate2). Its `provider`
+attribute, when it has one, is what the server reports as the execution provider."""
+
+
+class Server:
+    """The assembled server; `start()` / `drain()` for tests, `run()` for the CLI.
+
+    `backend_factory`: decode with the backend it builds instead of the ONNX Runtime sessions
+    (in-process scheduler or engine processes); the manifest, the tokenizer and everything in front
+    of the backend stay the server's own."""
+
+    def __init__(self, settings: Settings, backend_factory: BackendFactory | None = None):
         self.settings = settings
+        self.backend_factory = backend_factory
         self.metrics = Metrics()
         self.health = health.aio.HealthServicer() if hasattr(health, "aio") else health.HealthServicer()
         self.server: grpc.aio.Server | None = None
         self.port: int | None = None
         self.metrics_port: int | None = None
-        self._metrics_http = None
+        self._metrics_http: WSGIServer | None = None
         self.ready = False  # health SERVING: KServe ServerReady/ModelReady report it
+        # Set by start(): the backend that decodes (Scheduler, EnginePool or the factory's), the engine over it,
+        # and whether the listener is TLS.
+        self.scheduler: Backend
+        self.engine: Engine
+        self.tls: bool
 
     async def start(self) -> None:
         st = self.settings
         credentials = server_credentials(st)  # bad TLS files or tokens fail before the slow model load
         tokens = load_tokens(st)
-        if st.engine_process:
-            # Each decode worker in a child process of its own (its own GIL, its own sessions); this
-            # process keeps the manifest and the tokenizer for validation and tokenisation.
-            self.scheduler = EnginePool(st, self.metrics)
-            await asyncio.get_running_loop().run_in_executor(None, self.scheduler.start_process)
-            try:
-                graphs = resolve_onnx_dir(st.graphs_dir)
-                manifest = load_manifest(graphs, verify_checksums=False, precision=st.precision)
-                tokenizer = Tokenizer.from_file(str(graphs / manifest.tokenizer.file))
-            except Exception as e:
-                self.scheduler.shutdown()
-                raise ModelLoadError(f"{type(e).__name__}: {e}") from e
-            provider, sessions = self.scheduler.provider, self.scheduler.sessions
+        tracing.configure()  # OTEL_TRACES_EXPORTER: off unless it names an exporter
+        if self.backend_factory is not None:
+            loaded = self._load_with_factory(self.backend_factory)
+        elif st.engine_process:
+            loaded = await self._start_engine_processes()
         else:
-            models = load_models(st)
-            manifest, tokenizer, provider = models[0].manifest, models[0].tokenizer, models[0].provider
-            gen = manifest.generation
-            self.scheduler = Scheduler(models, st, self.metrics, gen.max_len_a, gen.max_len_b)
-            sessions = len({id(m) for m in models})
-        self.engine = Engine(st, manifest, tokenizer, self.scheduler, self.metrics, provider)
+            loaded = self._load_in_process()
+        self.engine = Engine(
+            st, loaded.manifest, loaded.tokenizer, self.scheduler, self.metrics, loaded.provider, loaded.graph
+        )
         self.metrics.model_info.info(
-            {"name": manifest.name, "version": manifest.version, "provider": provider, "precision": st.precision}
+            {
+                "name": loaded.manifest.name,
+                "version": loaded.manifest.version,
+                "provider": loaded.provider,
+                "precision": st.precision,
+                "graph": loaded.graph,
+            }
+        )
+        self.server = self._grpc_server(tokens)
+        await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
+        await self._listen(self.server, credentials)
+        self._serve_metrics()
+        self.scheduler.start()
+        await self._warm_up()
+        await self._set_health(health_pb2.HealthCheckResponse.SERVING)
+        self._log_serving(loaded, tokens)
+
+    # -- the backend: engine processes, the in-process scheduler, or the caller's ---------------
+
+    def _read_export(self, precision: str | None) -> tuple[Manifest, Tokenizer]:
+        """The export's manifest and tokenizer (the graphs are the backend's to load)."""
+        graphs = resolve_onnx_dir(self.settings.graphs_dir)
+        manifest = load_manifest(graphs, verify_checksums=False, precision=precision)
+        return manifest, Tokenizer.from_file(str(graphs / manifest.tokenizer.file))
+
+    async def _start_engine_processes(self) -> LoadedModel:
+        """Each decode worker in a child process of its own (its own GIL, its own sessions); this
+        process keeps the manifest and the tokenizer for validation and tokenisation."""
+        st = self.settings
+        self.scheduler = pool = EnginePool(st, self.metrics)
+        await asyncio.get_running_loop().run_in_executor(None, pool.start_process)
+        try:
+            manifest, tokenizer = self._read_export(st.precision)
+        except Exception as e:
+            pool.shutdown()
+            raise ModelLoadError(f"{type(e).__name__}: {e}") from e
+        # The children chose their decoder step by the same rule from the same export.
+        graph = choose_graph(manifest, st.precision, pool.provider, st.graph)
+        return LoadedModel(manifest, tokenizer, pool.provider, pool.sessions, graph)
+
+    def _load_with_factory(self, factory: BackendFactory) -> LoadedModel:
+        """The caller's backend over the export's manifest and tokenizer (no ONNX Runtime session)."""
+        try:
+            manifest, tokenizer = self._read_export(None)
+            self.scheduler = factory(self.settings, self.metrics, manifest)
+        except StartupError:
+            raise
+        except Exception as e:
+            raise ModelLoadError(f"{type(e).__name__}: {e}") from e
+        backend = self.scheduler
+        return LoadedModel(
+            manifest,
+            tokenizer,
+            str(getattr(backend, "provider", "custom")),
+            1,
+            str(getattr(backend, "graph", "custom")),
         )
 
-        self.server = grpc.aio.server(
+    def _load_in_process(self) -> LoadedModel:
+        """The sessions in this process, decoded by the scheduler's worker threads."""
+        st = self.settings
+        models = load_models(st)
+        manifest = models[0].manifest
+        gen = manifest.generation
+        self.scheduler = Scheduler(models, st, self.metrics, gen.max_len_a, gen.max_len_b)
+        sessions = len({id(m) for m in models})
+        return LoadedModel(manifest, models[0].tokenizer, models[0].provider, sessions, models[0].graph)
+
+    # -- the gRPC server, its servicers and its listener --------------------------------------
+
+    def _grpc_server(self, tokens: list[str]) -> grpc.aio.Server:
+        """The server with both APIs, health and reflection; not listening yet."""
+        st = self.settings
+        server = grpc.aio.server(
             # The error interceptor comes first (outermost) so that it maps the auth refusals too.
             interceptors=[ErrorAndMetricsInterceptor(self.metrics)] + ([AuthInterceptor(tokens)] if tokens else []),
             options=[
@@ -90,11 +182,11 @@ class Server:
                 ("grpc.so_reuseport", 0),
             ],
         )
-        translation_pb2_grpc.add_TranslationServiceServicer_to_server(TranslationServicer(self.engine), self.server)
+        translation_pb2_grpc.add_TranslationServiceServicer_to_server(TranslationServicer(self.engine), server)
         grpc_service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(
-            KServeServicer(self.engine, ready=lambda: self.ready), self.server
+            KServeServicer(self.engine, ready=lambda: self.ready), server
         )
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         reflection.enable_server_reflection(
             [
                 SERVICE_NAME,
@@ -102,30 +194,39 @@ class Server:
                 health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
                 reflection.SERVICE_NAME,
             ],
-            self.server,
+            server,
         )
-        await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
+        return server
+
+    async def _listen(self, server: grpc.aio.Server, credentials: grpc.ServerCredentials | None) -> None:
+        """Bind the address (TLS when there are credentials) and start serving RPCs."""
+        address = self.settings.address
         self.port = (
-            self.server.add_secure_port(st.address, credentials)
+            server.add_secure_port(address, credentials)
             if credentials is not None
-            else self.server.add_insecure_port(st.address)
+            else server.add_insecure_port(address)
         )
         self.tls = credentials is not None
         if self.port == 0:
-            raise ModelLoadError(f"cannot listen on {st.address}")
-        await self.server.start()
+            raise ModelLoadError(f"cannot listen on {address}")
+        await server.start()
+
+    def _serve_metrics(self) -> None:
+        """The /metrics HTTP endpoint, when a port is configured."""
+        st = self.settings
         if st.metrics_port:
             self._metrics_http, _ = self.metrics.serve(st.metrics_port, st.metrics_address)
             self.metrics_port = self._metrics_http.server_port
-        self.scheduler.start()
-        await self._warm_up()
-        await self._set_health(health_pb2.HealthCheckResponse.SERVING)
+
+    def _log_serving(self, loaded: LoadedModel, tokens: list[str]) -> None:
+        st, sessions = self.settings, loaded.sessions
         log.info(
-            "serving %s on %s (%s, %s, %d decode workers x %d threads, %d session pair%s%s)%s; %s, %s",
+            "serving %s on %s (%s, %s, %s decoder step, %d decode workers x %d threads, %d session pair%s%s)%s; %s, %s",
             self.engine.model_name,
             st.address,
-            provider,
+            loaded.provider,
             st.precision,
+            loaded.graph,
             st.decode_workers,
             st.intra_op_threads,
             sessions,
@@ -135,6 +236,8 @@ class Server:
             ("TLS with client certificates" if st.tls_client_ca_file else "TLS") if self.tls else "plaintext",
             f"bearer tokens required ({len(tokens)} accepted)" if tokens else "no authentication",
         )
+
+    # -- health, warm-up, drain ------------------------------------------------------------------
 
     async def _set_health(self, status) -> None:
         self.ready = status == health_pb2.HealthCheckResponse.SERVING
@@ -162,6 +265,7 @@ class Server:
         if self.server is not None:
             await self.server.stop(grace=1.0 if finished else 0)
         self.scheduler.shutdown()
+        tracing.shutdown()  # exports the spans still buffered
         if self._metrics_http is not None:
             self._metrics_http.shutdown()
         log.info("drained; exiting")

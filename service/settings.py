@@ -23,6 +23,11 @@ class Settings(BaseSettings):
     precision: Literal["fp32", "int8", "fp16"] = Field(
         "int8", description="graph variant to load: int8 (CPU; the BLEU of fp32, 1.5-2.5x its speed), fp32, fp16 (CUDA)"
     )
+    graph: Literal["auto", "fused", "portable"] = Field(
+        "auto",
+        description="decoder step: fused (contrib operators over an in-place cache, export/fused.py), portable "
+        "(the torch export, any execution provider), or auto: fused where the export has it for the provider",
+    )
 
     # Thread layout: `decode_workers` decode loops, each running its batches through ONNX Runtime
     # with `intra_op_threads` threads. On the CPU they share one session pair (one copy of the

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
+from service.client.client import alignment_matrix
+
 DPI = 150
 CONTINUATION = "·"  # marks a subword piece that continues the previous token's word
 SPECIAL = re.compile(r"<[^<>\s]+>")  # </s>, <unk>, <pad>: shown as they are
@@ -92,8 +94,6 @@ def alignment_figure(source_tokens: list[str], target_tokens: list[str], weights
 def save_alignment(translation, path: str | Path, source_text: str | None = None):
     """Draw an mtserve.v1 Translation's alignment (requested with return_alignment) into `path`
     (format from its suffix: .png, .svg, .pdf); returns the Figure."""
-    from service.client import alignment_matrix
-
     a = translation.alignment
     if not a.source_tokens:
         raise ValueError("the translation carries no alignment (request it with return_alignment=True)")

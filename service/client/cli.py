@@ -7,10 +7,12 @@ import json
 import os
 import sys
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import grpc
 
-from service.client import DEFAULT_SERVER, Client
+from service.client import DEFAULT_SERVER, Client, to_json
+from service.client.alignment_plot import save_alignment
 
 
 def add_security_arguments(p: argparse.ArgumentParser) -> None:
@@ -87,8 +89,6 @@ def run(args: argparse.Namespace) -> None:
 
 
 def _translate_texts(client: Client, args) -> None:
-    from service.client import to_json
-
     if args.stream:
         for text in args.texts:
             for msg in client.translate_stream(text, beam_size=args.beam, max_output_tokens=args.max_output_tokens):
@@ -111,10 +111,6 @@ def _translate_texts(client: Client, args) -> None:
 
 
 def _draw_alignments(picture: str, texts: list[str], results) -> None:
-    from pathlib import Path
-
-    from service.client.alignment_plot import save_alignment
-
     path = Path(picture)
     for i, (text, r) in enumerate(zip(texts, results), start=1):
         out = path if len(texts) == 1 else path.with_name(f"{path.stem}-{i}{path.suffix}")

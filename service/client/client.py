@@ -168,7 +168,10 @@ class Client:
         if failed:
             index, error = min(failed, key=lambda f: f[0])
             raise ItemFailed(index, STATUS_BY_NUMBER.get(error.code), error.message)
-        return out
+        translations = [t for t in out if t is not None]
+        if len(translations) != len(out):  # the server answers every id once: a gap is its fault
+            raise ItemFailed(out.index(None), None, "the server sent no answer for this text")
+        return translations
 
     def encode(self, texts: Sequence[str], return_token_embeddings: bool = False) -> list[dict]:
         req = pb.EncodeRequest(texts=list(texts), return_token_embeddings=return_token_embeddings)

@@ -1,6 +1,6 @@
-"""What the engine needs from whatever decodes its sentences: the in-process scheduler
-(`service.batching.scheduler.Scheduler`) and the pool of engine processes
-(`service.parallel.pool.EnginePool`) both provide it."""
+"""What the engine (and the server that starts and drains it) needs from whatever decodes its
+sentences: the in-process scheduler (`service.batching.scheduler.Scheduler`) and the pool of
+engine processes (`service.parallel.pool.EnginePool`) both provide it."""
 
 from __future__ import annotations
 
@@ -10,6 +10,9 @@ from service.batching.jobs import EncodeJob, Sentence
 
 
 class Backend(Protocol):
+    def start(self) -> None:
+        """Start the decode workers (after the model is loaded, before the first request)."""
+
     def submit(self, sentences: list[Sentence]) -> None:
         """Queue sentences; each one's future is settled with a `Finished` or a `ServiceError`.
         Raises ResourceExhausted (queue full) or Unavailable (draining) for the whole group."""

@@ -14,10 +14,12 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from contract.manifest import Manifest
+from service import tracing
 from service.batching.jobs import EncodeJob, Sentence
 from service.decoding.generator import max_output_len
 from service.engine.backend import Backend
-from service.errors import Cancelled, DeadlineExceeded, InvalidArgument, ServiceError
+from service.engine.text import normalize_text
+from service.errors import Cancelled, DeadlineExceeded, Internal, InvalidArgument, ServiceError
 from service.metrics import Metrics
 from service.settings import Settings
 
@@ -66,7 +68,21 @@ class StreamItem:
     timeout: float | None = None  # seconds from arrival; None = only the stream's deadline
 
 
-_END = object()
+@dataclass
+class _Answer:
+    """A TranslateMany item's answer, waiting to be taken from the stream."""
+
+    item: StreamItem
+    outcome: list[TranslationResult] | Exception
+    owns_id: bool  # False for a refused duplicate: its answer leaves the first item's id in use
+
+
+@dataclass
+class _End:
+    """The last entry of a TranslateMany stream's answers: every item answered, or the request
+    stream itself failed with `error`."""
+
+    error: Exception | None = None
 
 
 @dataclass
@@ -74,6 +90,58 @@ class EncodingResult:
     pooled: np.ndarray  # (d_model,)
     tokens: list[str]
     token_embeddings: np.ndarray | None  # (tokens, d_model)
+
+
+def model_names(manifest: Manifest) -> tuple[str, str]:
+    """The names an export is served under, (translation model, encoder model): KServe's models,
+    and the `model` label of the per-model metrics that ModelStatistics reports."""
+    return manifest.name, f"{manifest.name}-encoder"
+
+
+class _Inference:
+    """One inference request's phases (monotonic clock), recorded in the per-model metrics that
+    KServe ModelStatistics reads: once it succeeded, its duration and that of each phase, which
+    add up to it (compute_input: validation and tokenisation; queue: until its last sentence
+    joined a decode batch; compute_infer: until its last sentence finished; compute_output:
+    detokenisation); once it failed, its duration."""
+
+    def __init__(self, metrics: Metrics, model: str):
+        self.metrics, self.model = metrics, model
+        self.start = self.submitted = self.computed = time.monotonic()
+        self.admitted: float | None = None
+        self.recorded = False
+
+    def submit(self) -> None:
+        self.submitted = time.monotonic()
+
+    def compute_done(self, sentences: list[Sentence] | None = None) -> None:
+        """The backend answered. Without admission stamps (an Encode request, or sentences decoded
+        in an engine process, whose stamps stay there) the queue counts as 0, its time as compute."""
+        self.computed = time.monotonic()
+        stamps = [s.admitted for s in sentences or ()]
+        if stamps and all(t is not None for t in stamps):
+            self.admitted = min(max(max(stamps), self.submitted), self.computed)  # type: ignore[type-var]
+
+    def succeeded(self, texts: int) -> None:
+        end, m, model = time.monotonic(), self.metrics, self.model
+        queued = self.submitted if self.admitted is None else self.admitted
+        for phase, seconds in (
+            ("compute_input", self.submitted - self.start),
+            ("queue", queued - self.submitted),
+            ("compute_infer", self.computed - queued),
+            ("compute_output", end - self.computed),
+        ):
+            m.inference_phase.labels(model, phase).observe(seconds)
+        m.inference_duration.labels(model, "success").observe(end - self.start)
+        m.inferences.labels(model).inc(texts)
+        m.last_inference.labels(model).set(time.time())
+        self.recorded = True
+
+    def failed(self) -> None:
+        if not self.recorded:
+            self.metrics.inference_duration.labels(self.model, "failure").observe(time.monotonic() - self.start)
+            self.metrics.last_inference.labels(self.model).set(time.time())
+            self.recorded = True
 
 
 class Engine:
@@ -85,11 +153,14 @@ class Engine:
         scheduler: Backend,
         metrics: Metrics,
         provider: str,
+        graph: str = "portable",
     ):
         self.settings, self.manifest, self.tokenizer = settings, manifest, tokenizer
         self.scheduler, self.metrics, self.provider = scheduler, metrics, provider
+        self.graph = graph  # the decoder step the backend runs: "fused", "portable" or a custom backend's
         self.eos_id = manifest.special_ids.eos_id
         self.model_name = f"{manifest.name}:{manifest.version}"
+        self.translation_model, self.encoder_model = model_names(manifest)
 
     # -- validation and tokenisation --------------------------------------------------
 
@@ -103,13 +174,17 @@ class Engine:
 
     def _source_ids(self, texts: list[str], field: str = "texts") -> list[list[int]]:
         limit = min(self.settings.max_input_tokens, self.manifest.dims.max_positions - 1)
+        clean = []
         for i, t in enumerate(texts):
             name = f"{field}[{i}]" if field == "texts" else field
-            if not t or not t.strip():
-                raise InvalidArgument(name, "text is empty")
+            # The size limit first, on the text as sent: it bounds the normalisation's work too.
             if len(t.encode("utf-8", "surrogatepass")) > self.settings.max_text_bytes:
                 raise InvalidArgument(name, f"text exceeds max_text_bytes ({self.settings.max_text_bytes})")
-        ids = [e.ids for e in self.tokenizer.encode_batch([t.strip() for t in texts], add_special_tokens=False)]
+            c = normalize_text(t)
+            if not c:
+                raise InvalidArgument(name, "text is empty once whitespace, control and format characters are removed")
+            clean.append(c)
+        ids = [e.ids for e in self.tokenizer.encode_batch(clean, add_special_tokens=False)]
         for i, s in enumerate(ids):
             if len(s) + 1 > limit:
                 name = f"{field}[{i}]" if field == "texts" else field
@@ -137,9 +212,9 @@ class Engine:
         beam, lp = self._mode(opts)
         gen = self.manifest.generation
         cap = opts.max_output_tokens or self.settings.max_output_tokens
-        deadline = time.monotonic() + timeout if timeout is not None else None
-        if deadline is not None and timeout <= 0:
+        if timeout is not None and timeout <= 0:
             raise DeadlineExceeded("deadline expired before the request was queued")
+        deadline = time.monotonic() + timeout if timeout is not None else None
         return [
             Sentence(
                 src_ids=s,
@@ -154,10 +229,21 @@ class Engine:
             for s in src
         ]
 
+    def _token_strings(self, ids: list[int]) -> list[str]:
+        """The vocabulary entries of `ids`. Every id comes from this tokenizer or from the model
+        exported with it, so one without an entry means the export and the tokenizer disagree."""
+        tokens: list[str] = []
+        for i in ids:
+            token = self.tokenizer.id_to_token(i)
+            if token is None:
+                raise Internal(f"token id {i} is not in the tokenizer's vocabulary")
+            tokens.append(token)
+        return tokens
+
     def _result(self, src: list[int], finished, opts: TranslateOptions) -> TranslationResult:
         ids = list(finished.tokens)
         # Token strings only when the caller asked for them: this runs for every sentence.
-        tokens = [self.tokenizer.id_to_token(i) for i in ids] if opts.return_tokens or opts.return_alignment else []
+        tokens = self._token_strings(ids) if opts.return_tokens or opts.return_alignment else []
         result = TranslationResult(
             text=self.tokenizer.decode(ids, skip_special_tokens=True).strip(),
             score=float(finished.score),
@@ -168,7 +254,7 @@ class Engine:
         )
         if opts.return_alignment and finished.alignment is not None:
             result.alignment = Alignment(
-                source_tokens=[self.tokenizer.id_to_token(i) for i in src],
+                source_tokens=self._token_strings(src),
                 target_tokens=tokens + ["</s>"],
                 weights=np.asarray(finished.alignment, dtype=np.float32)[: len(ids) + 1, : len(src)],
             )
@@ -179,29 +265,61 @@ class Engine:
     async def translate(
         self, texts: list[str], opts: TranslateOptions, timeout: float | None = None
     ) -> list[TranslationResult]:
-        self._check_texts(texts)
-        src = self._source_ids(texts)
-        sentences = self._sentences(src, opts, timeout)
-        self.scheduler.submit(sentences)
-        futures = [asyncio.wrap_future(s.future) for s in sentences]
+        inference = _Inference(self.metrics, self.translation_model)
         try:
-            finished = await asyncio.gather(*futures)
+            self._check_texts(texts)
+            src = self._source_ids(texts)
+            sentences = self._sentences(src, opts, timeout)
+            self._trace(self.translation_model, sentences)
+            inference.submit()
+            self.scheduler.submit(sentences)
+            futures = [asyncio.wrap_future(s.future) for s in sentences]
+            try:
+                finished = await asyncio.gather(*futures)
+            except BaseException:
+                for f in futures:  # a failed or cancelled request frees all its rows
+                    f.cancel()
+                raise
+            inference.compute_done(sentences)
+            results = [self._result(s, f, opts) for s, f in zip(src, finished)]
         except BaseException:
-            for f in futures:  # a failed or cancelled request frees all its rows
-                f.cancel()
+            inference.failed()
             raise
-        return [self._result(s, f, opts) for s, f in zip(src, finished)]
+        inference.succeeded(len(texts))
+        return results
+
+    def _trace(self, model: str, sentences: list[Sentence] | None = None, texts: int = 0) -> None:
+        """The model on the current (RPC) span, and the sentences' spans under it, when traced."""
+        if tracing.tracer is not None:
+            tracing.annotate({"mtserve.model": model, "mtserve.texts": len(sentences) if sentences else texts})
+            if sentences:
+                tracing.follow(sentences)
 
     async def translate_stream(
         self, text: str, opts: TranslateOptions, timeout: float | None = None
     ) -> AsyncIterator[Chunk | TranslationResult]:
-        src = self._source_ids([text], field="text")
-        (sentence,) = self._sentences(src, opts, timeout)
+        inference = _Inference(self.metrics, self.translation_model)
+        try:
+            src = self._source_ids([text], field="text")
+            (sentence,) = self._sentences(src, opts, timeout)
+            self._trace(self.translation_model, [sentence])
+        except BaseException:
+            inference.failed()
+            raise
         loop = asyncio.get_running_loop()
         steps: asyncio.Queue[list[int]] = asyncio.Queue()
-        sentence.on_tokens = lambda toks: loop.call_soon_threadsafe(steps.put_nowait, list(toks))
+
+        def on_tokens(toks: list[int]) -> None:  # called from a decode worker's thread
+            loop.call_soon_threadsafe(steps.put_nowait, list(toks))
+
+        sentence.on_tokens = on_tokens
         start = time.perf_counter()
-        self.scheduler.submit([sentence])
+        inference.submit()
+        try:
+            self.scheduler.submit([sentence])
+        except BaseException:
+            inference.failed()
+            raise
         done = asyncio.wrap_future(sentence.future)
         ids: list[int] = []
         sent = ""
@@ -227,13 +345,18 @@ class Engine:
                     first = False
                 yield Chunk(text=delta, token_ids=new)
             finished = done.result()
+            inference.compute_done([sentence])
             result = self._result(src[0], finished, opts)
             if result.text != sent:  # beam search, or text held back at the end
                 if first:
                     self.metrics.time_to_first_chunk.observe(time.perf_counter() - start)
                 tail = result.text[len(sent) :] if result.text.startswith(sent) else result.text
                 yield Chunk(text=tail, token_ids=[] if ids == result.token_ids else result.token_ids)
+            inference.succeeded(1)
             yield result
+        except BaseException:
+            inference.failed()  # no-op once succeeded: the client may go away after the result
+            raise
         finally:
             done.cancel()
 
@@ -244,112 +367,58 @@ class Engine:
         that item alone). At most `max_stream_in_flight` items are read ahead of the answers taken
         from this iterator. `timeout` is the whole stream's (seconds); an item's own comes with it.
         An error raised by `items` itself (a malformed message) ends the stream with that error."""
-        loop = asyncio.get_running_loop()
-        stream_deadline = None if timeout is None else loop.time() + timeout
-        slots = asyncio.Semaphore(self.settings.max_stream_in_flight)
-        answers: asyncio.Queue = asyncio.Queue()
-        pending: set[asyncio.Task] = set()
-
-        async def one(item: StreamItem) -> None:
-            start = time.perf_counter()
-            limits = [
-                t
-                for t in (item.timeout, None if stream_deadline is None else stream_deadline - loop.time())
-                if t is not None
-            ]
-            limit = min(limits) if limits else None
-            try:
-                if limit is None:
-                    outcome = await self.translate(item.texts, item.options)
-                else:
-                    try:
-                        outcome = await asyncio.wait_for(
-                            self.translate(item.texts, item.options, timeout=limit), max(limit, 0.0)
-                        )
-                    except asyncio.TimeoutError:
-                        raise DeadlineExceeded("deadline expired before the translation finished") from None
-            except Exception as e:  # noqa: BLE001 - every failure is this item's answer, never the stream's
-                outcome = e
-            code = (
-                "OK"
-                if not isinstance(outcome, Exception)
-                else outcome.code
-                if isinstance(outcome, ServiceError)
-                else "INTERNAL"
-            )
-            self.metrics.requests.labels("TranslateMany.item", code).inc()
-            self.metrics.request_latency.labels("TranslateMany.item", code).observe(time.perf_counter() - start)
-            answers.put_nowait((item, outcome, True))
-
-        unanswered: set[str] = set()
-
-        async def read() -> None:
-            try:
-                async for item in items:
-                    await slots.acquire()
-                    if item.id in unanswered:  # its answer could not be told from the first one's
-                        self.metrics.requests.labels("TranslateMany.item", "INVALID_ARGUMENT").inc()
-                        answers.put_nowait(
-                            (
-                                item,
-                                InvalidArgument(
-                                    "id", f"{item.id!r} is the id of an item not answered yet on this stream"
-                                ),
-                                False,
-                            )
-                        )
-                        continue
-                    unanswered.add(item.id)
-                    task = asyncio.ensure_future(one(item))
-                    pending.add(task)
-                    task.add_done_callback(pending.discard)
-                while pending:
-                    await asyncio.wait(set(pending))
-                answers.put_nowait((_END, None, False))
-            except Exception as e:  # noqa: BLE001 - the request stream itself failed
-                answers.put_nowait((_END, e, False))
-
-        reader = asyncio.ensure_future(read())
+        stream = _ManyStream(self, items, timeout)
+        reader = asyncio.ensure_future(stream.read())
         try:
             while True:
-                item, outcome, owns_id = await answers.get()  # owns_id: False for a refused duplicate
-                if item is _END:
-                    if outcome is not None:
-                        raise outcome
+                answer = await stream.answers.get()
+                if isinstance(answer, _End):
+                    if answer.error is not None:
+                        raise answer.error
                     return
-                if owns_id:
-                    unanswered.discard(item.id)
-                yield item, outcome
-                slots.release()  # the answer has been taken (written): one more item may be read
+                if answer.owns_id:
+                    stream.unanswered.discard(answer.item.id)
+                yield answer.item, answer.outcome
+                stream.slots.release()  # the answer has been taken (written): one more item may be read
         finally:
             reader.cancel()
-            for task in list(pending):  # the stream ended early (cancelled, failed): drop its items
+            for task in list(stream.pending):  # the stream ended early (cancelled, failed): drop its items
                 task.cancel()
 
     async def encode(
         self, texts: list[str], return_token_embeddings: bool, timeout: float | None = None
     ) -> list[EncodingResult]:
-        self._check_texts(texts)
-        src = self._source_ids(texts)
-        jobs = [EncodeJob(src_ids=s) for s in src]
-        self.scheduler.submit_encode(jobs)
-        futures = [asyncio.wrap_future(j.future) for j in jobs]
+        inference = _Inference(self.metrics, self.encoder_model)
         try:
-            memories = await asyncio.wait_for(asyncio.gather(*futures), timeout)
-        except asyncio.TimeoutError:
-            raise DeadlineExceeded("deadline expired before the texts were encoded") from None
-        except asyncio.CancelledError:
-            for f in futures:
-                f.cancel()
-            raise Cancelled("request cancelled") from None
-        return [
-            EncodingResult(
-                pooled=m.mean(axis=0),
-                tokens=[self.tokenizer.id_to_token(i) for i in s],
-                token_embeddings=m if return_token_embeddings else None,
-            )
-            for s, m in zip(src, memories)
-        ]
+            self._check_texts(texts)
+            src = self._source_ids(texts)
+            self._trace(self.encoder_model, texts=len(src))
+            jobs = [EncodeJob(src_ids=s) for s in src]
+            inference.submit()
+            self.scheduler.submit_encode(jobs)
+            futures = [asyncio.wrap_future(j.future) for j in jobs]
+            try:
+                memories = await asyncio.wait_for(asyncio.gather(*futures), timeout)
+            except asyncio.TimeoutError:
+                raise DeadlineExceeded("deadline expired before the texts were encoded") from None
+            except asyncio.CancelledError:
+                for f in futures:
+                    f.cancel()
+                raise Cancelled("request cancelled") from None
+            inference.compute_done()
+            results = [
+                EncodingResult(
+                    pooled=m.mean(axis=0),
+                    tokens=self._token_strings(s),
+                    token_embeddings=m if return_token_embeddings else None,
+                )
+                for s, m in zip(src, memories)
+            ]
+        except BaseException:
+            inference.failed()
+            raise
+        inference.succeeded(len(texts))
+        return results
 
     def model_info(self) -> dict:
         m, d, st = self.manifest, self.manifest.dims, self.settings
@@ -360,6 +429,7 @@ class Engine:
             "target_language": m.tgt_lang,
             "precision": st.precision,
             "execution_provider": self.provider,
+            "decoder_graph": self.graph,
             "vocab_size": d.vocab_size,
             "d_model": d.d_model,
             "n_heads": d.n_heads,
@@ -370,7 +440,7 @@ class Engine:
             "max_len_a": m.generation.max_len_a,
             "max_len_b": m.generation.max_len_b,
             "length_penalty": m.generation.length_penalty,
-            "files_sha256": m.checksums(st.precision),
+            "files_sha256": m.checksums(st.precision, self.graph) if m.has(st.precision, self.graph) else {},
             "tool_versions": dict(m.tool_versions),
             "limits": {
                 "max_texts_per_request": st.max_texts_per_request,
@@ -381,5 +451,97 @@ class Engine:
                 "max_batch_sentences": st.max_batch_sentences,
                 "max_batch_tokens": st.max_batch_tokens,
                 "max_queue_size": st.max_queue_size,
+                "zero_means": self.zero_means(),
             },
         }
+
+    def zero_means(self) -> dict[str, str]:
+        """What each request option left at 0 (or unset) means here, with this server's numbers:
+        GetModelInfo's `Limits.zero_means`, for clients that know the API from reflection alone."""
+        st, gen = self.settings, self.manifest.generation
+        return {
+            "options.beam_size": f"the server default, default_beam_size ({st.default_beam_size}); "
+            f"1 = greedy search; at most max_beam_size ({st.max_beam_size})",
+            "options.max_output_tokens": "no cap but the model's length rule "
+            f"(max_len_a * source tokens + max_len_b = {gen.max_len_a:g} * n + {gen.max_len_b}) "
+            f"and the server's max_output_tokens ({st.max_output_tokens}); else a cap of 1..{st.max_output_tokens}",
+            "options.length_penalty": f"unset: the model's length_penalty ({gen.length_penalty:g}); "
+            "0 is 0 (scores not normalised by length); at most 10",
+            "timeout_ms": "no deadline of the item's own: only the stream's deadline applies",
+        }
+
+
+class _ManyStream:
+    """One TranslateMany stream: reads its items, translates each as a task of its own within its
+    limit, and queues the answers for `Engine.translate_many` to hand out in completion order."""
+
+    def __init__(self, engine: Engine, items: AsyncIterator[StreamItem], timeout: float | None):
+        self.engine, self.items = engine, items
+        self.loop = asyncio.get_running_loop()
+        self.deadline = None if timeout is None else self.loop.time() + timeout
+        self.slots = asyncio.Semaphore(engine.settings.max_stream_in_flight)
+        self.answers: asyncio.Queue[_Answer | _End] = asyncio.Queue()
+        self.pending: set[asyncio.Task] = set()
+        self.unanswered: set[str] = set()  # ids of the items read and not answered yet
+
+    async def read(self) -> None:
+        """Start a task per item as slots free up; end the answers when all are answered, or
+        with the error of the request stream itself."""
+        try:
+            async for item in self.items:
+                await self.slots.acquire()
+                if item.id in self.unanswered:  # its answer could not be told from the first one's
+                    self._refuse_duplicate(item)
+                    continue
+                self.unanswered.add(item.id)
+                task = asyncio.ensure_future(self.answer(item))
+                self.pending.add(task)
+                task.add_done_callback(self.pending.discard)
+            while self.pending:
+                await asyncio.wait(set(self.pending))
+            self.answers.put_nowait(_End())
+        except Exception as e:  # noqa: BLE001 - the request stream itself failed: it ends the stream
+            self.answers.put_nowait(_End(e))
+
+    def _refuse_duplicate(self, item: StreamItem) -> None:
+        self.engine.metrics.requests.labels("TranslateMany.item", "INVALID_ARGUMENT").inc()
+        error = InvalidArgument("id", f"{item.id!r} is the id of an item not answered yet on this stream")
+        self.answers.put_nowait(_Answer(item, error, owns_id=False))
+
+    async def answer(self, item: StreamItem) -> None:
+        """Translate one item, count it under its own status, and queue its answer."""
+        start = time.perf_counter()
+        with tracing.span("mtserve.TranslateMany.item", {"mtserve.item_id": item.id}):
+            outcome = await self._outcome(item, self._limit(item))
+        code = (
+            "OK"
+            if not isinstance(outcome, Exception)
+            else outcome.code
+            if isinstance(outcome, ServiceError)
+            else "INTERNAL"
+        )
+        metrics = self.engine.metrics
+        metrics.requests.labels("TranslateMany.item", code).inc()
+        metrics.request_latency.labels("TranslateMany.item", code).observe(time.perf_counter() - start)
+        self.answers.put_nowait(_Answer(item, outcome, owns_id=True))
+
+    def _limit(self, item: StreamItem) -> float | None:
+        """Seconds the item may take: the sooner of its own timeout and the stream's deadline."""
+        limits = [
+            t
+            for t in (item.timeout, None if self.deadline is None else self.deadline - self.loop.time())
+            if t is not None
+        ]
+        return min(limits) if limits else None
+
+    async def _outcome(self, item: StreamItem, limit: float | None) -> list[TranslationResult] | Exception:
+        translate = self.engine.translate
+        try:
+            if limit is None:
+                return await translate(item.texts, item.options)
+            try:
+                return await asyncio.wait_for(translate(item.texts, item.options, timeout=limit), max(limit, 0.0))
+            except asyncio.TimeoutError:
+                raise DeadlineExceeded("deadline expired before the translation finished") from None
+        except Exception as e:  # noqa: BLE001 - every failure is this item's answer, never the stream's
+            return e

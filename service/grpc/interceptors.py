@@ -7,10 +7,12 @@ import asyncio
 import inspect
 import logging
 import time
+from types import TracebackType
 
 import grpc
 from grpc.aio import AbortError
 
+from service import tracing
 from service.errors import InvalidArgument, ServiceError
 from service.grpc.context import request_id
 from service.metrics import Metrics
@@ -79,6 +81,71 @@ def _parsed(request, streaming: bool):
     return request
 
 
+class _ObservedCall:
+    """One RPC as the interceptor sees it, around the handler: times it, holds it in the in-flight
+    gauge, records its status (and whether the client or the deadline cut it short), and maps
+    whatever the handler raised to a status. Both wrappers use it, so unary and streaming calls
+    are counted and mapped the same way. With tracing on, it also holds the RPC's server span,
+    current while the handler runs."""
+
+    def __init__(self, metrics: Metrics, full_method: str, context: grpc.aio.ServicerContext):
+        self.metrics, self.method, self.context = metrics, _short(full_method), context
+        self.full_method = full_method
+        self.gauge = metrics.in_flight.labels(self.method)
+        self.start = 0.0
+        self.span: tracing.RpcSpan | None = None
+        self.error: tuple[BaseException, str] | None = None  # what was raised, and the client's message
+
+    async def __aenter__(self) -> None:
+        self.start = time.perf_counter()
+        self.gauge.inc()
+        if tracing.traced_method(self.full_method):
+            self.span = tracing.RpcSpan(self.full_method, self.context.invocation_metadata())
+            self.span.enter()
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> bool:
+        # GeneratorExit: a streaming client went away mid-stream and grpc closed the generator.
+        cancelled = isinstance(exc, (asyncio.CancelledError, GeneratorExit))
+        try:
+            if isinstance(exc, Exception) and not isinstance(exc, AbortError):
+                # Nothing escapes unmapped; context.abort() raises AbortError, which replaces `exc`.
+                code, message = error_status(exc, self.method, lambda: request_id(self.context))
+                self.error = exc, message
+                await self.context.abort(code, message)
+                return True
+            return False  # success, an abort already made, or a cancellation: as they are
+        finally:
+            self.gauge.dec()
+            name = self._record(cancelled)
+            if self.span is not None:
+                error, message = self.error or (None, "")
+                self.span.exit(name, getattr(grpc.StatusCode, name, grpc.StatusCode.UNKNOWN).value[0], error, message)
+
+    def _record(self, cancelled: bool) -> str:
+        name = self._code_name(cancelled)
+        self.metrics.requests.labels(self.method, name).inc()
+        self.metrics.request_latency.labels(self.method, name).observe(time.perf_counter() - self.start)
+        return name
+
+    def _code_name(self, cancelled: bool) -> str:
+        """The status the client saw. A handler cancelled by gRPC (client cancel, or the deadline
+        passing while it ran) never sets a code itself: tell the two apart by the deadline."""
+        if cancelled:
+            remaining = self.context.time_remaining()
+            return "DEADLINE_EXCEEDED" if remaining is not None and remaining <= 0 else "CANCELLED"
+        code = self.context.code()
+        if code is None:
+            return "OK"
+        if isinstance(code, grpc.StatusCode):
+            return code.name
+        for sc in grpc.StatusCode:  # some grpc versions hand back the integer code
+            if sc.value[0] == code:
+                return sc.name
+        return "UNKNOWN"
+
+
 class ErrorAndMetricsInterceptor(grpc.aio.ServerInterceptor):
     """Maps ServiceError subclasses to their status code with their message; anything unexpected
     becomes INTERNAL with a request id that is logged with the traceback. Counts and times RPCs."""
@@ -90,7 +157,7 @@ class ErrorAndMetricsInterceptor(grpc.aio.ServerInterceptor):
         handler = await continuation(details)
         if handler is None:
             return None
-        method = _short(details.method)
+        method = details.method
         if handler.unary_unary:
             return grpc.unary_unary_rpc_method_handler(
                 self._wrap_unary(method, handler.unary_unary),
@@ -119,76 +186,22 @@ class ErrorAndMetricsInterceptor(grpc.aio.ServerInterceptor):
             )
         return handler
 
-    async def _fail(self, context, method: str, exc: BaseException) -> None:
-        code, message = error_status(exc, method, lambda: request_id(context))
-        await context.abort(code, message)
-
-    @staticmethod
-    def _code_name(context, cancelled: bool) -> str:
-        """The status the client saw. A handler cancelled by gRPC (client cancel, or the deadline
-        passing while it ran) never sets a code itself: tell the two apart by the deadline."""
-        if cancelled:
-            remaining = context.time_remaining()
-            return "DEADLINE_EXCEEDED" if remaining is not None and remaining <= 0 else "CANCELLED"
-        code = context.code()
-        if code is None:
-            return "OK"
-        if isinstance(code, grpc.StatusCode):
-            return code.name
-        for sc in grpc.StatusCode:  # some grpc versions hand back the integer code
-            if sc.value[0] == code:
-                return sc.name
-        return "UNKNOWN"
-
-    def _record(self, method: str, context, start: float, cancelled: bool = False) -> None:
-        name = self._code_name(context, cancelled)
-        self.metrics.requests.labels(method, name).inc()
-        self.metrics.request_latency.labels(method, name).observe(time.perf_counter() - start)
-
-    def _wrap_unary(self, method, inner, streaming_request: bool = False):
+    def _wrap_unary(self, method: str, inner, streaming_request: bool = False):
         async def behaviour(request, context):
-            start = time.perf_counter()
-            gauge = self.metrics.in_flight.labels(method)
-            gauge.inc()
-            cancelled = False
-            try:
+            async with _ObservedCall(self.metrics, method, context):
                 return await inner(_parsed(request, streaming_request), context)
-            except AbortError:
-                raise
-            except asyncio.CancelledError:
-                cancelled = True
-                raise
-            except Exception as exc:  # noqa: BLE001 - the whole point: nothing escapes unmapped
-                await self._fail(context, method, exc)
-            finally:
-                gauge.dec()
-                self._record(method, context, start, cancelled)
 
         return behaviour
 
-    def _wrap_stream(self, method, inner, streaming_request: bool = False):
+    def _wrap_stream(self, method: str, inner, streaming_request: bool = False):
         # A streaming handler is either an async generator (ours) or a coroutine writing with
         # context.write() (grpc's health Watch); the wrapper must be of the same kind.
         if inspect.isasyncgenfunction(inner):
 
             async def behaviour(request, context):
-                start = time.perf_counter()
-                gauge = self.metrics.in_flight.labels(method)
-                gauge.inc()
-                cancelled = False
-                try:
+                async with _ObservedCall(self.metrics, method, context):
                     async for message in inner(_parsed(request, streaming_request), context):
                         yield message
-                except AbortError:
-                    raise
-                except (asyncio.CancelledError, GeneratorExit):  # client gone mid-stream
-                    cancelled = True
-                    raise
-                except Exception as exc:  # noqa: BLE001
-                    await self._fail(context, method, exc)
-                finally:
-                    gauge.dec()
-                    self._record(method, context, start, cancelled)
 
             return behaviour
         return self._wrap_unary(method, inner, streaming_request)

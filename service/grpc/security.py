@@ -54,6 +54,8 @@ def server_credentials(settings: Settings) -> grpc.ServerCredentials | None:
     if settings.tls_cert_file is None:
         return None
     cert = _read(settings.tls_cert_file, "tls_cert_file")
+    if settings.tls_key_file is None:  # Settings' validator pairs the two; a copy made without validation may not
+        raise StartupError("tls_key_file: required with tls_cert_file")
     key = _read(settings.tls_key_file, "tls_key_file")
     if b"-----BEGIN" not in cert or b"CERTIFICATE" not in cert:
         raise StartupError(f"tls_cert_file: {settings.tls_cert_file} is not a PEM certificate")

@@ -16,8 +16,9 @@ def _error(e) -> dict:
     return {"error": (str(e.status()).rsplit(".", 1)[-1], e.message())}
 
 
-def state(address: str, models: list[str]) -> dict:
-    """Liveness, readiness and metadata, as tritonclient reports them."""
+def state(address: str, models: list[str], other_version: str = "") -> dict:
+    """Liveness, readiness and metadata, as tritonclient reports them (`other_version`: readiness
+    under that version name too)."""
     import tritonclient.grpc as tc
     from tritonclient.utils import InferenceServerException
 
@@ -28,6 +29,7 @@ def state(address: str, models: list[str]) -> dict:
             "server": c.get_server_metadata(as_json=True),
             "model_ready": {m: c.is_model_ready(m) for m in models},
             "model_ready_wrong_version": {m: c.is_model_ready(m, "no-such-version") for m in models},
+            "model_ready_other_version": {m: c.is_model_ready(m, other_version) for m in models},
             "metadata": {},
         }
         for m in models:
@@ -83,3 +85,53 @@ def infer(
             "raw": len(response.raw_output_contents),
             "outputs": {o.name: (o.datatype, list(o.shape), result.as_numpy(o.name)) for o in response.outputs},
         }
+
+
+def call(address: str, method: str, *args, **kw) -> dict:
+    """One tritonclient call answered as JSON (`get_model_config`, `get_inference_statistics`,
+    `get_model_repository_index`, ...), or {"error": (code, text)}."""
+    import tritonclient.grpc as tc
+    from tritonclient.utils import InferenceServerException
+
+    with tc.InferenceServerClient(address) as c:
+        try:
+            return getattr(c, method)(*args, as_json=True, **kw)
+        except InferenceServerException as e:
+            return _error(e)
+
+
+def descriptors() -> dict:
+    """Every message of tritonclient's copy of Triton's protos: {full name: {field: [number, type,
+    repeated, message type, enum type]}}, and every enum: {full name: {value name: number}}."""
+    from tritonclient.grpc import model_config_pb2, service_pb2
+
+    return describe([service_pb2.DESCRIPTOR, model_config_pb2.DESCRIPTOR])
+
+
+def describe(files) -> dict:
+    """The messages and enums of protobuf file descriptors, as plain values (see descriptors)."""
+    messages: dict = {}
+    enums: dict = {}
+
+    def walk(d) -> None:
+        messages[d.full_name] = {
+            f.name: [
+                f.number,
+                f.type,
+                f.is_repeated,
+                f.message_type.full_name if f.message_type else None,
+                f.enum_type.full_name if f.enum_type else None,
+            ]
+            for f in d.fields
+        }
+        for e in d.enum_types:
+            enums[e.full_name] = {v.name: v.number for v in e.values}
+        for n in d.nested_types:
+            walk(n)
+
+    for f in files:
+        for d in f.message_types_by_name.values():
+            walk(d)
+        for e in f.enum_types_by_name.values():
+            enums[e.full_name] = {v.name: v.number for v in e.values}
+    return {"messages": messages, "enums": enums}

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import os
+import unicodedata
 
 import grpc
 import numpy as np
@@ -25,6 +26,7 @@ from hypothesis import strategies as st
 from hypothesis.control import currently_in_test_context
 from tokenizers import Tokenizer
 
+from service.api.inference import grpc_service_pb2 as kserve_pb
 from service.api.mtserve.v1 import translation_pb2 as pb
 from service.client import STATUS_BY_NUMBER
 
@@ -220,8 +222,15 @@ class Oracle:
         self.tok, self.eos_id, self.default_lp = tokenizer, eos_id, length_penalty
         self.limit = min(LIMITS["max_input_tokens"], max_positions - 1)
 
+    @staticmethod
+    def normalized(text: str) -> str:
+        """docs/security.md: control and format characters removed but for tab, LF, VT, FF and CR;
+        then NFC; then stripped."""
+        kept = "".join(c for c in text if unicodedata.category(c) not in ("Cc", "Cf") or c in "\t\n\x0b\x0c\r")
+        return unicodedata.normalize("NFC", kept).strip()
+
     def n_tokens(self, text: str) -> int:
-        return len(self.tok.encode(text.strip(), add_special_tokens=False).ids) + 1  # + </s>
+        return len(self.tok.encode(self.normalized(text), add_special_tokens=False).ids) + 1  # + </s>
 
     def texts_problem(self, texts: list[str], field: str) -> str | None:
         if field == "texts":
@@ -229,7 +238,7 @@ class Oracle:
                 return "texts"
         names = [f"texts[{i}]" for i in range(len(texts))] if field == "texts" else ["text"]
         for name, t in zip(names, texts):
-            if not t.strip() or len(t.encode("utf-8")) > LIMITS["max_text_bytes"]:
+            if len(t.encode("utf-8")) > LIMITS["max_text_bytes"] or not self.normalized(t):
                 return name
         for name, t in zip(names, texts):
             if self.n_tokens(t) > self.limit:
@@ -284,6 +293,7 @@ def fz(make_server, tiny_onnx_dir):
     raw_unary = {name: channel.unary_unary(SERVICE + name) for name in ("Translate", "Encode", "GetModelInfo")}
     raw_stream = channel.unary_stream(SERVICE + "TranslateStream")
     raw_many = channel.stream_stream(SERVICE + "TranslateMany")
+    raw_infer = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
 
     class Fuzz:
         server, client, check = srv, srv.client(timeout=TIMEOUT), oracle
@@ -304,6 +314,12 @@ def fz(make_server, tiny_onnx_dir):
                         grpc.StatusCode.OK,
                         "",
                         [pb.TranslateStreamResponse.FromString(m) for m in raw_stream(request, timeout=TIMEOUT)],
+                    )
+                if method == "ModelInfer":
+                    return (
+                        grpc.StatusCode.OK,
+                        "",
+                        [kserve_pb.ModelInferResponse.FromString(raw_infer(request, timeout=TIMEOUT))],
                     )
                 out = {"Translate": pb.TranslateResponse, "Encode": pb.EncodeResponse, "GetModelInfo": pb.ModelInfo}
                 return grpc.StatusCode.OK, "", [out[method].FromString(raw_unary[method](request, timeout=TIMEOUT))]
@@ -566,3 +582,86 @@ def test_every_hostile_piece_alone_and_together(fz):
         ):
             check_call(fz, method, msg.SerializeToString())
     fz.still_serving()
+
+
+# ----------------------------------------------------------------------------- nothing to translate
+
+# Texts from the categories that can hide "nothing": controls (Cc), format characters (Cf), spaces
+# (Zs), combining marks (Mn) and private use (Co). Whether a text has anything left is the
+# oracle's `normalized` (docs/security.md), drawn on every API.
+invisible_text = st.lists(
+    st.one_of(
+        st.characters(categories=("Cc", "Cf", "Zs", "Mn", "Co")),
+        st.characters(categories=("Cc", "Cf", "Zs")),
+        st.characters(categories=("Cc", "Cf")),
+        st.sampled_from(["\x00", "\u200b", "\ufeff", "\u00a0", "\u200d", "\t", "\r\n", "\x85", "\U000e0041"]),
+    ),
+    min_size=1,
+    max_size=12,
+).map("".join)
+INVISIBLE_APIS = ["Translate", "TranslateStream", "TranslateMany", "Encode", "ModelInfer"]
+
+
+def model_infer_request(fz, texts: list[str]) -> kserve_pb.ModelInferRequest:
+    req = kserve_pb.ModelInferRequest(
+        model_name=fz.server.server.engine.manifest.name,
+        parameters={"beam_size": kserve_pb.InferParameter(int64_param=1)},
+    )
+    req.inputs.add(name="TEXT", datatype="BYTES", shape=[len(texts)]).contents.bytes_contents.extend(
+        t.encode() for t in texts
+    )
+    return req
+
+
+def check_on_api(fz, api: str, texts: list[str]) -> str | None:
+    """Send `texts` (one text on TranslateStream) to `api` and hold the answer against the oracle;
+    returns the field the oracle expects refused (in the API's own naming), or None."""
+    opts = pb.TranslationOptions(beam_size=1, max_output_tokens=4)
+    if api == "ModelInfer":
+        problem = fz.check.texts_problem(texts, "texts")
+        if problem is not None:  # the KServe names of the same fields
+            problem = "inputs[0]" + problem[len("texts") :]
+        code, details, responses = fz.call(api, model_infer_request(fz, texts).SerializeToString())
+        expect(code, details, problem)
+        if code == grpc.StatusCode.OK:
+            (resp,) = responses
+            assert list(resp.outputs[0].shape) == [len(texts)]
+        return problem
+    if api == "TranslateStream":
+        msg = pb.TranslateStreamRequest(text=texts[0], options=opts)
+        check_call(fz, api, msg.SerializeToString())
+        return fz.check.translate(texts[:1], opts, field="text")
+    if api == "TranslateMany":
+        msg = pb.TranslateManyRequest(id="x", request=pb.TranslateRequest(texts=texts, options=opts))
+        check_call(fz, api, msg.SerializeToString())
+        return fz.check.translate(texts, opts)
+    if api == "Encode":
+        check_call(fz, api, pb.EncodeRequest(texts=texts).SerializeToString())
+        return fz.check.texts_problem(texts, "texts")
+    check_call(fz, api, pb.TranslateRequest(texts=texts, options=opts).SerializeToString())
+    return fz.check.translate(texts, opts)
+
+
+@fuzz_settings(250)
+@given(
+    api=st.sampled_from(INVISIBLE_APIS), texts=st.lists(st.one_of(invisible_text, benign_text), min_size=1, max_size=3)
+)
+def test_texts_of_controls_format_characters_spaces_and_marks(fz, api, texts):
+    problem = check_on_api(fz, api, texts)
+    if currently_in_test_context():
+        event(f"{api}: {problem or 'OK'}")
+    fz.still_serving()
+
+
+@pytest.mark.parametrize("api", INVISIBLE_APIS)
+@pytest.mark.parametrize(
+    "nothing", ["\x00\x00", "\u200b\ufeff", "\u200e\u202e\u2066", " \x1b\x7f\u3000\u00ad ", "\U000e0001"]
+)
+def test_texts_with_nothing_to_translate_are_refused_on_every_api(fz, api, nothing):
+    if api == "TranslateStream":  # one text
+        assert check_on_api(fz, api, [nothing]) == "text"
+    else:
+        expected = "inputs[0][1]" if api == "ModelInfer" else "texts[1]"
+        assert check_on_api(fz, api, ["Ein Hund rennt.", nothing]) == expected
+    # Beside a word, the same characters are dropped and the word is translated.
+    assert check_on_api(fz, api, [nothing + "Hund" + nothing]) is None

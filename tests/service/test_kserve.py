@@ -1,7 +1,8 @@
 """The Open Inference Protocol (KServe v2) endpoint, with tritonclient as the client: readiness,
 metadata, inference on both models (batched, with parameters), the same engine, limits, metrics
 and status codes as mtserve.v1, and INVALID_ARGUMENT naming the field for every malformed
-request. tritonclient runs in a child process (see kserve_calls.py); requests that tritonclient
+request; Triton's ModelConfig, ModelStatistics (numbers checked after known traffic) and
+RepositoryIndex, and the Triton protos field for field against tritonclient's own copy. tritonclient runs in a child process (see kserve_calls.py); requests that tritonclient
 cannot build (contents instead of raw data, corrupt raw bytes) use the generated stubs here."""
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import multiprocessing
 import struct
 import sys
+import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
@@ -20,6 +22,9 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoRe
 
 from service.api.inference import grpc_service_pb2 as pb
 from service.api.inference import grpc_service_pb2_grpc as pb_grpc
+from service.api.inference import model_config_pb2 as mc
+from service.errors import InvalidArgument
+from service.kserve.codec import deserialize_bytes, serialize_bytes, served_version, v2_argument_error
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the child process imports kserve_calls by name
 import kserve_calls  # imports no tritonclient here
@@ -62,13 +67,17 @@ def counter(metric, **labels) -> float:
 
 def test_liveness_readiness_and_metadata(server, triton, names):
     translator, encoder = names
-    version = server.server.engine.manifest.version
-    d_model = server.server.engine.manifest.dims.d_model
-    s = triton(kserve_calls.state, server.address, [translator, encoder, "no-such-model"])
+    manifest = server.server.engine.manifest
+    version = served_version(manifest)
+    d_model = manifest.dims.d_model
+    s = triton(kserve_calls.state, server.address, [translator, encoder, "no-such-model"], manifest.version)
     assert s["live"] is True and s["ready"] is True
-    assert s["server"]["name"] == "mtserve" and "parameters" in s["server"]["extensions"]
+    assert s["server"]["name"] == "mtserve"
+    assert {"parameters", "model_configuration", "statistics"} <= set(s["server"]["extensions"])
     assert s["model_ready"] == {translator: True, encoder: True, "no-such-model": False}
     assert not any(s["model_ready_wrong_version"].values())
+    # The export's own version names the served one too.
+    assert s["model_ready_other_version"] == {translator: True, encoder: True, "no-such-model": False}
 
     meta = s["metadata"][translator]
     assert meta["name"] == translator and meta["versions"] == [version]
@@ -99,7 +108,7 @@ def test_translate_batch_matches_the_v1_api(server, triton, names):
         capped = c.translate(SENTENCES[:1], beam_size=1, max_output_tokens=3)[0]
         short = c.translate(SENTENCES[:1], beam_size=3, length_penalty=0.0)[0]
     r = triton(kserve_calls.infer, server.address, translator, text_input(*SENTENCES), parameters={"beam_size": 1})
-    assert r["model_name"] == translator and r["model_version"] == server.server.engine.manifest.version
+    assert r["model_name"] == translator and r["model_version"] == served_version(server.server.engine.manifest)
     assert r["id"] == "req-1" and r["raw"] == 1  # tritonclient sent raw data: raw data came back
     datatype, shape, data = r["outputs"]["TRANSLATION"]
     assert datatype == "BYTES" and shape == [3] and data.shape == (3,)
@@ -295,3 +304,177 @@ def test_malformed_raw_and_contents(server, names):
     assert len(resp.raw_output_contents) == 1 and not resp.outputs[0].HasField("contents")
     (n,) = struct.unpack_from("<I", resp.raw_output_contents[0])
     assert n == len(resp.raw_output_contents[0]) - 4 > 0
+
+
+# ----------------------------------------------------------------------------- the codec alone
+
+
+def test_bytes_codec_round_trip_and_its_errors():
+    items = [b"Hallo", b"", "Grüße".encode(), b"\x00\xff"]
+    raw = serialize_bytes(items)
+    assert raw[:9] == struct.pack("<I", 5) + b"Hallo"
+    assert deserialize_bytes(raw, "f") == items
+    assert deserialize_bytes(b"", "f") == []
+    with pytest.raises(InvalidArgument, match=r"^f: truncated BYTES data: 2 bytes left .* \(element 1\)$"):
+        deserialize_bytes(serialize_bytes([b"a"]) + b"\x01\x00", "f")
+    with pytest.raises(InvalidArgument, match=r"^f: BYTES element 0 says 5 bytes but only 3 remain$"):
+        deserialize_bytes(struct.pack("<I", 5) + b"abc", "f")
+
+
+def test_engine_fields_are_renamed_to_v2_fields():
+    def renamed(field: str, problem: str = "bad") -> str:
+        return v2_argument_error(InvalidArgument(field, problem), 0).message
+
+    assert renamed("texts", "at least one text is required") == "inputs[0]: TEXT: at least one text is required"
+    assert renamed("texts[2]", "text is empty") == "inputs[0][2]: TEXT: text is empty"
+    assert renamed("options.beam_size") == "parameters.beam_size: bad"
+    assert renamed("id") == "id: bad"
+
+
+def test_served_version_is_a_number_for_triton_tools():
+    class M:
+        version = "1ce36e49c1ac"
+
+    assert served_version(M()) == "1"  # a hash: perf_analyzer parses versions with std::stoll
+    M.version = "7"
+    assert served_version(M()) == "7"
+    M.version = "0"
+    assert served_version(M()) == "1"
+
+
+def test_column_shaped_text_input(server, names):
+    """ModelConfig describes each text as dims [1]: [N, 1] is accepted and answered [N, 1]."""
+    translator, _ = names
+    req = pb.ModelInferRequest(model_name=translator, parameters={"beam_size": pb.InferParameter(int64_param=1)})
+    req.inputs.add(name="TEXT", datatype="BYTES", shape=[2, 1]).contents.bytes_contents.extend(
+        [s.encode() for s in SENTENCES[:2]]
+    )
+    (out,) = infer_stub(server, req).outputs
+    assert list(out.shape) == [2, 1] and len(out.contents.bytes_contents) == 2
+
+
+# ----------------------------------------------------------------------------- Triton extensions
+
+
+def test_triton_protos_match_tritonclients_copy_field_for_field(triton):
+    """Every message and enum of protos/inference (Triton's, or the part of them mtserve uses)
+    has the name, field numbers, types and enum values of tritonclient's own generated code, so
+    Triton's tools parse mtserve's answers."""
+    theirs = triton(kserve_calls.descriptors)
+    ours = kserve_calls.describe([pb.DESCRIPTOR, mc.DESCRIPTOR])
+    assert len(ours["messages"]) >= 50
+    for name, fields in ours["messages"].items():
+        assert name in theirs["messages"], name
+        for field, spec in fields.items():
+            assert theirs["messages"][name].get(field) == spec, (name, field)
+    for name, values in ours["enums"].items():
+        assert name in theirs["enums"], name
+        assert values.items() <= theirs["enums"][name].items(), name
+    service = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]
+    assert {"ModelConfig", "ModelStatistics", "RepositoryIndex"} <= set(service.methods_by_name)
+
+
+def test_model_config(server, triton, names):
+    translator, encoder = names
+    manifest, st = server.server.engine.manifest, server.server.settings
+    config = triton(kserve_calls.call, server.address, "get_model_config", translator)["config"]
+    assert config["name"] == translator and config["platform"] == "onnxruntime_onnx"
+    assert config["backend"] == "onnxruntime"
+    assert config["max_batch_size"] == st.max_texts_per_request == 4
+    assert config["input"] == [{"name": "TEXT", "data_type": "TYPE_STRING", "dims": ["1"], "reshape": {}}]
+    assert config["output"] == [{"name": "TRANSLATION", "data_type": "TYPE_STRING", "dims": ["1"], "reshape": {}}]
+    batching = config["dynamic_batching"]
+    assert batching["max_queue_delay_microseconds"] == str(round(st.max_queue_delay_ms * 1000)) == "2000"
+    assert batching["default_queue_policy"]["max_queue_size"] == st.max_queue_size
+    assert config["instance_group"] == [{"name": f"{translator}_0", "kind": "KIND_CPU", "count": st.decode_workers}]
+    params = {k: v["string_value"] for k, v in config["parameters"].items()}
+    assert params["model_version"] == manifest.version
+    assert params["continuous_batching"] == "true" and params["max_batch_sentences"] == str(st.max_batch_sentences)
+    assert params["default_beam_size"] == str(st.default_beam_size)
+
+    config = triton(kserve_calls.call, server.address, "get_model_config", encoder)["config"]
+    assert config["output"] == [{"name": "EMBEDDING", "data_type": "TYPE_FP32", "dims": [str(manifest.dims.d_model)]}]
+    assert "default_beam_size" not in config["parameters"]
+
+    code, details = triton(kserve_calls.call, server.address, "get_model_config", "no-such-model")["error"]
+    assert code == "NOT_FOUND" and details.startswith("name:")
+    code, details = triton(kserve_calls.call, server.address, "get_model_config", translator, "2")["error"]
+    assert code == "NOT_FOUND" and details.startswith("version:")
+
+
+def stats_by_model(triton, address: str, *args) -> dict:
+    out = triton(kserve_calls.call, address, "get_inference_statistics", *args)
+    return {s["name"]: s for s in out["model_stats"]}
+
+
+def count(stat: dict, key: str) -> int:
+    return int(stat["inference_stats"][key].get("count", 0))
+
+
+def ns(stat: dict, key: str) -> int:
+    return int(stat["inference_stats"][key].get("ns", 0))
+
+
+def test_statistics_after_known_traffic(make_server, triton, names):
+    """ModelStatistics counts every API's requests per model, from the same Prometheus metrics a
+    scrape reads; the phases of each request add up to its duration."""
+    translator, encoder = names
+    srv = make_server(max_texts_per_request=4)
+    version = served_version(srv.server.engine.manifest)
+    before = stats_by_model(triton, srv.address)
+    assert set(before) == {translator, encoder} and {s["version"] for s in before.values()} == {version}
+
+    t0 = time.time()
+    r = triton(kserve_calls.infer, srv.address, translator, text_input(*SENTENCES), parameters={"beam_size": 1})
+    assert r["outputs"]["TRANSLATION"][1] == [3]
+    with srv.client(timeout=60) as c:
+        c.translate(SENTENCES[:2], beam_size=1)
+        assert list(c.translate_stream(SENTENCES[0], beam_size=1))[-1].final.text
+        c.encode(SENTENCES[:2])
+        with pytest.raises(grpc.RpcError):
+            c.translate(["Ein Hund.", "\u200b\ufeff"])  # nothing to translate: a failed request
+    r = triton(kserve_calls.infer, srv.address, encoder, text_input(SENTENCES[1]))
+    assert r["outputs"]["EMBEDDING"][1][0] == 1
+    after = stats_by_model(triton, srv.address)
+
+    def delta(model, key, f=count):
+        return f(after[model], key) - f(before[model], key)
+
+    # de-en: a ModelInfer of 3 texts, a Translate of 2, a TranslateStream of 1; one failure
+    assert delta(translator, "success") == 3 and delta(translator, "fail") == 1
+    assert int(after[translator]["inference_count"]) - int(before[translator].get("inference_count", 0)) == 6
+    for phase in ("queue", "compute_input", "compute_infer", "compute_output"):
+        assert delta(translator, phase) == 3, phase
+    assert delta(translator, "compute_infer", ns) > 0 and delta(translator, "fail", ns) > 0
+    phases = sum(delta(translator, p, ns) for p in ("queue", "compute_input", "compute_infer", "compute_output"))
+    assert abs(phases - delta(translator, "success", ns)) <= 1000 * 3  # rounding: under 1 us each
+    assert int(after[translator]["execution_count"]) > int(before[translator].get("execution_count", 0))
+    assert t0 * 1000 - 1000 <= int(after[translator]["last_inference"]) <= time.time() * 1000 + 1000
+    # de-en-encoder: an Encode of 2 texts and a ModelInfer of 1
+    assert delta(encoder, "success") == 2 and delta(encoder, "fail") == 0
+    assert int(after[encoder]["inference_count"]) - int(before[encoder].get("inference_count", 0)) == 3
+
+    # The same numbers as the Prometheus metrics (one measurement, read two ways).
+    m = srv.server.metrics
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value for fam in m.registry.collect() for s in fam.samples}
+    key = ("mtserve_inference_request_duration_seconds_count", (("model", translator), ("outcome", "success")))
+    assert samples[key] == count(after[translator], "success")
+    key = ("mtserve_inference_phase_duration_seconds_sum", (("model", translator), ("phase", "queue")))
+    assert round(samples[key] * 1e9) == ns(after[translator], "queue")
+
+    # One model, by name and version (the number or the export's own); unknown ones are NOT_FOUND.
+    one = stats_by_model(triton, srv.address, translator, version)
+    assert list(one) == [translator] and count(one[translator], "success") == count(after[translator], "success")
+    assert list(stats_by_model(triton, srv.address, encoder, srv.server.engine.manifest.version)) == [encoder]
+    code, details = triton(kserve_calls.call, srv.address, "get_inference_statistics", "no-such-model")["error"]
+    assert code == "NOT_FOUND" and details.startswith("name:")
+    code, details = triton(kserve_calls.call, srv.address, "get_inference_statistics", "", "9")["error"]
+    assert code == "NOT_FOUND" and details.startswith("version:")
+
+
+def test_repository_index(server, triton, names):
+    version = served_version(server.server.engine.manifest)
+    index = triton(kserve_calls.call, server.address, "get_model_repository_index")
+    assert sorted((m["name"], m["version"], m["state"]) for m in index["models"]) == sorted(
+        (n, version, "READY") for n in names
+    )

@@ -90,6 +90,22 @@ def test_every_metric_is_populated_by_traffic(server):
     assert delta("mtserve_input_tokens_total") == sum(r.input_tokens for r in results) + final.input_tokens
     assert delta("mtserve_generated_tokens_total") == sum(r.output_tokens for r in results) + final.output_tokens
     assert delta("mtserve_sentences_total", outcome="ok") == len(results) + 1
+    # Per model, whichever API: 2 Translate and 1 TranslateStream succeeded, the " " one failed;
+    # 1 Encode. Each phase once per successful request; they add up to its duration.
+    model = server.server.engine.translation_model
+    encoder = server.server.engine.encoder_model
+    assert delta("mtserve_inference_request_duration_seconds_count", model=model, outcome="success") == 3
+    assert delta("mtserve_inference_request_duration_seconds_count", model=model, outcome="failure") == 1
+    assert delta("mtserve_inference_request_duration_seconds_count", model=encoder, outcome="success") == 1
+    assert delta("mtserve_inferences_total", model=model) == len(results) + 1
+    assert delta("mtserve_inferences_total", model=encoder) == 2
+    phases = ("queue", "compute_input", "compute_infer", "compute_output")
+    for phase in phases:
+        assert delta("mtserve_inference_phase_duration_seconds_count", model=model, phase=phase) == 3
+    total = sum(delta("mtserve_inference_phase_duration_seconds_sum", model=model, phase=p) for p in phases)
+    success = delta("mtserve_inference_request_duration_seconds_sum", model=model, outcome="success")
+    assert total == pytest.approx(success, abs=1e-6)
+    assert value(m, "mtserve_last_inference_timestamp_seconds", model=model) > time.time() - 60
     # Gauges back at rest; capacity and model info as configured.
     assert value(m, "mtserve_requests_in_flight", method="Translate") == 0
     assert value(m, "mtserve_queue_depth") == 0
@@ -98,6 +114,16 @@ def test_every_metric_is_populated_by_traffic(server):
     labels = info[0]
     assert labels["provider"] == server.server.engine.provider == "cpu" and labels["precision"] == "fp32"
     assert labels["name"] and labels["version"]
+
+
+def test_no_created_series(server):
+    """prometheus-client's `*_created` series are off: they roughly doubled a scrape, and no
+    dashboard or alert reads them."""
+    with server.client(timeout=30) as c:
+        c.translate(SENTENCES[:1], beam_size=1)
+    names = scrape(server)
+    assert "mtserve_requests_total" in names and "mtserve_inference_request_duration_seconds_count" in names
+    assert not [n for n in names if n.endswith("_created")]
 
 
 def test_in_flight_and_queue_depth_while_busy(make_server):

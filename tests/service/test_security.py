@@ -352,17 +352,15 @@ def test_receive_message_size_limit_is_resource_exhausted(make_server):
 def test_no_request_text_in_logs_above_debug(make_server, caplog):
     canary = "Kanarienvogel Zwitscherling"
     srv = make_server()
-    model = srv.server.scheduler.models[0]
-    original, failed = model.step, []
+    failed = []
 
-    def broken(*a, **kw):  # one unexpected error, so that the error path logs a traceback
+    def broken(rows):  # one unexpected error, so that the error path logs a traceback
         if not failed:
             failed.append(1)
             raise RuntimeError("injected fault")
-        return original(*a, **kw)
 
     with caplog.at_level(logging.DEBUG):
-        model.step = broken
+        srv.intercept_steps(broken)
         with srv.client(timeout=30) as c:
             code, _ = code_of(lambda: c.translate([f"{canary} rennt."], beam_size=1))
             assert code == grpc.StatusCode.INTERNAL

@@ -90,6 +90,38 @@ def test_model_info(client, server):
     assert info.d_model == m.dims.d_model and info.execution_provider == "cpu" and info.precision == "fp32"
     assert info.limits.max_texts_per_request == 64 and info.limits.default_beam_size == 4
     assert any(name.endswith(".onnx") for name in info.files_sha256)
+    # The default decoder step on the CPU is the fused one, and the files are the ones it runs.
+    assert info.decoder_graph == "fused" and "decoder.fused.fp32.onnx" in info.files_sha256
+    assert "decoder.fp32.onnx" not in info.files_sha256
+
+
+def test_the_portable_decoder_step_serves_the_same_translations(make_server, client):
+    """MTSERVE_GRAPH=portable: the torch export's decoder step, named in GetModelInfo, translating as
+    the fused default does (fp32: the same tokens)."""
+    texts = ["Ein Hund rennt durch den Schnee.", "Zwei Männer sitzen auf einer Bank."]
+    srv = make_server(graph="portable")
+    with srv.client() as portable:
+        assert portable.model_info().decoder_graph == "portable"
+        for beam in (1, 3):
+            got = [t.text for t in portable.translate(texts, beam_size=beam)]
+            assert got == [t.text for t in client.translate(texts, beam_size=beam)]
+
+
+def test_model_info_says_what_zero_means_to_a_reflection_only_client(client, server):
+    """Reflection carries no comments: Limits.zero_means, a field a client finds by reflection,
+    says what each option left at 0 (or unset) means, with this server's numbers."""
+    with grpc.insecure_channel(server.address) as ch:
+        db = ProtoReflectionDescriptorDatabase(ch)
+        limits = next(m for m in db.FindFileContainingSymbol("mtserve.v1.Limits").message_type if m.name == "Limits")
+        assert "zero_means" in {f.name for f in limits.field}
+    zero = dict(client.model_info().limits.zero_means)
+    assert set(zero) == {"options.beam_size", "options.max_output_tokens", "options.length_penalty", "timeout_ms"}
+    st, gen = server.server.settings, server.server.engine.manifest.generation
+    assert f"default_beam_size ({st.default_beam_size})" in zero["options.beam_size"]
+    assert f"max_beam_size ({st.max_beam_size})" in zero["options.beam_size"]
+    assert f"max_output_tokens ({st.max_output_tokens})" in zero["options.max_output_tokens"]
+    assert f"({gen.length_penalty:g})" in zero["options.length_penalty"]
+    assert "stream's deadline" in zero["timeout_ms"]
 
 
 # ----------------------------------------------------------------------------- batching
@@ -192,16 +224,14 @@ def test_queue_full_is_resource_exhausted(make_server):
 
 def test_unexpected_error_fails_only_that_step_and_server_keeps_serving(make_server):
     srv = make_server()
-    model = srv.server.scheduler.models[0]
-    original, calls = model.step, []
+    calls = []
 
-    def broken(*a, **kw):
+    def broken(rows):
         if not calls:
             calls.append(1)
             raise RuntimeError("injected fault")
-        return original(*a, **kw)
 
-    model.step = broken
+    srv.intercept_steps(broken)
     with srv.client() as c:
         code, details = code_of(lambda: c.translate([SENTENCES[0]], beam_size=1))
         assert code == grpc.StatusCode.INTERNAL and "decoding failed" in details and "request id" in details
@@ -219,19 +249,16 @@ def test_a_failing_step_leaves_the_other_batches_and_requests_unaffected(make_se
         want_long = c.translate([long_text], beam_size=1)[0].text
         want_short = c.translate([SENTENCES[1]], beam_size=1)[0].text
         want_beam = c.translate([SENTENCES[0]], beam_size=3)[0].text
-        model = srv.server.scheduler.models[0]
-        original, failed, rows_seen = model.step, [], set()
+        failed, rows_seen = [], set()
 
-        def faulty(tokens, *a, **kw):
-            rows = int(np.asarray(tokens).shape[0])
+        def faulty(rows):
             rows_seen.add(rows)
             time.sleep(0.01)  # keep the greedy stream running while the others arrive
             if rows == 3 and not failed:  # the beam-3 batch: 1 sentence x 3 beams
                 failed.append(1)
                 raise RuntimeError("injected fault in one decode step")
-            return original(tokens, *a, **kw)
 
-        model.step = faulty
+        srv.intercept_steps(faulty)
         stream = c.translate_stream(long_text, beam_size=1)
         first = next(stream)  # the greedy batch is decoding
         with ThreadPoolExecutor(2) as pool:
@@ -288,6 +315,8 @@ def test_reflection_lists_the_services(server):
         ([], {}, "texts"),
         ([""], {}, "texts[0]"),
         (["Hallo", "   "], {}, "texts[1]"),
+        (["Hallo", "\x00\x00"], {}, "texts[1]"),  # nothing left once controls are removed
+        (["\u200b\ufeff"], {}, "texts[0]"),  # nor once format characters are
         (["Hallo"] * 65, {}, "texts"),
         (["Hund " * 300], {}, "texts[0]"),
         (["Hallo"], {"beam_size": -1}, "options.beam_size"),
