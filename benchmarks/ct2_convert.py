@@ -185,6 +185,23 @@ class Ct2Translator:
     ) -> list[list[int]]:
         """src: ids each ending with </s> -> emitted ids without </s>, in input order."""
         limits = [max(1, min(int(max_len_a * len(s) + max_len_b), self.max_positions - 1)) for s in src]
+        return [ids for ids, _ in self.translate_limited(src, limits, beam, length_penalty, batch_size)]
+
+    def translate_limited(
+        self,
+        src: list[list[int]],
+        limits: list[int],
+        beam: int = 4,
+        length_penalty: float = 1.0,
+        batch_size: int = 32,
+        return_scores: bool = False,
+        callback=None,
+    ) -> list[tuple[list[int], float | None]]:
+        """src: ids each ending with </s>; limits: tokens each may emit, </s> included (the
+        server's `Sentence.max_len`) -> (emitted ids without </s>, score or None) in input order.
+        The score is ours (`service.decoding.generator`): the summed log-probability, </s>
+        included, divided by `len ** length_penalty` under beam search (CTranslate2 normalises
+        greedy hypotheses too; that is undone). `callback`: translate_batch's, greedy only."""
         results = self.translator.translate_batch(
             [[self.tokens[i] for i in s] for s in src],
             beam_size=beam,
@@ -192,12 +209,19 @@ class Ct2Translator:
             max_decoding_length=max(limits),
             max_batch_size=batch_size,
             batch_type="examples",
-            return_scores=False,
+            return_scores=return_scores,
+            callback=callback,
         )
-        out = []
+        out: list[tuple[list[int], float | None]] = []
         for r, limit in zip(results, limits):
-            ids = [self.index[t] for t in r.hypotheses[0]]
-            out.append(ids[: limit - 1])  # our rule: at most limit - 1 tokens before </s>
+            ids = [self.index[t] for t in r.hypotheses[0]][: limit - 1]  # our rule: limit - 1 tokens before </s>
+            score = None
+            if return_scores:
+                # CTranslate2: log p(hypothesis + </s>) / (len + 1) ** length_penalty, whatever the beam.
+                score = float(r.scores[0])
+                if beam == 1:
+                    score *= (len(r.hypotheses[0]) + 1) ** length_penalty
+            out.append((ids, score))
         return out
 
 

@@ -44,7 +44,9 @@ ENGINES = ["torch-eager", "torch-cache", "ort-fp32", "ort-int8", "ct2-float32", 
 class Engine:
     """translate_ids(src ids lists, beam) -> emitted ids lists, in input order."""
 
-    def __init__(self, name: str, model_dir: Path, threads: int, workers: int, batch_size: int):
+    def __init__(
+        self, name: str, model_dir: Path, threads: int, workers: int, batch_size: int, ct2_dir: str | None = None
+    ):
         self.name, self.threads, self.workers, self.batch_size = name, threads, workers, batch_size
         self.model_dir = model_dir
         intra = max(1, threads // workers)
@@ -69,10 +71,12 @@ class Engine:
         elif name.startswith("ct2"):
             from benchmarks.ct2_convert import Ct2Translator, convert
 
-            self._tmp = tempfile.TemporaryDirectory(prefix="mtserve-ct2-")
-            convert(model_dir, self._tmp.name)
+            if ct2_dir is None:  # convert the weights here
+                self._tmp = tempfile.TemporaryDirectory(prefix="mtserve-ct2-")
+                ct2_dir = self._tmp.name
+                convert(model_dir, ct2_dir)
             self.ct2 = Ct2Translator(
-                self._tmp.name, model_dir, compute_type=name.split("-")[1], inter_threads=workers, intra_threads=intra
+                ct2_dir, model_dir, compute_type=name.split("-")[1], inter_threads=workers, intra_threads=intra
             )
         else:
             raise ValueError(f"unknown engine {name!r}")
@@ -130,7 +134,7 @@ def run(args) -> dict:
     if args.limit:
         src_text, ref = src_text[: args.limit], ref[: args.limit]
     t0 = time.perf_counter()
-    eng = Engine(args.engine, Path(args.model), args.threads, args.workers, args.batch_size)
+    eng = Engine(args.engine, Path(args.model), args.threads, args.workers, args.batch_size, args.ct2_dir)
     load_s = time.perf_counter() - t0
     src = eng.source_ids(src_text)
     eng.translate_ids(src[:8], args.beam)  # warm-up
@@ -158,7 +162,7 @@ def run(args) -> dict:
         lat_eng = (
             eng
             if eng.workers == 1 and lat_threads == args.threads
-            else Engine(args.engine, Path(args.model), lat_threads, 1, args.batch_size)
+            else Engine(args.engine, Path(args.model), lat_threads, 1, args.batch_size, args.ct2_dir)
         )
         times = []
         for s in src[: args.latency]:
@@ -196,6 +200,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=int,
         default=0,
         help="threads of the single-sentence engine (default: --threads, in one decode loop)",
+    )
+    p.add_argument(
+        "--ct2-dir", help="ct2-*: the model already converted by benchmarks/ct2_convert.py (default: convert it)"
     )
     p.add_argument("--hyps", help="write the output ids here (JSON)")
     p.add_argument("--json", help="write the result here too")

@@ -3,11 +3,13 @@ generator at fixed concurrency levels, single-sentence Translate requests cyclin
 test sentences.
 
     python benchmarks/online.py --concurrency 1,8,32,64,128 --beam 4 [--continuous-batching]
-        [--api many --streams 1] [--server-arg=--decode-workers=1 ...] [--json out.json]
+        [--api many --streams 1] [--server-arg=--decode-workers=1 ...] [--backend ct2] [--json out.json]
 
 `--api unary` (the default) sends each sentence as its own Translate call; `--api many` sends the
 same single-sentence requests as items of `--streams` long-lived TranslateMany streams (the
-concurrency split over them), which saves the per-call cost on both sides.
+concurrency split over them), which saves the per-call cost on both sides. `--backend ct2` loads
+the same server decoding with CTranslate2 instead (benchmarks/ct2_server.py: same front, same
+flags).
 
 For every level: requests, ok, errors (by status code), seconds, throughput (ok sentences/s and
 target tokens/s), latency p50/p95/p99/mean in ms, BLEU of the answers against the references.
@@ -47,20 +49,30 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+BACKENDS = {
+    "ort": ["-m", "mtserve", "serve"],  # mtserve serve: ONNX Runtime
+    "ct2": [str(REPO / "benchmarks" / "ct2_server.py")],  # the same server decoding with CTranslate2
+}
+
+
 class Server:
-    """`mtserve serve` in a subprocess on 127.0.0.1:<free port>, metrics off, warnings only (flags
-    in `args` come last, so they override those)."""
+    """`mtserve serve` (backend "ort") or the same server decoding with CTranslate2
+    (benchmarks/ct2_server.py, backend "ct2") in a subprocess on 127.0.0.1:<free port>, metrics off,
+    warnings only (flags in `args` come last, so they override those)."""
 
     def __init__(
-        self, model_dir: str | Path, args: list[str] = (), env: dict | None = None, log_prefix: str = "mtserve-bench-"
+        self,
+        model_dir: str | Path,
+        args: list[str] = (),
+        env: dict | None = None,
+        log_prefix: str = "mtserve-bench-",
+        backend: str = "ort",
     ):
         self.address = f"127.0.0.1:{free_port()}"
         self.log = tempfile.NamedTemporaryFile("w+", prefix=log_prefix, suffix=".log", delete=False)
         cmd = [
             sys.executable,
-            "-m",
-            "mtserve",
-            "serve",
+            *BACKENDS[backend],
             "--address",
             self.address,
             "--metrics-port",
@@ -280,8 +292,9 @@ def run(
     rounds: int = 4,
     api: str = "unary",
     streams: int = 1,
+    backend: str = "ort",
 ) -> dict:
-    with Server(model_dir, list(server_args)) as srv:
+    with Server(model_dir, list(server_args), backend=backend) as srv:
         rows = []
         for c in levels:
             cpu0, t0 = (process_cpu_s(srv.pid), process_cpu_s()), time.perf_counter()
@@ -300,7 +313,14 @@ def run(
             )
             rows.append(row)
         rc = srv.stop()
-    return {"server_args": list(server_args), "api": api, "streams": streams, "levels": rows, "server_exit": rc}
+    return {
+        "server_args": list(server_args),
+        "api": api,
+        "streams": streams,
+        "backend": backend,
+        "levels": rows,
+        "server_exit": rc,
+    }
 
 
 def main() -> None:
@@ -326,6 +346,12 @@ def main() -> None:
     )
     p.add_argument("--streams", type=int, default=1, help="TranslateMany streams the concurrency is split over")
     p.add_argument("--server-arg", action="append", default=[], help="extra `mtserve serve` flag (repeatable)")
+    p.add_argument(
+        "--backend",
+        choices=sorted(BACKENDS),
+        default="ort",
+        help="ort: `mtserve serve`; ct2: the same server decoding with CTranslate2 (benchmarks/ct2_server.py)",
+    )
     p.add_argument("--json", help="write the result here")
     args = p.parse_args()
     texts, refs = read_parallel(args.data, "test_2016_flickr")
@@ -341,6 +367,7 @@ def main() -> None:
         log=lambda m: print(m, file=sys.stderr),
         api=args.api,
         streams=args.streams,
+        backend=args.backend,
     )
     print_result(result, args.json)
 

@@ -18,7 +18,10 @@
 3. A sweep of the serving thread layout (decode workers x intra-op threads, inter-op threads,
    precision) at concurrency 64 and 1.
 4. The headline ratios in interleaved pairs: CTranslate2 int8 offline right next to the server's
-   default layout at concurrency 64 and 1, on the same sentences, several times per beam.
+   default layout at concurrency 64 and 1, on the same sentences, several times per beam; in the
+   same pairs, the ORT int8 engine offline (service.decoding.generator, best layout) and the same
+   server decoding with CTranslate2 int8 (benchmarks/ct2_server.py: mtserve's gRPC front, Engine
+   and limits on a CTranslate2 backend at its best offline layout) at concurrency 64 and 1.
 5. Optionally (`--profile`) a py-spy breakdown of the server at concurrency 64.
 
 Everything goes to benchmarks/results/MODE-DATE.json (and MODE-latest.json); the report (a
@@ -44,11 +47,23 @@ with the headline ratios:
                             stream, against the offline part's CTranslate2 int8
   service_default_over_ct2_int8  the same for the default layout's unary calls in the main online
                             levels only
+  engine_over_ct2_int8      the ORT int8 engine offline (service.decoding.generator over the pairs'
+                            sentences, its best layout) / CTranslate2 int8 offline, sentences/s:
+                            the median ratio of the pairs
+  engine_latency_over_ct2   the ORT engine's single-sentence p50 / CTranslate2's, 1 thread each:
+                            the median ratio of the pairs
+  service_over_ct2_served   the server at concurrency 64 / the same server decoding with
+                            CTranslate2 int8 at concurrency 64, sentences/s: the median ratio of
+                            the pairs
+  latency_c1_over_ct2_served  the server's p50 at concurrency 1 / the CTranslate2-served server's:
+                            the median ratio of the pairs
+The ratios are given for beam 4 at the top level and for every beam under `by_beam`.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
 import os
@@ -58,6 +73,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -313,93 +329,181 @@ def run_sweep(p: dict, model: str, texts, refs, beam: int) -> list[dict]:
     return rows
 
 
+def _offline_cmd(p: dict, model: str, threads: int, engine: str, beam: int, workers: int, batch: int) -> list[str]:
+    """offline.py over the pairs' sentences at one layout, with single-sentence latency on 1 thread."""
+    return [
+        sys.executable,
+        str(REPO / "benchmarks" / "offline.py"),
+        "--engine",
+        engine,
+        "--beam",
+        str(beam),
+        "--threads",
+        str(threads),
+        "--workers",
+        str(workers),
+        "--batch-size",
+        str(batch),
+        "--limit",
+        str(p["pair_sentences"]),
+        "--model",
+        model,
+        "--latency",
+        str(p["latency_n"]),
+        "--latency-threads",
+        "1",
+    ]
+
+
+def _offline_part(cmd: list[str], prefix: str) -> dict:
+    """One offline.py run: {PREFIX_sentences_per_s, PREFIX_single_p50_ms}, or {"error": ...}."""
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
+    if proc.returncode != 0:
+        return {"error": proc.stderr.strip()[-500:]}
+    off = json.loads(proc.stdout.strip().splitlines()[-1])
+    return {
+        f"{prefix}_sentences_per_s": off["sentences_per_s"],
+        f"{prefix}_single_p50_ms": off["latency_single"]["p50_ms"],
+    }
+
+
+def _server_part(p: dict, address: str, texts, refs, beam: int, prefix: str) -> dict:
+    """One server at concurrency 64 over the pairs' sentences, then at concurrency 1:
+    {PREFIX_c64_sentences_per_s, PREFIX_c1_p50_ms}, or {"error": ...}."""
+    n = p["pair_sentences"]
+    c64 = online_mod.run_level(
+        address, texts[:n], refs[:n], 64, online_mod.requests_for(64, p["pair_requests"], p["rounds"]), beam
+    )
+    c1 = online_mod.run_level(address, texts, refs, 1, p["latency_n"], beam)
+    if c64["errors"] or c1["errors"]:
+        return {"error": f"{prefix} errors: {c64['errors']} {c1['errors']}"}
+    return {f"{prefix}_c64_sentences_per_s": c64["sentences_per_s"], f"{prefix}_c1_p50_ms": c1["p50_ms"]}
+
+
+# Each pair's ratios: (key, numerator, denominator).
+PAIR_RATIOS = (
+    ("throughput_ratio", "service_c64_sentences_per_s", "ct2_sentences_per_s"),
+    ("latency_ratio", "service_c1_p50_ms", "ct2_single_p50_ms"),
+    ("engine_throughput_ratio", "engine_sentences_per_s", "ct2_sentences_per_s"),
+    ("engine_latency_ratio", "engine_single_p50_ms", "ct2_single_p50_ms"),
+    ("served_throughput_ratio", "service_c64_sentences_per_s", "ct2_served_c64_sentences_per_s"),
+    ("served_latency_ratio", "service_c1_p50_ms", "ct2_served_c1_p50_ms"),
+)
+
+
 def run_pairs(
     p: dict, model: str, threads: int, texts, refs, offline_rows: list[dict], data_dir: str | Path | None = None
 ) -> list[dict]:
-    """The headline ratios, measured in interleaved pairs: CTranslate2 int8 offline (its best layout
-    from the offline part, else 2 x 1 at batch 32; single-sentence latency with 1 thread, as the
-    issue defines it) next to the server's default layout at concurrency 64 and 1, on the same
-    sentences, `p["pairs"]` times per beam, alternating which goes first. On a machine whose
-    speed drifts by tens of percent within minutes, the median of per-pair ratios is what one run
-    can say; a ratio of figures taken ten minutes apart is not. `texts`/`refs`: the test split
-    read from `data_dir` (offline.py's default corpus when None)."""
+    """The headline ratios, measured in interleaved pairs, `p["pairs"]` times per beam on the same
+    sentences, alternating the order of the parts:
+    - CTranslate2 int8 offline (its best layout from the offline part, else the plan's first;
+      single-sentence latency with 1 thread, as the issue defines it),
+    - the ORT int8 engine offline (`service.decoding.generator` over the sentences, its best layout
+      likewise; single-sentence latency with 1 thread),
+    - the server's default layout (`mtserve serve`) at concurrency 64 and 1,
+    - the same server decoding with CTranslate2 int8 (benchmarks/ct2_server.py: CTranslate2's best
+      offline layout and batch size) at concurrency 64 and 1, under the same load generator.
+    Either order keeps each ratio's two parts next to each other. On a machine whose speed drifts
+    by tens of percent within minutes, the median of per-pair ratios is what one run can say; a
+    ratio of figures taken ten minutes apart is not. A part that fails is recorded in the row's
+    `errors` and leaves out the ratios it enters; the pair as a whole (`error`) fails when
+    CTranslate2 offline or the server does, as before. `texts`/`refs`: the test split read from
+    `data_dir` (offline.py's default corpus when None)."""
+    from benchmarks.ct2_convert import convert
+
     rows = []
-    n = p["pair_sentences"]
-    for beam in p["online_beams"]:
-        ct2 = best_offline(offline_rows, "ct2-int8", beam)
-        workers, batch = (ct2["workers"], ct2["batch_size"]) if ct2 else p["offline_layouts"]["ct2"][0]
-        log(
-            f"pairs: beam {beam}, CT2 int8 {workers}x{max(1, threads // workers)} batch {batch} (single: 1x1) "
-            f"against the server's default layout, {p['pairs']} pairs"
-        )
-        cmd = [
-            sys.executable,
-            str(REPO / "benchmarks" / "offline.py"),
-            "--engine",
-            "ct2-int8",
-            "--beam",
-            str(beam),
-            "--threads",
-            str(threads),
-            "--workers",
-            str(workers),
-            "--batch-size",
-            str(batch),
-            "--limit",
-            str(n),
-            "--model",
-            model,
-            "--latency",
-            str(p["latency_n"]),
-            "--latency-threads",
-            "1",
-        ]
-        if data_dir is not None:
-            cmd += ["--data", str(data_dir)]
-        with online_mod.Server(model, []) as srv:
-
-            def ct2_part(cmd: list[str] = cmd) -> dict:
-                proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
-                if proc.returncode != 0:
-                    return {"error": proc.stderr.strip()[-500:]}
-                off = json.loads(proc.stdout.strip().splitlines()[-1])
-                return {
-                    "ct2_sentences_per_s": off["sentences_per_s"],
-                    "ct2_single_p50_ms": off["latency_single"]["p50_ms"],
-                }
-
-            def service_part(beam: int = beam) -> dict:
-                c64 = online_mod.run_level(
-                    srv.address,
-                    texts[:n],
-                    refs[:n],
-                    64,
-                    online_mod.requests_for(64, p["pair_requests"], p["rounds"]),
-                    beam,
-                )
-                c1 = online_mod.run_level(srv.address, texts, refs, 1, p["latency_n"], beam)
-                if c64["errors"] or c1["errors"]:
-                    return {"error": f"service errors: {c64['errors']} {c1['errors']}"}
-                return {"service_c64_sentences_per_s": c64["sentences_per_s"], "service_c1_p50_ms": c1["p50_ms"]}
-
-            for i in range(p["pairs"]):
-                row: dict = {"beam": beam, "pair": i}
-                for part in (ct2_part, service_part) if i % 2 == 0 else (service_part, ct2_part):
-                    row.update(part())
-                    if "error" in row:
-                        break
-                if "error" in row:
-                    log(f"  pair {i}: failed: {row['error']}")
-                else:
-                    row["throughput_ratio"] = round(row["service_c64_sentences_per_s"] / row["ct2_sentences_per_s"], 3)
-                    row["latency_ratio"] = round(row["service_c1_p50_ms"] / row["ct2_single_p50_ms"], 3)
-                    log(
-                        f"  pair {i}: service c64 {row['service_c64_sentences_per_s']:.1f} / CT2 "
-                        f"{row['ct2_sentences_per_s']:.1f} sent/s = {row['throughput_ratio']:.3f}; c1 p50 "
-                        f"{row['service_c1_p50_ms']:.1f} / {row['ct2_single_p50_ms']:.1f} ms = {row['latency_ratio']:.3f}"
+    data = ["--data", str(data_dir)] if data_dir is not None else []
+    with tempfile.TemporaryDirectory(prefix="mtserve-ct2-") as ct2_dir:
+        convert(model, ct2_dir)  # once, for every CTranslate2 run below
+        for beam in p["online_beams"]:
+            ct2 = best_offline(offline_rows, "ct2-int8", beam)
+            workers, batch = (ct2["workers"], ct2["batch_size"]) if ct2 else p["offline_layouts"]["ct2"][0]
+            ort = best_offline(offline_rows, "ort-int8", beam)
+            ort_workers, ort_batch = (ort["workers"], ort["batch_size"]) if ort else p["offline_layouts"]["ort"][0]
+            intra = max(1, threads // workers)
+            log(
+                f"pairs: beam {beam}, CT2 int8 {workers}x{intra} batch {batch} offline and served, ORT int8 engine "
+                f"{ort_workers}x{max(1, threads // ort_workers)} batch {ort_batch} offline (single: 1x1), the server's "
+                f"default layout, {p['pairs']} pairs"
+            )
+            ct2_cmd = _offline_cmd(p, model, threads, "ct2-int8", beam, workers, batch) + data + ["--ct2-dir", ct2_dir]
+            ort_cmd = _offline_cmd(p, model, threads, "ort-int8", beam, ort_workers, ort_batch) + data
+            served_args = [
+                "--decode-workers",
+                str(workers),
+                "--intra-op-threads",
+                str(intra),
+                "--ct2-batch-size",
+                str(batch),
+                "--ct2-dir",
+                ct2_dir,
+            ]
+            with contextlib.ExitStack() as servers:
+                srv = servers.enter_context(online_mod.Server(model, []))
+                try:  # a CTranslate2 server that does not start leaves its ratios out, not the others
+                    ct2_srv = servers.enter_context(
+                        online_mod.Server(model, served_args, backend="ct2", log_prefix="mtserve-ct2-bench-")
                     )
-                rows.append(row)
+                    served = partial(_server_part, p, ct2_srv.address, texts, refs, beam, "ct2_served")
+                except RuntimeError as e:
+                    log(f"  the CTranslate2-served server did not start: {e}")
+                    served = partial(dict, error=f"ct2_served did not start: {str(e)[-400:]}")
+                parts = {
+                    "engine": partial(_offline_part, ort_cmd, "engine"),
+                    "ct2": partial(_offline_part, ct2_cmd, "ct2"),
+                    "service": partial(_server_part, p, srv.address, texts, refs, beam, "service"),
+                    "ct2_served": served,
+                }
+                order = list(parts)  # reversed in odd pairs: each ratio's parts stay side by side
+                for i in range(p["pairs"]):
+                    row: dict = {"beam": beam, "pair": i}
+                    errors = {}
+                    for name in order if i % 2 == 0 else order[::-1]:
+                        out = parts[name]()
+                        if "error" in out:
+                            errors[name] = out["error"]
+                        else:
+                            row.update(out)
+                    if errors:
+                        row["errors"] = errors
+                        failed = [k for k in ("ct2", "service") if k in errors]
+                        if failed:
+                            row["error"] = "; ".join(errors[k] for k in failed)
+                    for key, num, den in PAIR_RATIOS:
+                        if num in row and den in row:
+                            row[key] = round(row[num] / row[den], 3)
+                    _log_pair(row)
+                    rows.append(row)
     return rows
+
+
+def _log_pair(row: dict) -> None:
+    for name, error in row.get("errors", {}).items():
+        log(f"  pair {row['pair']}: {name} failed: {error}")
+
+    def fig(num: str, den: str, key: str, unit: str) -> str:
+        if key not in row:
+            return "n/a"
+        return f"{row[num]:.1f} / {row[den]:.1f} {unit} = {row[key]:.3f}"
+
+    log(
+        f"  pair {row['pair']}: service/CT2 offline "
+        + fig("service_c64_sentences_per_s", "ct2_sentences_per_s", "throughput_ratio", "sent/s")
+        + "; c1 p50 "
+        + fig("service_c1_p50_ms", "ct2_single_p50_ms", "latency_ratio", "ms")
+    )
+    log(
+        "           engine/CT2 offline "
+        + fig("engine_sentences_per_s", "ct2_sentences_per_s", "engine_throughput_ratio", "sent/s")
+        + "; single p50 "
+        + fig("engine_single_p50_ms", "ct2_single_p50_ms", "engine_latency_ratio", "ms")
+    )
+    log(
+        "           service/CT2 served c64 "
+        + fig("service_c64_sentences_per_s", "ct2_served_c64_sentences_per_s", "served_throughput_ratio", "sent/s")
+        + "; c1 p50 "
+        + fig("service_c1_p50_ms", "ct2_served_c1_p50_ms", "served_latency_ratio", "ms")
+    )
 
 
 # ----------------------------------------------------------------------------- summary
@@ -479,7 +583,12 @@ def summarize(res: dict, beam: int) -> dict:
         ),
         None,
     )
-    pairs = [r for r in res.get("pairs", []) if r.get("beam") == beam and "error" not in r]
+    beam_pairs = [r for r in res.get("pairs", []) if r.get("beam") == beam]
+    pairs = [r for r in beam_pairs if "error" not in r]  # CTranslate2 offline and the server both measured
+
+    def paired(key: str) -> float | None:
+        """The median of `key` over this beam's pairs that measured it (its two parts answered)."""
+        return median([r[key] for r in beam_pairs if key in r])
 
     def ratio(a, b):
         return None if a is None or not b else round(a / b, 3)
@@ -510,6 +619,16 @@ def summarize(res: dict, beam: int) -> dict:
         "pairs_ct2_int8_sentences_per_s": median([r["ct2_sentences_per_s"] for r in pairs]),
         "pairs_service_c1_p50_ms": median([r["service_c1_p50_ms"] for r in pairs]),
         "pairs_ct2_single_p50_ms": median([r["ct2_single_p50_ms"] for r in pairs]),
+        # The ORT engine offline and the CTranslate2-served server against CTranslate2 (medians of
+        # the pairs that measured them).
+        "engine_over_ct2_int8": paired("engine_throughput_ratio"),
+        "engine_latency_over_ct2": paired("engine_latency_ratio"),
+        "service_over_ct2_served": paired("served_throughput_ratio"),
+        "latency_c1_over_ct2_served": paired("served_latency_ratio"),
+        "pairs_engine_sentences_per_s": paired("engine_sentences_per_s"),
+        "pairs_engine_single_p50_ms": paired("engine_single_p50_ms"),
+        "pairs_ct2_served_c64_sentences_per_s": paired("ct2_served_c64_sentences_per_s"),
+        "pairs_ct2_served_c1_p50_ms": paired("ct2_served_c1_p50_ms"),
         "service_best_over_ct2_int8": best_tp,
         "latency_c1_best_over_ct2": best_lat,
         "service_default_c64_sentences_per_s": svc64_default,
@@ -678,7 +797,22 @@ def _online_series(res: dict, beam: int) -> dict[str, list[dict]]:
 
 
 def write_markdown(res: dict, path: Path, plot_name: str) -> None:
-    env = res["environment"]
+    """docs/benchmarks.md (or the quick report): its sections in order, each from its part of `res`."""
+    sections = [
+        _report_header(res),
+        _report_what_is_measured(),
+        _report_machine(res),
+        _report_offline(res),
+        _report_online(res),
+        _report_batcher(res),
+        _report_profile(res),
+        _report_pairs(res),
+        _report_headline(res, plot_name),
+    ]
+    path.write_text("\n".join(line for section in sections for line in section))
+
+
+def _report_header(res: dict) -> list[str]:
     L = [
         f"# Benchmarks ({res['mode']} run)",
         "",
@@ -688,7 +822,11 @@ def write_markdown(res: dict, path: Path, plot_name: str) -> None:
     ]
     if res.get("note"):
         L += [f"> **{res['note']}**", ""]
-    L += [
+    return L
+
+
+def _report_what_is_measured() -> list[str]:
+    return [
         "## What is measured",
         "",
         "- **Offline** (one process per engine, `benchmarks/offline.py`): the test sentences sorted by length into "
@@ -703,11 +841,18 @@ def write_markdown(res: dict, path: Path, plot_name: str) -> None:
         "- **Batcher** (`benchmarks/batcher.py`): the same scheduler and decode workers in one process with no gRPC, "
         "64 sentences in flight: what batching arrivals of mixed length costs, apart from the RPC layer.",
         "- **Pairs** (`run_pairs`): CTranslate2 int8 offline and the server's default layout at concurrency 64 "
-        "and 1, one right after the other on the same sentences, several times per beam: the headline ratios.",
+        "and 1, one right after the other on the same sentences, several times per beam: the headline ratios. "
+        "In the same pairs, the ORT int8 engine offline, and the same server decoding with CTranslate2 int8 "
+        "(`benchmarks/ct2_server.py`, the server's front on a CTranslate2 backend) at concurrency 64 and 1.",
         "- **Target tokens**: generated subword tokens, `</s>` included.",
         "",
     ]
-    L += [
+
+
+def _report_machine(res: dict) -> list[str]:
+    """The machine, the versions and the settings; the conversion check and the agreements."""
+    env = res["environment"]
+    L = [
         "## Machine and settings",
         "",
         f"- date: {env['date']}, commit `{env['commit']}`",
@@ -729,7 +874,11 @@ def write_markdown(res: dict, path: Path, plot_name: str) -> None:
     for a in res.get("agreement", []):
         if a:
             L.append(f"- agreement {a['a']} vs {a['b']}: {a['identical']} / {a['sentences']} identical")
-    L += [
+    return L
+
+
+def _report_offline(res: dict) -> list[str]:
+    L = [
         "",
         "## Offline",
         "",
@@ -751,6 +900,12 @@ def write_markdown(res: dict, path: Path, plot_name: str) -> None:
         "BLEU is sacreBLEU (13a, cased) over the sentences translated; it is comparable between rows only "
         "when they translated the same sentences.",
         "",
+    ]
+    return L
+
+
+def _report_online(res: dict) -> list[str]:
+    L = [
         "## Online (mtserve serve on loopback, async gRPC client, one sentence per request)",
         "",
         "| beam | API | server flags | concurrency | requests | errors | sent/s | target tok/s | p50 ms | p95 ms | p99 ms "
@@ -772,87 +927,146 @@ def write_markdown(res: dict, path: Path, plot_name: str) -> None:
         "the same cores as the server; the last column is the CPU each process used during the level.",
         "",
     ]
-    if res.get("batcher"):
-        L += [
-            "## The batcher alone (in-process, no gRPC)",
-            "",
-            "`benchmarks/batcher.py`: the server's scheduler and decode workers (default layout) in one process, "
-            "64 sentences in flight, each answer submitting the next test sentence; no RPC, no protobuf, no client "
-            "process. Step figures are from the scheduler's own metrics.",
-            "",
-            "| beam | continuous batching | sentences | sent/s | CPU cores | p50 ms | p99 ms | rows/step | ms/step "
-            "| µs/row-step |",
-            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
-        ]
-        for r in res["batcher"]:
-            if "error" in r:
-                L.append(f"| {r['beam']} | {'on' if r['continuous_batching'] else 'off'} | failed | | | | | | | |")
-                continue
-            L.append(
-                f"| {r['beam']} | {'on' if r['continuous_batching'] else 'off'} | {r['sentences']} | "
-                f"{r['sentences_per_s']:.1f} | {r['cpu_cores']} | {r['p50_ms']} | {r['p99_ms']} | "
-                f"{r['rows_per_step']} | {r['ms_per_step']} | {r['us_per_row_step']} |"
-            )
-        L += [
-            "",
-            "Where the gap to CTranslate2 is, step by step (best layout or mode of each, sent/s):",
-            "",
-            "| beam | CT2 int8 offline | ORT int8 offline (sorted batches) | batcher c64 (mixed arrivals) | "
-            "service c64 TranslateMany | service c64 Translate (gRPC, client on the same cores) |",
-            "| --- | --- | --- | --- | --- | --- |",
-        ]
-        for s in res["summary_by_beam"]:
-            L.append(
-                f"| {s['beam']} | {s['ct2_int8_sentences_per_s']} ({s['ct2_int8_layout']}) | "
-                f"{s.get('ort_int8_sentences_per_s')} ({s.get('ort_int8_layout')}) | "
-                f"{s.get('batcher_c64_sentences_per_s')} | {s.get('service_many_c64_sentences_per_s')} | "
-                f"{s['service_c64_sentences_per_s']} |"
-            )
-        L.append("")
-    if res.get("profile"):
-        pr = res["profile"]
-        L += [
-            "## Where the server's time goes",
-            "",
-            f"py-spy, {pr['seconds']} s at concurrency {pr['concurrency']}, beam {pr['beam']}, "
-            f"{pr['samples']} busy samples (all threads):",
-            "",
-            "| bucket | share |",
-            "| --- | --- |",
-        ]
-        L += [f"| {k} | {100 * v:.1f}% |" for k, v in pr["share"].items()]
-        L.append("")
-    pairs = res.get("pairs", [])
-    if pairs:
-        L += [
-            "## Headline ratios in interleaved pairs",
-            "",
-            "Each pair runs CTranslate2 int8 offline (its best layout from the offline part; single-sentence latency "
-            "with 1 thread) and the server's default layout at concurrency 64 and 1 on the same sentences, one "
-            "right after the other, alternating which goes first. The targets' ratios are the medians of the "
-            "per-pair ratios.",
-            "",
-            "| beam | pair | service c64 sent/s | CT2 int8 sent/s | ratio | service c1 p50 ms | CT2 single p50 ms | ratio |",
-            "| --- | --- | --- | --- | --- | --- | --- | --- |",
-        ]
-        for r in pairs:
-            if "error" in r:
-                L.append(f"| {r['beam']} | {r['pair']} | failed | | | | | |")
-                continue
-            L.append(
-                f"| {r['beam']} | {r['pair']} | {r['service_c64_sentences_per_s']:.1f} | {r['ct2_sentences_per_s']:.1f} | "
-                f"{r['throughput_ratio']:.3f} | {r['service_c1_p50_ms']:.1f} | {r['ct2_single_p50_ms']:.1f} | "
-                f"{r['latency_ratio']:.3f} |"
-            )
-        L.append("")
+    return L
+
+
+def _report_batcher(res: dict) -> list[str]:
+    """The batcher alone, and the step-by-step gap to CTranslate2; nothing without a batcher part."""
+    if not res.get("batcher"):
+        return []
+    L = [
+        "## The batcher alone (in-process, no gRPC)",
+        "",
+        "`benchmarks/batcher.py`: the server's scheduler and decode workers (default layout) in one process, "
+        "64 sentences in flight, each answer submitting the next test sentence; no RPC, no protobuf, no client "
+        "process. Step figures are from the scheduler's own metrics.",
+        "",
+        "| beam | continuous batching | sentences | sent/s | CPU cores | p50 ms | p99 ms | rows/step | ms/step "
+        "| µs/row-step |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in res["batcher"]:
+        if "error" in r:
+            L.append(f"| {r['beam']} | {'on' if r['continuous_batching'] else 'off'} | failed | | | | | | | |")
+            continue
+        L.append(
+            f"| {r['beam']} | {'on' if r['continuous_batching'] else 'off'} | {r['sentences']} | "
+            f"{r['sentences_per_s']:.1f} | {r['cpu_cores']} | {r['p50_ms']} | {r['p99_ms']} | "
+            f"{r['rows_per_step']} | {r['ms_per_step']} | {r['us_per_row_step']} |"
+        )
     L += [
+        "",
+        "Where the gap to CTranslate2 is, step by step (best layout or mode of each, sent/s):",
+        "",
+        "| beam | CT2 int8 offline | ORT int8 offline (sorted batches) | batcher c64 (mixed arrivals) | "
+        "service c64 TranslateMany | service c64 Translate (gRPC, client on the same cores) |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for s in res["summary_by_beam"]:
+        L.append(
+            f"| {s['beam']} | {s['ct2_int8_sentences_per_s']} ({s['ct2_int8_layout']}) | "
+            f"{s.get('ort_int8_sentences_per_s')} ({s.get('ort_int8_layout')}) | "
+            f"{s.get('batcher_c64_sentences_per_s')} | {s.get('service_many_c64_sentences_per_s')} | "
+            f"{s['service_c64_sentences_per_s']} |"
+        )
+    L.append("")
+    return L
+
+
+def _report_profile(res: dict) -> list[str]:
+    """Where the server's time goes (py-spy); nothing without a profile."""
+    if not res.get("profile"):
+        return []
+    pr = res["profile"]
+    L = [
+        "## Where the server's time goes",
+        "",
+        f"py-spy, {pr['seconds']} s at concurrency {pr['concurrency']}, beam {pr['beam']}, "
+        f"{pr['samples']} busy samples (all threads):",
+        "",
+        "| bucket | share |",
+        "| --- | --- |",
+    ]
+    L += [f"| {k} | {100 * v:.1f}% |" for k, v in pr["share"].items()]
+    L.append("")
+    return L
+
+
+def _report_pairs(res: dict) -> list[str]:
+    """The interleaved pairs, one row each; nothing without pairs."""
+    pairs = res.get("pairs", [])
+    if not pairs:
+        return []
+    L = [
+        "## Headline ratios in interleaved pairs",
+        "",
+        "Each pair runs CTranslate2 int8 offline (its best layout from the offline part; single-sentence latency "
+        "with 1 thread) and the server's default layout at concurrency 64 and 1 on the same sentences, one "
+        "right after the other, alternating which goes first. The targets' ratios are the medians of the "
+        "per-pair ratios.",
+        "",
+        "| beam | pair | service c64 sent/s | CT2 int8 sent/s | ratio | service c1 p50 ms | CT2 single p50 ms | ratio |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in pairs:
+        if "error" in r:
+            L.append(f"| {r['beam']} | {r['pair']} | failed | | | | | |")
+            continue
+        L.append(
+            f"| {r['beam']} | {r['pair']} | {r['service_c64_sentences_per_s']:.1f} | {r['ct2_sentences_per_s']:.1f} | "
+            f"{r['throughput_ratio']:.3f} | {r['service_c1_p50_ms']:.1f} | {r['ct2_single_p50_ms']:.1f} | "
+            f"{r['latency_ratio']:.3f} |"
+        )
+    L.append("")
+    if not any(k in r for r in pairs for k in ("engine_sentences_per_s", "ct2_served_c64_sentences_per_s")):
+        return L  # results from before the ORT engine and the CTranslate2-served server were paired
+    L += [
+        "In the same pairs, the ORT int8 engine offline (`service.decoding.generator` over the same sentences, "
+        "its best layout from the offline part; single-sentence latency with 1 thread) against CTranslate2 int8 "
+        "offline, and the server against the same server decoding with CTranslate2 int8 "
+        "(`benchmarks/ct2_server.py`: the same gRPC front, Engine and limits, CTranslate2's best offline layout "
+        "and batch size) under the same load generator (blank: that part failed):",
+        "",
+        "| beam | pair | ORT engine sent/s | CT2 int8 sent/s | ratio | ORT engine single p50 ms | CT2 single p50 ms "
+        "| ratio | service c64 sent/s | CT2-served c64 sent/s | ratio | service c1 p50 ms | CT2-served c1 p50 ms "
+        "| ratio |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+
+    def cell(r: dict, key: str, fmt: str) -> str:
+        return format(r[key], fmt) if key in r else ""
+
+    for r in pairs:
+        cols = [
+            ("engine_sentences_per_s", ".1f"),
+            ("ct2_sentences_per_s", ".1f"),
+            ("engine_throughput_ratio", ".3f"),
+            ("engine_single_p50_ms", ".1f"),
+            ("ct2_single_p50_ms", ".1f"),
+            ("engine_latency_ratio", ".3f"),
+            ("service_c64_sentences_per_s", ".1f"),
+            ("ct2_served_c64_sentences_per_s", ".1f"),
+            ("served_throughput_ratio", ".3f"),
+            ("service_c1_p50_ms", ".1f"),
+            ("ct2_served_c1_p50_ms", ".1f"),
+            ("served_latency_ratio", ".3f"),
+        ]
+        L.append(f"| {r['beam']} | {r['pair']} | " + " | ".join(cell(r, k, f) for k, f in cols) + " |")
+    L.append("")
+    return L
+
+
+def _report_headline(res: dict, plot_name: str) -> list[str]:
+    """The headline ratios per beam, what they divide, and the plots."""
+    L = [
         "## Headline ratios",
         "",
         "| beam | service / CT2 int8 (target >= 1.0) | c1 latency / CT2 (target <= 1.5) | "
         "service / torch eager, batched | service / torch eager, one sentence at a time (target >= 30) | "
         "best samples: service c64 / CT2 int8 | default layout, main levels / CT2 int8 | TranslateMany c64 / CT2 int8 | "
-        "best samples: service c1 / CT2 single |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "best samples: service c1 / CT2 single | ORT engine / CT2 int8, offline | ORT engine single / CT2 single "
+        "| service c64 / CT2-served c64 | service c1 / CT2-served c1 |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for s in res["summary_by_beam"]:
         L.append(
@@ -862,7 +1076,9 @@ def write_markdown(res: dict, path: Path, plot_name: str) -> None:
             f"= {s.get('service_best_over_ct2_int8')} | "
             f"{s.get('service_default_c64_sentences_per_s')} → {s.get('service_default_over_ct2_int8')} | "
             f"{s.get('service_many_over_ct2_int8')} | "
-            f"{s['service_c1_p50_ms']} / {s['ct2_single_p50_ms']} = {s.get('latency_c1_best_over_ct2')} |"
+            f"{s['service_c1_p50_ms']} / {s['ct2_single_p50_ms']} = {s.get('latency_c1_best_over_ct2')} | "
+            f"{s.get('engine_over_ct2_int8')} | {s.get('engine_latency_over_ct2')} | "
+            f"{s.get('service_over_ct2_served')} | {s.get('latency_c1_over_ct2_served')} |"
         )
     L += [
         "",
@@ -872,14 +1088,69 @@ def write_markdown(res: dict, path: Path, plot_name: str) -> None:
         'at a time as the Annotated Transformer does (the issue\'s ~20 sent/s reference). "best samples": the best '
         "service figure over the online levels and the sweep, against CTranslate2's figures from the offline part "
         '(minutes apart: on a drifting machine they read high or low). "TranslateMany" sends the same sentences '
-        "as items of one stream. Where the time goes and why: [performance.md](performance.md).",
+        "as items of one stream. The last four columns are the medians of the pairs' second table: the ORT engine "
+        "offline against CTranslate2 offline (sent/s, and single-sentence p50 with 1 thread each), and the server "
+        "against the same server decoding with CTranslate2 (c64 sent/s, c1 p50). "
+        "Where the time goes and why: [performance.md](performance.md).",
         "",
         f"![latency against throughput, beam 4]({plot_name})",
         "",
     ]
     for b in res["plan"]["online_beams"][:-1]:
         L += [f"![latency against throughput, beam {b}]({Path(plot_name).stem}-beam{b}.png)", ""]
-    path.write_text("\n".join(L))
+    return L
+
+
+# The last line's keys: the ratios, for the default beam and per beam (`by_beam`); then the
+# figures they divide, for the default beam.
+HEADLINE_RATIOS = (
+    "service_over_ct2_int8",
+    "latency_c1_over_ct2",
+    "service_over_torch_eager",
+    "service_over_torch_eager_single",
+    "service_many_over_ct2_int8",
+    "service_default_over_ct2_int8",
+    "service_best_over_ct2_int8",
+    "latency_c1_best_over_ct2",
+    "engine_over_ct2_int8",
+    "engine_latency_over_ct2",
+    "service_over_ct2_served",
+    "latency_c1_over_ct2_served",
+)
+HEADLINE_FIGURES = (
+    "pairs",
+    "pairs_service_c64_sentences_per_s",
+    "pairs_ct2_int8_sentences_per_s",
+    "pairs_service_c1_p50_ms",
+    "pairs_ct2_single_p50_ms",
+    "pairs_engine_sentences_per_s",
+    "pairs_engine_single_p50_ms",
+    "pairs_ct2_served_c64_sentences_per_s",
+    "pairs_ct2_served_c1_p50_ms",
+    "service_c64_sentences_per_s",
+    "service_default_c64_sentences_per_s",
+    "service_many_c64_sentences_per_s",
+    "ct2_int8_sentences_per_s",
+    "service_c1_p50_ms",
+    "ct2_single_p50_ms",
+    "torch_eager_sentences_per_s",
+    "torch_eager_single_sentences_per_s",
+)
+
+
+def headline(res: dict, head_beam: int) -> dict:
+    """The JSON object of the last line: `head_beam`'s ratios and figures at the top level, every
+    beam's ratios under `by_beam`."""
+    head = next(s for s in res["summary_by_beam"] if s["beam"] == head_beam)
+    return {
+        "mode": res["mode"],
+        "beam": head_beam,
+        **{k: head.get(k) for k in HEADLINE_RATIOS + HEADLINE_FIGURES},
+        "by_beam": {str(s["beam"]): {k: s.get(k) for k in HEADLINE_RATIOS} for s in res["summary_by_beam"]},
+        "ct2_greedy_identical": f"{res['ct2_check']['identical']}/{res['ct2_check']['sentences']}",
+        # offline sentences per engine (0 = all 1,000): quick-mode ratios come from subsets
+        "offline_sentences": res["plan"]["limits"],
+    }
 
 
 # ----------------------------------------------------------------------------- main
@@ -984,43 +1255,7 @@ def main() -> None:
         log("matplotlib missing: no plot (pip install -e '.[bench]')")
     write_markdown(res, md, png.name)
     log(f"wrote {RESULTS / f'{mode}-{stamp}.json'}, {md}, {png} in {res['seconds']} s")
-    keys = (
-        "service_over_ct2_int8",
-        "latency_c1_over_ct2",
-        "service_over_torch_eager",
-        "service_over_torch_eager_single",
-        "service_many_over_ct2_int8",
-        "service_default_over_ct2_int8",
-        "service_best_over_ct2_int8",
-        "latency_c1_best_over_ct2",
-        "pairs",
-        "pairs_service_c64_sentences_per_s",
-        "pairs_ct2_int8_sentences_per_s",
-        "pairs_service_c1_p50_ms",
-        "pairs_ct2_single_p50_ms",
-        "service_c64_sentences_per_s",
-        "service_default_c64_sentences_per_s",
-        "service_many_c64_sentences_per_s",
-        "ct2_int8_sentences_per_s",
-        "service_c1_p50_ms",
-        "ct2_single_p50_ms",
-        "torch_eager_sentences_per_s",
-        "torch_eager_single_sentences_per_s",
-    )
-    head = next(s for s in res["summary_by_beam"] if s["beam"] == head_beam)
-    print(
-        json.dumps(
-            {
-                "mode": mode,
-                "beam": head_beam,
-                **{k: head[k] for k in keys},
-                "by_beam": {str(s["beam"]): {k: s[k] for k in keys[:8]} for s in res["summary_by_beam"]},
-                "ct2_greedy_identical": f"{res['ct2_check']['identical']}/{res['ct2_check']['sentences']}",
-                # offline sentences per engine (0 = all 1,000): quick-mode ratios come from subsets
-                "offline_sentences": p["limits"],
-            }
-        )
-    )
+    print(json.dumps(headline(res, head_beam)))
 
 
 if __name__ == "__main__":

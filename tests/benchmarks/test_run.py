@@ -1,9 +1,10 @@
 """benchmarks/run.py: the headline ratios measured in interleaved pairs (CTranslate2 offline next to
-a real server), and the summary that turns the parts into the targets' ratios."""
+a real server, the ORT engine offline, and the same server decoding with CTranslate2), and the
+summary that turns the parts into the targets' ratios and the last line's keys."""
 
 from __future__ import annotations
 
-from benchmarks.run import run_pairs, summarize
+from benchmarks.run import HEADLINE_RATIOS, headline, run_pairs, summarize
 
 
 def test_pairs_measure_ct2_and_the_server_side_by_side(tiny_onnx_dir, tiny_model_dir, data_dir, test_split):
@@ -14,7 +15,7 @@ def test_pairs_measure_ct2_and_the_server_side_by_side(tiny_onnx_dir, tiny_model
         "pair_requests": 70,
         "rounds": 1,
         "latency_n": 3,
-        "offline_layouts": {"ct2": [(1, 8)]},
+        "offline_layouts": {"ct2": [(1, 8)], "ort": [(1, 8)]},
     }
     texts, refs = test_split
     rows = run_pairs(plan, str(tiny_model_dir), 1, texts, refs, offline_rows=[], data_dir=data_dir)
@@ -25,6 +26,16 @@ def test_pairs_measure_ct2_and_the_server_side_by_side(tiny_onnx_dir, tiny_model
         assert r["ct2_single_p50_ms"] > 0 and r["service_c1_p50_ms"] > 0
         assert r["throughput_ratio"] == round(r["service_c64_sentences_per_s"] / r["ct2_sentences_per_s"], 3)
         assert r["latency_ratio"] == round(r["service_c1_p50_ms"] / r["ct2_single_p50_ms"], 3)
+        # the ORT engine offline and the CTranslate2-served server, in the same pairs
+        assert "errors" not in r, r.get("errors")
+        assert r["engine_sentences_per_s"] > 0 and r["engine_single_p50_ms"] > 0
+        assert r["ct2_served_c64_sentences_per_s"] > 0 and r["ct2_served_c1_p50_ms"] > 0
+        assert r["engine_throughput_ratio"] == round(r["engine_sentences_per_s"] / r["ct2_sentences_per_s"], 3)
+        assert r["engine_latency_ratio"] == round(r["engine_single_p50_ms"] / r["ct2_single_p50_ms"], 3)
+        assert r["served_throughput_ratio"] == round(
+            r["service_c64_sentences_per_s"] / r["ct2_served_c64_sentences_per_s"], 3
+        )
+        assert r["served_latency_ratio"] == round(r["service_c1_p50_ms"] / r["ct2_served_c1_p50_ms"], 3)
 
 
 def _level(c: int, sent_s: float, p50: float) -> dict:
@@ -76,8 +87,110 @@ def test_summary_takes_the_median_of_the_pairs():
     assert s["torch_eager_sentences_per_s"] == 40.0 and s["torch_eager_single_sentences_per_s"] == 8.0
 
 
+def _full_pair(i: int, svc, ct2, c1_svc, c1_ct2, engine, engine1, served, served1) -> dict:
+    row = {
+        "beam": 1,
+        "pair": i,
+        "ct2_sentences_per_s": ct2,
+        "service_c64_sentences_per_s": svc,
+        "ct2_single_p50_ms": c1_ct2,
+        "service_c1_p50_ms": c1_svc,
+        "engine_sentences_per_s": engine,
+        "engine_single_p50_ms": engine1,
+        "ct2_served_c64_sentences_per_s": served,
+        "ct2_served_c1_p50_ms": served1,
+    }
+    for key, num, den in (
+        ("throughput_ratio", svc, ct2),
+        ("latency_ratio", c1_svc, c1_ct2),
+        ("engine_throughput_ratio", engine, ct2),
+        ("engine_latency_ratio", engine1, c1_ct2),
+        ("served_throughput_ratio", svc, served),
+        ("served_latency_ratio", c1_svc, served1),
+    ):
+        row[key] = round(num / den, 3)
+    return row
+
+
+def test_summary_takes_the_median_of_the_engine_and_ct2_served_pairs():
+    pairs = [
+        _full_pair(0, 300, 600, 12, 10, 540, 8, 400, 15),  # engine 0.9, 0.8; served 0.75, 0.8
+        _full_pair(1, 330, 500, 15, 10, 550, 12, 300, 10),  # engine 1.1, 1.2; served 1.1, 1.5
+        _full_pair(2, 200, 800, 30, 12, 400, 12, 250, 20),  # engine 0.5, 1.0; served 0.8, 1.5
+    ]
+    # a pair whose CTranslate2-served server failed still counts for the other ratios ...
+    partial = _full_pair(3, 300, 300, 10, 10, 300, 10, 1, 1)  # ratios 1.0 and 1.0
+    for k in (
+        "ct2_served_c64_sentences_per_s",
+        "ct2_served_c1_p50_ms",
+        "served_throughput_ratio",
+        "served_latency_ratio",
+    ):
+        del partial[k]
+    partial["errors"] = {"ct2_served": "did not start"}
+    # ... and one whose server failed counts for the engine's alone, not for the service's ratios
+    failed = {
+        k: v
+        for k, v in _full_pair(4, 1, 300, 1, 10, 600, 20, 1, 1).items()
+        if not k.startswith(("service", "served", "throughput", "latency", "ct2_served"))
+    }
+    failed.update(error="service errors", errors={"service": "service errors"})
+    s = summarize(_results(pairs + [partial, failed]), 1)
+    assert s["pairs"] == 4  # CTranslate2 offline and the server both measured
+    assert s["service_over_ct2_int8"] == 0.58  # ratios 0.5, 0.66, 0.25, 1.0
+    assert s["engine_over_ct2_int8"] == 1.0  # 0.9, 1.1, 0.5, 1.0, 2.0
+    assert s["engine_latency_over_ct2"] == 1.0  # 0.8, 1.2, 1.0, 1.0, 2.0
+    assert s["service_over_ct2_served"] == 0.8  # 0.75, 1.1, 0.8
+    assert s["latency_c1_over_ct2_served"] == 1.5  # 0.8, 1.5, 1.5
+    assert s["pairs_engine_sentences_per_s"] == 540 and s["pairs_engine_single_p50_ms"] == 12
+    assert s["pairs_ct2_served_c64_sentences_per_s"] == 300 and s["pairs_ct2_served_c1_p50_ms"] == 15
+
+
+def test_the_last_line_keeps_its_keys_and_gains_the_new_ratios_per_beam():
+    res = _results([_full_pair(0, 300, 600, 12, 10, 540, 8, 400, 15)])
+    res.update(
+        mode="quick",
+        plan={"online_beams": [1], "limits": {"default": 200}},
+        ct2_check={"identical": 24, "sentences": 24},
+    )
+    res["summary_by_beam"] = [summarize(res, 1)]
+    line = headline(res, 1)
+    kept = [
+        "service_over_ct2_int8",
+        "latency_c1_over_ct2",
+        "service_over_torch_eager",
+        "service_over_torch_eager_single",
+        "service_many_over_ct2_int8",
+        "service_default_over_ct2_int8",
+        "service_best_over_ct2_int8",
+        "latency_c1_best_over_ct2",
+        "pairs",
+        "pairs_service_c64_sentences_per_s",
+        "pairs_ct2_int8_sentences_per_s",
+        "pairs_service_c1_p50_ms",
+        "pairs_ct2_single_p50_ms",
+        "service_c64_sentences_per_s",
+        "service_default_c64_sentences_per_s",
+        "service_many_c64_sentences_per_s",
+        "ct2_int8_sentences_per_s",
+        "service_c1_p50_ms",
+        "ct2_single_p50_ms",
+        "torch_eager_sentences_per_s",
+        "torch_eager_single_sentences_per_s",
+    ]
+    new = ["engine_over_ct2_int8", "engine_latency_over_ct2", "service_over_ct2_served", "latency_c1_over_ct2_served"]
+    assert set(kept + new) <= set(line) and set(kept[:8] + new) <= set(HEADLINE_RATIOS)
+    assert line["mode"] == "quick" and line["beam"] == 1 and line["pairs"] == 1
+    assert line["ct2_greedy_identical"] == "24/24" and line["offline_sentences"] == {"default": 200}
+    assert line["service_over_ct2_int8"] == 0.5 and line["latency_c1_over_ct2"] == 1.2
+    assert (line["engine_over_ct2_int8"], line["engine_latency_over_ct2"]) == (0.9, 0.8)
+    assert (line["service_over_ct2_served"], line["latency_c1_over_ct2_served"]) == (0.75, 0.8)
+    assert line["by_beam"] == {"1": {k: line[k] for k in HEADLINE_RATIOS}}
+
+
 def test_summary_without_pairs_uses_the_best_samples():
     s = summarize(_results([]), 1)
     assert s["pairs"] == 0 and s["pairs_service_c64_sentences_per_s"] is None
+    assert s["engine_over_ct2_int8"] is None and s["service_over_ct2_served"] is None
     assert s["service_over_ct2_int8"] == 0.5 and s["latency_c1_over_ct2"] == 1.3
     assert s["service_over_torch_eager"] == 10.0 and s["service_over_torch_eager_single"] == 50.0
