@@ -48,7 +48,9 @@ WORKDIR /src
 RUN python3 -m venv /opt/export
 COPY pyproject.toml setup.py README.md ./
 COPY protos/ protos/
+COPY contract/ contract/
 COPY export/ export/
+COPY mtserve/ mtserve/
 COPY service/ service/
 RUN --mount=type=bind,from=wheels,target=/wheels --mount=type=bind,from=certs,target=/certs \
     if [ -f /certs/ca-certificates.crt ]; then export PIP_CERT=/certs/ca-certificates.crt; fi \
@@ -67,7 +69,9 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1 PYTHONDONTWRITEBYTECODE=1
 WORKDIR /src
 COPY pyproject.toml setup.py README.md ./
 COPY protos/ protos/
+COPY contract/ contract/
 COPY export/ export/
+COPY mtserve/ mtserve/
 COPY service/ service/
 RUN --mount=type=bind,from=wheels,target=/wheels --mount=type=bind,from=certs,target=/certs \
     if [ -f /certs/ca-certificates.crt ]; then export PIP_CERT=/certs/ca-certificates.crt; fi \
