@@ -8,7 +8,7 @@ MODEL ?= models/de-en
 ADDRESS ?= localhost:50051
 METRICS_PORT ?= 9090
 
-.PHONY: install serve export lint test test-slow test-container fuzz soak overload bench bench-quick clean
+.PHONY: install serve export lint test test-slow test-container fuzz soak overload bench bench-quick perf-analyzer clean
 
 $(STAMP): pyproject.toml setup.py $(wildcard protos/*/*.proto protos/*/*/*.proto)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -18,8 +18,10 @@ $(STAMP): pyproject.toml setup.py $(wildcard protos/*/*.proto protos/*/*/*.proto
 
 install: $(STAMP)
 
-# Whether MODEL/onnx holds an export this version can serve (a manifest of the current graph format).
-EXPORTED = $(PY) -c "import sys; from contract.manifest import load_manifest; load_manifest(sys.argv[1], verify_checksums=False)" \
+# Whether MODEL/onnx holds an export this version serves by default: a manifest of the current graph
+# format with the int8 graphs, fused decoder step included (an fp32-only export, as `mtserve verify`
+# leaves, is exported again).
+EXPORTED = $(PY) -c "import sys; from contract.manifest import load_manifest; load_manifest(sys.argv[1], verify_checksums=False, precision=\"int8\", graph=\"fused\")" \
 	$(MODEL)/onnx 2>/dev/null
 
 # Export the shipped checkpoint to ONNX when its graphs are missing or of an older format, then serve it.
@@ -81,6 +83,15 @@ bench: $(STAMP)
 bench-quick: $(STAMP)
 	$(BENCH_DEPS)
 	$(PY) benchmarks/run.py --quick $(BENCH_ARGS)
+
+# Triton's perf_analyzer, unchanged, against the KServe endpoint of `mtserve serve` (default settings,
+# a free loopback port) at concurrency 1, 2, 4, 8, then benchmarks/online.py on the same server and
+# levels (scripts/perf_analyzer.sh bench; docs/perf_analyzer.md). The PyPI binary needs glibc >= 2.38,
+# so it runs in a Debian trixie root built once with debootstrap in /var/tmp/mtserve-trixie (root;
+# about a minute). CONCURRENCY=1,2 (or a range 1:8) and PA_OUT=DIR in the environment are honoured.
+perf-analyzer: $(STAMP)
+	$(EXPORTED) || $(PY) -m mtserve export --model $(MODEL) --precision all
+	PY=$(PY) scripts/perf_analyzer.sh bench $(MODEL)
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -80,8 +80,16 @@ class KServeServicer(pb_grpc.GRPCInferenceServiceServicer):
             name=spec.name,
             versions=[self.version],
             platform=PLATFORM,
-            inputs=[tensor(name=INPUT, datatype="BYTES", shape=[-1])],
-            outputs=[tensor(name=spec.output, datatype=spec.output_datatype, shape=list(spec.output_shape))],
+            # Triton's rule: the batch axis, then ModelConfig's dims ([1] for a text, reshaped to []).
+            # perf_analyzer shapes its requests from this, and refuses the empty shape [-1] leaves.
+            inputs=[tensor(name=INPUT, datatype="BYTES", shape=[-1, 1])],
+            outputs=[
+                tensor(
+                    name=spec.output,
+                    datatype=spec.output_datatype,
+                    shape=list(spec.output_shape) if len(spec.output_shape) > 1 else [-1, 1],
+                )
+            ],
         )
 
     def _model(self, name: str, version: str, name_field: str, version_field: str) -> ModelSpec:

@@ -81,10 +81,11 @@ def test_liveness_readiness_and_metadata(server, triton, names):
 
     meta = s["metadata"][translator]
     assert meta["name"] == translator and meta["versions"] == [version]
-    assert meta["inputs"] == [{"name": "TEXT", "datatype": "BYTES", "shape": ["-1"]}]
-    assert meta["outputs"] == [{"name": "TRANSLATION", "datatype": "BYTES", "shape": ["-1"]}]
+    # The batch axis, then ModelConfig's dims (Triton's rule; perf_analyzer shapes its requests by it).
+    assert meta["inputs"] == [{"name": "TEXT", "datatype": "BYTES", "shape": ["-1", "1"]}]
+    assert meta["outputs"] == [{"name": "TRANSLATION", "datatype": "BYTES", "shape": ["-1", "1"]}]
     meta = s["metadata"][encoder]
-    assert meta["inputs"] == [{"name": "TEXT", "datatype": "BYTES", "shape": ["-1"]}]
+    assert meta["inputs"] == [{"name": "TEXT", "datatype": "BYTES", "shape": ["-1", "1"]}]
     assert meta["outputs"] == [{"name": "EMBEDDING", "datatype": "FP32", "shape": ["-1", str(d_model)]}]
     code, details = s["metadata"]["no-such-model"]["error"]
     assert code == "NOT_FOUND" and details.startswith("name:") and translator in details
