@@ -80,6 +80,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from benchmarks import online as online_mod
+from benchmarks import tracing_overhead
 
 RESULTS = REPO / "benchmarks" / "results"
 LEVELS = [1, 8, 32, 64, 128]
@@ -115,6 +116,8 @@ def plan(quick: bool) -> dict:
             "pair_sentences": 200,
             "pair_requests": 400,
             "continuous_batching": [False],  # the server's default only
+            "tracing_requests": 400,  # c64 with tracing off and with every request traced
+            "tracing_pairs": 1,
         }
     return {
         "limits": {"default": 0, "torch-eager-single": 200},
@@ -146,6 +149,8 @@ def plan(quick: bool) -> dict:
         "pair_sentences": 1000,
         "pair_requests": 1000,
         "continuous_batching": [True, False],
+        "tracing_requests": 1000,
+        "tracing_pairs": 2,
     }
 
 
@@ -807,9 +812,26 @@ def write_markdown(res: dict, path: Path, plot_name: str) -> None:
         _report_batcher(res),
         _report_profile(res),
         _report_pairs(res),
+        report_tracing(res),
         _report_headline(res, plot_name),
     ]
     path.write_text("\n".join(line for section in sections for line in section))
+
+
+def report_tracing(res: dict) -> list[str]:
+    t = res.get("tracing")
+    if not t:
+        return []
+    return [
+        "## Tracing",
+        "",
+        f"The server at concurrency {t['concurrency']}, beam {t['beam']}, {t['requests']} requests, with OpenTelemetry "
+        f"off and with every request traced (OTLP/gRPC to a receiver on loopback), {t['pairs']} pair(s), order "
+        f"alternating (`benchmarks/tracing_overhead.py`): {t['off_sentences_per_s']:.1f} against "
+        f"{t['on_sentences_per_s']:.1f} sent/s (medians); overhead {100 * t['overhead']:.1f}% of throughput, "
+        f"{100 * t['cpu_overhead']:.1f}% of the server's CPU per request (negative: within the noise).",
+        "",
+    ]
 
 
 def _report_header(res: dict) -> list[str]:
@@ -1138,6 +1160,16 @@ HEADLINE_FIGURES = (
 )
 
 
+def tracing_figures(tracing: dict | None) -> dict:
+    if not tracing:
+        return {}
+    return {
+        "service_c64_tracing_off_sentences_per_s": tracing["off_sentences_per_s"],
+        "service_c64_tracing_on_sentences_per_s": tracing["on_sentences_per_s"],
+        "tracing_overhead": tracing["overhead"],
+    }
+
+
 def headline(res: dict, head_beam: int) -> dict:
     """The JSON object of the last line: `head_beam`'s ratios and figures at the top level, every
     beam's ratios under `by_beam`."""
@@ -1148,6 +1180,8 @@ def headline(res: dict, head_beam: int) -> dict:
         **{k: head.get(k) for k in HEADLINE_RATIOS + HEADLINE_FIGURES},
         "by_beam": {str(s["beam"]): {k: s.get(k) for k in HEADLINE_RATIOS} for s in res["summary_by_beam"]},
         "ct2_greedy_identical": f"{res['ct2_check']['identical']}/{res['ct2_check']['sentences']}",
+        # c64 at the head beam with OpenTelemetry off and with every request traced (OTLP to loopback)
+        **tracing_figures(res.get("tracing")),
         # offline sentences per engine (0 = all 1,000): quick-mode ratios come from subsets
         "offline_sentences": res["plan"]["limits"],
     }
@@ -1161,7 +1195,9 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="short mode (about 3 minutes)")
     ap.add_argument("--model", default="models/de-en")
     ap.add_argument("--threads", type=int, default=2, help="thread budget of every engine")
-    ap.add_argument("--skip", default="", help="comma-separated parts to skip: offline,online,batcher,sweep,pairs")
+    ap.add_argument(
+        "--skip", default="", help="comma-separated parts to skip: offline,online,batcher,sweep,pairs,tracing"
+    )
     ap.add_argument("--profile", action="store_true", help="also profile the server with py-spy at concurrency 64")
     ap.add_argument("--docs", action="store_true", help="write docs/benchmarks.md and .png even for --quick")
     ap.add_argument("--note", default="", help="a line for the top of the report (e.g. the machine was busy)")
@@ -1227,6 +1263,11 @@ def main() -> None:
         res["sweep"] = run_sweep(p, model, texts, refs, beam=p["online_beams"][-1])
     if "pairs" not in skip:
         res["pairs"] = run_pairs(p, model, args.threads, texts, refs, res["offline"], DEFAULT_DATA_DIR)
+    if "tracing" not in skip:
+        log(f"tracing: c64 with OpenTelemetry off and with every request traced, {p['tracing_pairs']} pair(s)")
+        res["tracing"] = tracing_overhead.measure(
+            model, texts, refs, 64, p["online_beams"][-1], p["tracing_requests"], p["tracing_pairs"], log=log
+        )
     if args.profile:
         from benchmarks.profile_server import profile
 

@@ -194,3 +194,34 @@ def test_summary_without_pairs_uses_the_best_samples():
     assert s["engine_over_ct2_int8"] is None and s["service_over_ct2_served"] is None
     assert s["service_over_ct2_int8"] == 0.5 and s["latency_c1_over_ct2"] == 1.3
     assert s["service_over_torch_eager"] == 10.0 and s["service_over_torch_eager_single"] == 50.0
+
+
+def test_the_last_line_carries_the_tracing_figures_when_they_were_measured():
+    """c64 throughput with tracing off and on (benchmarks/tracing_overhead.py) reaches the JSON
+    line and the report; without a tracing part neither has it."""
+    from benchmarks.run import report_tracing
+
+    res = _results([_full_pair(0, 300, 600, 12, 10, 540, 8, 400, 15)])
+    res.update(
+        mode="quick",
+        plan={"online_beams": [1], "limits": {"default": 200}},
+        ct2_check={"identical": 24, "sentences": 24},
+    )
+    res["summary_by_beam"] = [summarize(res, 1)]
+    assert "tracing_overhead" not in headline(res, 1)
+    res["tracing"] = {
+        "concurrency": 64,
+        "beam": 1,
+        "requests": 400,
+        "pairs": 1,
+        "off_sentences_per_s": 200.0,
+        "on_sentences_per_s": 190.0,
+        "overhead": 0.05,
+        "cpu_overhead": 0.04,
+    }
+    line = headline(res, 1)
+    assert line["service_c64_tracing_off_sentences_per_s"] == 200.0
+    assert line["service_c64_tracing_on_sentences_per_s"] == 190.0 and line["tracing_overhead"] == 0.05
+    text = "\n".join(report_tracing(res))
+    assert text.startswith("## Tracing") and "200.0 against 190.0 sent/s" in text and "overhead 5.0%" in text
+    assert report_tracing({}) == []
