@@ -814,8 +814,38 @@ def write_markdown(res: dict, path: Path, plot_name: str) -> None:
         _report_pairs(res),
         report_tracing(res),
         _report_headline(res, plot_name),
+        report_elsewhere(),
     ]
     path.write_text("\n".join(line for section in sections for line in section))
+
+
+def report_elsewhere() -> list[str]:
+    """What is measured by other commands: perf_analyzer's table (docs/perf_analyzer.md, `make
+    perf-analyzer`), carried into every report so that it stays beside the load generator's figures,
+    and where the GPU comparison stands."""
+    source = REPO / "docs" / "perf_analyzer.md"
+    L = ["", "## perf_analyzer against the load generator", ""]
+    text = source.read_text() if source.exists() else ""
+    if "## Measured" in text:
+        measured = text.split("## Measured", 1)[1].split("\n## ", 1)[0].strip()
+        L += [
+            "Triton's `perf_analyzer`, unchanged, against the server's KServe endpoint, beside "
+            "`benchmarks/online.py` on the same server and levels (`make perf-analyzer`; from "
+            "[perf_analyzer.md](perf_analyzer.md), which says how it runs):",
+            "",
+            measured,
+        ]
+    else:
+        L.append("`make perf-analyzer` writes [perf_analyzer.md](perf_analyzer.md).")
+    L += [
+        "",
+        "## GPU",
+        "",
+        "The CUDA comparison (the fp16 graphs on CUDA against CTranslate2 float16) is still to be run: "
+        '[performance.md](performance.md) ("GPU") says what it needs.',
+        "",
+    ]
+    return L
 
 
 def report_tracing(res: dict) -> list[str]:
@@ -1099,8 +1129,16 @@ def _report_headline(res: dict, plot_name: str) -> list[str]:
             f"{s.get('service_default_c64_sentences_per_s')} → {s.get('service_default_over_ct2_int8')} | "
             f"{s.get('service_many_over_ct2_int8')} | "
             f"{s['service_c1_p50_ms']} / {s['ct2_single_p50_ms']} = {s.get('latency_c1_best_over_ct2')} | "
-            f"{s.get('engine_over_ct2_int8')} | {s.get('engine_latency_over_ct2')} | "
-            f"{s.get('service_over_ct2_served')} | {s.get('latency_c1_over_ct2_served')} |"
+            + " | ".join(
+                "not measured" if s.get(k) is None else str(s[k])
+                for k in (
+                    "engine_over_ct2_int8",
+                    "engine_latency_over_ct2",
+                    "service_over_ct2_served",
+                    "latency_c1_over_ct2_served",
+                )
+            )
+            + " |"
         )
     L += [
         "",
