@@ -5,9 +5,9 @@ in one bucket by the innermost frame that decides it:
   onnxruntime      inside InferenceSession.run (encoder and decoder graphs)
   tokenization     tokenizers encode/decode (source_ids, detokenize)
   numpy cache      DecodeBatch bookkeeping of the key/value cache and rows: from_sources outside
-                   the encoder, concatenate, filter, _advance_cache
+                   the encoder, concatenate, filter, the cache's select, advance and binding
   numpy search     DecodeBatch.step outside the graph: greedy/beam selection, finished hypotheses
-  scheduler        service/scheduler.py (admission, futures, locks)
+  scheduler        service/batching/scheduler.py (admission, futures, locks)
   grpc/protobuf    grpc, protobuf, asyncio event loop, servicer/engine/interceptors
   other            everything else (logging, metrics, ...)
 
@@ -37,7 +37,7 @@ sys.path.insert(0, str(REPO))
 from benchmarks.online import Server, run_level
 
 BUCKETS = ["onnxruntime", "tokenization", "numpy cache", "numpy search", "scheduler", "grpc/protobuf", "other"]
-_CACHE_FUNCS = {"concatenate", "filter", "_advance_cache", "from_sources", "stack", "empty_past", "_empty_state"}
+_CACHE_FUNCS = {"concatenate", "filter", "from_sources", "stack", "_empty_state"}  # of DecodeBatch
 _SEARCH_FUNCS = {"step", "_greedy", "_beam", "_walk", "hypothesis", "active_keys", "last_tokens"}
 
 
@@ -48,7 +48,9 @@ def bucket(frames: list[str]) -> str:
         return "onnxruntime"
     if "tokenizers" in text or "source_ids" in text or "detokenize" in text:
         return "tokenization"
-    for f in reversed(frames):  # innermost frame of service/generator.py decides
+    for f in reversed(frames):  # the innermost frame of service/decoding decides
+        if "cache.py" in f:  # the key/value cache's own module: its bookkeeping
+            return "numpy cache"
         if "generator.py" in f:
             parts = f.split(" (")[0].split(".")  # e.g. DecodeBatch.filter.<locals>.<listcomp>
             fn = parts[1] if parts[0] == "DecodeBatch" and len(parts) > 1 else parts[0]

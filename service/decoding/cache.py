@@ -148,7 +148,7 @@ def stack_padded(arrays: Sequence[np.ndarray], axis_len: int) -> np.ndarray:
     shape = list(arrays[0].shape)
     pad_axis = 1 if len(shape) == 2 else 2
     shape[0], shape[pad_axis] = sum(a.shape[0] for a in arrays), axis_len
-    out = np.zeros(shape, dtype=arrays[0].dtype)
+    out = np.zeros(shape, dtype=np.result_type(*arrays))
     r0 = 0
     for a in arrays:
         if pad_axis == 1:

@@ -36,7 +36,7 @@ from typing import Any, Literal, TypeAlias
 
 import numpy as np
 
-from service.decoding.cache import ConcatCache, RowCache, new_cache
+from service.decoding.cache import ConcatCache, RowCache, new_cache, stack_padded
 
 NEG_INF = float("-inf")
 # The encoder runs over a batch's sources in length-sorted chunks of this many sentences: each chunk
@@ -594,20 +594,7 @@ class DecodeBatch:
         def stack(arrays: list[np.ndarray], padded: str | None) -> np.ndarray:
             """The first axes of all batches' arrays (rows, or sentences) one after the other; a
             padded axis runs to the longest, zeros after each array's own length."""
-            if padded is None:
-                return np.concatenate(arrays)
-            shape = list(arrays[0].shape)
-            pad_axis = _pad_axis(arrays[0])
-            shape[0], shape[pad_axis] = sum(a.shape[0] for a in arrays), longest[padded]
-            res = np.zeros(shape, dtype=np.result_type(*arrays))
-            r0 = 0
-            for a in arrays:
-                if pad_axis == 1:
-                    res[r0 : r0 + a.shape[0], : a.shape[1]] = a
-                else:
-                    res[r0 : r0 + a.shape[0], :, : a.shape[2]] = a
-                r0 += a.shape[0]
-            return res
+            return np.concatenate(arrays) if padded is None else stack_padded(arrays, longest[padded])
 
         merged: dict[str, Any] = {}
         for name, layout in layouts(cls):
