@@ -26,8 +26,9 @@ import time
 
 from benchmarks.ct2_convert import Ct2Translator
 from service.batching.jobs import EncodeJob, Sentence, settle
+from service.batching.queue import SentenceQueue
 from service.decoding.generator import Finished
-from service.errors import DeadlineExceeded, Internal, ResourceExhausted, Unavailable
+from service.errors import DeadlineExceeded, Internal, Unavailable
 from service.metrics import Metrics
 from service.settings import Settings
 
@@ -39,25 +40,18 @@ ENCODE_REFUSED = (
 )
 
 
-class Ct2Backend:
+class Ct2Backend(SentenceQueue):
     """The decode workers of a CTranslate2-served server (see the module docstring)."""
 
     provider = "cpu (CTranslate2)"
 
     def __init__(self, ct2: Ct2Translator, settings: Settings, metrics: Metrics, max_batch: int | None = None):
+        super().__init__(settings, metrics)
         self.ct2 = ct2
-        self.settings = settings
-        self.metrics = metrics
         self.workers = ct2.inter_threads  # one caller per translator replica
         self.max_batch = max_batch or settings.max_batch_sentences  # sentences per translate_batch call
-        self._queue: list[Sentence] = []
-        self._cond = threading.Condition()
-        self._accepting = True
-        self._stopping = False
-        self._threads: list[threading.Thread] = []
         self._running = 0  # workers inside translate_batch
         self._busy = 0  # sentences taken and not answered yet
-        metrics.queue_capacity.set(settings.max_queue_size)
 
     # -- caller side (event loop thread) ------------------------------------------------
 
@@ -67,56 +61,13 @@ class Ct2Backend:
             t.start()
             self._threads.append(t)
 
-    def submit(self, sentences: list[Sentence]) -> None:
-        """Queue all of them or none: RESOURCE_EXHAUSTED when the queue cannot take them all."""
-        with self._cond:
-            if not self._accepting:
-                raise Unavailable("server is draining; retry on another replica")
-            if len(self._queue) + len(sentences) > self.settings.max_queue_size:
-                raise ResourceExhausted(
-                    f"queue full: {len(self._queue)} sentences waiting, max_queue_size is {self.settings.max_queue_size}"
-                )
-            self._queue.extend(sentences)
-            self.metrics.queue_depth.set(len(self._queue))
-            self._cond.notify_all()
-
     def submit_encode(self, jobs: list[EncodeJob]) -> None:
         raise Unavailable(ENCODE_REFUSED)
-
-    @property
-    def queue_depth(self) -> int:
-        return len(self._queue)
 
     @property
     def idle(self) -> bool:
         with self._cond:
             return not self._queue and self._busy == 0
-
-    def stop_accepting(self) -> None:
-        with self._cond:
-            self._accepting = False
-
-    def wait_idle(self, timeout: float) -> bool:
-        """Block until every accepted sentence is answered (or the timeout passes)."""
-        end = time.monotonic() + timeout
-        while time.monotonic() < end:
-            if self.idle:
-                return True
-            time.sleep(0.01)
-        return self.idle
-
-    def shutdown(self, timeout: float = 5.0) -> None:
-        """Stop the workers (a call under way finishes first); what is queued fails UNAVAILABLE."""
-        with self._cond:
-            self._accepting = False
-            self._stopping = True
-            left, self._queue = self._queue, []
-            self.metrics.queue_depth.set(0)
-            self._cond.notify_all()
-        for s in left:
-            settle(s.future, error=Unavailable("server shut down before this sentence was scheduled"))
-        for t in self._threads:
-            t.join(timeout)
 
     # -- worker side ---------------------------------------------------------------------
 

@@ -218,17 +218,23 @@ def load_manifest(
     if precision is not None:
         manifest.variant(precision, graph)
     if verify_checksums:
-        for spec in manifest.files(precision, graph):
-            path = d / spec.file
-            if not path.is_file():
-                raise ManifestError(f"{path} is listed in {d / MANIFEST} but missing")
-            got = sha256_file(path)
-            if got != spec.sha256:
-                raise ManifestError(
-                    f"checksum mismatch for {path}: manifest says {spec.sha256}, file has {got}; "
-                    f"the export dir is corrupt or was modified - re-run `mtserve export`"
-                )
+        verify_files(d, manifest, precision, graph)
     return manifest
+
+
+def verify_files(onnx_dir: Path, manifest: Manifest, precision: str | None = None, graph: str = "portable") -> None:
+    """Every file the manifest lists (only the tokenizer and one variant's graphs when `precision`
+    is given) exists in `onnx_dir` and matches its SHA-256; ManifestError otherwise."""
+    for spec in manifest.files(precision, graph):
+        path = onnx_dir / spec.file
+        if not path.is_file():
+            raise ManifestError(f"{path} is listed in {onnx_dir / MANIFEST} but missing")
+        got = sha256_file(path)
+        if got != spec.sha256:
+            raise ManifestError(
+                f"checksum mismatch for {path}: manifest says {spec.sha256}, file has {got}; "
+                f"the export dir is corrupt or was modified - re-run `mtserve export`"
+            )
 
 
 def write_manifest(onnx_dir: str | Path, manifest: Manifest) -> Path:

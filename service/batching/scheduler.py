@@ -25,6 +25,7 @@ client cancel) makes the sentence leave its batch at the next step.
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import threading
 import time
@@ -33,6 +34,7 @@ import numpy as np
 
 from service import tracing
 from service.batching.jobs import EncodeJob, Sentence, settle
+from service.batching.queue import SentenceQueue
 from service.decoding.generator import DecodeBatch, Finished
 from service.errors import DeadlineExceeded, Internal, ResourceExhausted, Unavailable
 from service.metrics import Metrics
@@ -41,20 +43,13 @@ from service.settings import Settings
 log = logging.getLogger("mtserve.scheduler")
 
 
-class Scheduler:
+class Scheduler(SentenceQueue):
     def __init__(self, models: list, settings: Settings, metrics: Metrics, max_len_a: float, max_len_b: int):
+        super().__init__(settings, metrics)
         self.models = models  # one OnnxSeq2Seq per worker
-        self.settings = settings
-        self.metrics = metrics
         self.max_len_a, self.max_len_b = max_len_a, max_len_b
-        self._queue: list[Sentence] = []
         self._encode_queue: list[EncodeJob] = []
-        self._cond = threading.Condition()
-        self._accepting = True
-        self._stopping = False
-        self._threads: list[threading.Thread] = []
         self._busy_rows = 0  # rows in running batches, all workers
-        metrics.queue_capacity.set(settings.max_queue_size)
 
     # -- caller side (event loop thread) ------------------------------------------------
 
@@ -63,19 +58,6 @@ class Scheduler:
             t = threading.Thread(target=self._worker, args=(model,), name=f"decode-worker-{i}", daemon=True)
             t.start()
             self._threads.append(t)
-
-    def submit(self, sentences: list[Sentence]) -> None:
-        """Queue all of them or none: RESOURCE_EXHAUSTED when the queue cannot take them all."""
-        with self._cond:
-            if not self._accepting:
-                raise Unavailable("server is draining; retry on another replica")
-            if len(self._queue) + len(sentences) > self.settings.max_queue_size:
-                raise ResourceExhausted(
-                    f"queue full: {len(self._queue)} sentences waiting, max_queue_size is {self.settings.max_queue_size}"
-                )
-            self._queue.extend(sentences)
-            self.metrics.queue_depth.set(len(self._queue))
-            self._cond.notify_all()
 
     def submit_encode(self, jobs: list[EncodeJob]) -> None:
         with self._cond:
@@ -87,41 +69,14 @@ class Scheduler:
             self._cond.notify_all()
 
     @property
-    def queue_depth(self) -> int:
-        return len(self._queue)
-
-    @property
     def idle(self) -> bool:
         with self._cond:
             return not self._queue and not self._encode_queue and self._busy_rows == 0
 
-    def stop_accepting(self) -> None:
-        with self._cond:
-            self._accepting = False
-
-    def wait_idle(self, timeout: float) -> bool:
-        """Block until every accepted sentence is answered (or the timeout passes)."""
-        end = time.monotonic() + timeout
-        while time.monotonic() < end:
-            if self.idle:
-                return True
-            time.sleep(0.01)
-        return self.idle
-
-    def shutdown(self, timeout: float = 5.0) -> None:
-        """Stop the workers; whatever is still queued is answered UNAVAILABLE."""
-        with self._cond:
-            self._accepting = False
-            self._stopping = True
-            left, self._queue = self._queue, []
-            enc_left, self._encode_queue = self._encode_queue, []
-            self._cond.notify_all()
-        for s in left:
-            settle(s.future, error=Unavailable("server shut down before this sentence was scheduled"))
-        for j in enc_left:
-            settle(j.future, error=Unavailable("server shut down before this text was encoded"))
-        for t in self._threads:
-            t.join(timeout)
+    def _take_queued(self) -> list[tuple[concurrent.futures.Future, str]]:
+        left = super()._take_queued()
+        jobs, self._encode_queue = self._encode_queue, []
+        return left + [(j.future, "server shut down before this text was encoded") for j in jobs]
 
     # -- worker side ---------------------------------------------------------------------
 

@@ -17,7 +17,7 @@ import numpy as np
 import onnxruntime as ort
 from tokenizers import Tokenizer
 
-from contract.manifest import GRAPHS, Manifest, load_manifest, resolve_onnx_dir
+from contract.manifest import GRAPHS, Manifest, load_manifest, resolve_onnx_dir, verify_files
 
 log = logging.getLogger("mtserve.onnx")
 
@@ -111,7 +111,7 @@ class OnnxSeq2Seq:
         self.manifest: Manifest = load_manifest(self.dir, verify_checksums=False)
         self.graph = choose_graph(self.manifest, precision, self.provider, graph)
         if verify_checksums:
-            load_manifest(self.dir, verify_checksums=True, precision=precision, graph=self.graph)
+            verify_files(self.dir, self.manifest, precision, self.graph)
         self.precision = precision
         variant = self.manifest.variant(precision, self.graph)
         if variant.target == "cuda" and self.provider == "cpu":

@@ -1,0 +1,81 @@
+"""The bounded queue of sentences in front of a backend's decode workers, and its lifecycle:
+accept or refuse a group of sentences, stop accepting (the drain), wait until idle, shut down.
+`Scheduler` (ONNX Runtime) and the benchmarks' CTranslate2 backend build their workers on it.
+Knows nothing of gRPC."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+import time
+
+from service.batching.jobs import Sentence, settle
+from service.errors import ResourceExhausted, Unavailable
+from service.metrics import Metrics
+from service.settings import Settings
+
+
+class SentenceQueue:
+    """Subclasses start `_threads`, take from `_queue` under `_cond`, and say when they are `idle`."""
+
+    def __init__(self, settings: Settings, metrics: Metrics):
+        self.settings, self.metrics = settings, metrics
+        self._queue: list[Sentence] = []
+        self._cond = threading.Condition()
+        self._accepting = True
+        self._stopping = False
+        self._threads: list[threading.Thread] = []
+        metrics.queue_capacity.set(settings.max_queue_size)
+
+    @property
+    def idle(self) -> bool:
+        raise NotImplementedError
+
+    def submit(self, sentences: list[Sentence]) -> None:
+        """Queue all of them or none: RESOURCE_EXHAUSTED when the queue cannot take them all."""
+        with self._cond:
+            if not self._accepting:
+                raise Unavailable("server is draining; retry on another replica")
+            if len(self._queue) + len(sentences) > self.settings.max_queue_size:
+                raise ResourceExhausted(
+                    f"queue full: {len(self._queue)} sentences waiting, max_queue_size is {self.settings.max_queue_size}"
+                )
+            self._queue.extend(sentences)
+            self.metrics.queue_depth.set(len(self._queue))
+            self._cond.notify_all()
+
+    @property
+    def queue_depth(self) -> int:
+        return len(self._queue)
+
+    def stop_accepting(self) -> None:
+        with self._cond:
+            self._accepting = False
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Block until every accepted sentence is answered (or the timeout passes)."""
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if self.idle:
+                return True
+            time.sleep(0.01)
+        return self.idle
+
+    def shutdown(self, timeout: float = 5.0) -> None:
+        """Stop the workers (a call under way finishes first); whatever is still queued is answered
+        UNAVAILABLE."""
+        with self._cond:
+            self._accepting = False
+            self._stopping = True
+            left = self._take_queued()
+            self.metrics.queue_depth.set(0)
+            self._cond.notify_all()
+        for future, message in left:
+            settle(future, error=Unavailable(message))
+        for t in self._threads:
+            t.join(timeout)
+
+    def _take_queued(self) -> list[tuple[concurrent.futures.Future, str]]:
+        """Empty the queues (lock held): each waiting future with the reason it fails."""
+        left, self._queue = self._queue, []
+        return [(s.future, "server shut down before this sentence was scheduled") for s in left]
