@@ -13,6 +13,7 @@ import asyncio
 import logging
 import signal
 import sys
+import time
 from collections.abc import Callable
 from typing import NamedTuple
 from wsgiref.simple_server import WSGIServer
@@ -75,6 +76,7 @@ class Server:
         self.metrics = Metrics()
         self.health = health.aio.HealthServicer() if hasattr(health, "aio") else health.HealthServicer()
         self.server: grpc.aio.Server | None = None
+        self.rpcs = ErrorAndMetricsInterceptor(self.metrics)
         self.port: int | None = None
         self.metrics_port: int | None = None
         self._metrics_http: WSGIServer | None = None
@@ -175,7 +177,7 @@ class Server:
         st = self.settings
         server = grpc.aio.server(
             # The error interceptor comes first (outermost) so that it maps the auth refusals too.
-            interceptors=[ErrorAndMetricsInterceptor(self.metrics)] + ([AuthInterceptor(tokens)] if tokens else []),
+            interceptors=[self.rpcs] + ([AuthInterceptor(tokens)] if tokens else []),
             options=[
                 ("grpc.max_receive_message_length", st.max_receive_message_bytes),
                 ("grpc.max_send_message_length", 64 * 1024 * 1024),
@@ -259,11 +261,16 @@ class Server:
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
         self.scheduler.stop_accepting()
         loop = asyncio.get_running_loop()
+        end = time.monotonic() + grace
         finished = await loop.run_in_executor(None, self.scheduler.wait_idle, grace)
+        # The engine is idle, but handlers may still be writing answers (a stream's last chunks), and
+        # calls still arrive that our handlers refuse as UNAVAILABLE; gRPC would cancel those if
+        # they reached it while the listener closes.
+        finished = finished and await self.rpcs.activity.wait_quiet(self.settings.drain_quiet_s, end)
         if not finished:
             log.warning("grace period over with work in flight; stopping anyway")
         if self.server is not None:
-            await self.server.stop(grace=1.0 if finished else 0)
+            await self.server.stop(grace=max(end - time.monotonic(), 1.0) if finished else 0)
         self.scheduler.shutdown()
         tracing.shutdown()  # exports the spans still buffered
         if self._metrics_http is not None:

@@ -101,6 +101,13 @@ class Settings(BaseSettings):
 
     # Lifecycle and observability
     grace_period_s: float = Field(20.0, ge=0, description="time to finish in-flight work after SIGTERM")
+    drain_quiet_s: float = Field(
+        0.25,
+        ge=0,
+        le=5,
+        description="after SIGTERM, how long no RPC may arrive before the listener closes (within the grace "
+        "period): gRPC cancels calls that reach it while it closes, so late ones are answered UNAVAILABLE first",
+    )
     metrics_port: int = Field(9090, ge=0, le=65535, description="Prometheus /metrics port; 0 = off")
     metrics_address: str = Field("0.0.0.0")
     log_level: Literal["debug", "info", "warning", "error"] = "info"

@@ -50,6 +50,7 @@ class Scheduler(SentenceQueue):
         self.max_len_a, self.max_len_b = max_len_a, max_len_b
         self._encode_queue: list[EncodeJob] = []
         self._busy_rows = 0  # rows in running batches, all workers
+        self._busy_encodes = 0  # encode jobs taken off the queue and not yet answered
 
     # -- caller side (event loop thread) ------------------------------------------------
 
@@ -71,7 +72,7 @@ class Scheduler(SentenceQueue):
     @property
     def idle(self) -> bool:
         with self._cond:
-            return not self._queue and not self._encode_queue and self._busy_rows == 0
+            return not self._queue and not self._encode_queue and self._busy_rows == 0 and self._busy_encodes == 0
 
     def _take_queued(self) -> list[tuple[concurrent.futures.Future, str]]:
         left = super()._take_queued()
@@ -157,8 +158,13 @@ class Scheduler(SentenceQueue):
                     self._encode_queue[self.settings.max_batch_sentences :],
                 )
                 self._busy_rows += sum(s.beam for s in admitted)
+                self._busy_encodes += len(encode_jobs)
             if encode_jobs:
-                self._run_encode(model, encode_jobs)
+                try:
+                    self._run_encode(model, encode_jobs)
+                finally:
+                    with self._cond:
+                        self._busy_encodes -= len(encode_jobs)
             if admitted:
                 self._join(model, batches, admitted)
             for mode in list(batches):

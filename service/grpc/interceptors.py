@@ -81,6 +81,33 @@ def _parsed(request, streaming: bool):
     return request
 
 
+class RpcActivity:
+    """How many RPCs are in their handlers now, and when the last one arrived: the drain closes the
+    listener only once both say the server is quiet, because gRPC cancels (rather than refuses) the
+    calls that arrive while it shuts down."""
+
+    def __init__(self) -> None:
+        self.active = 0
+        self.last_arrival = 0.0  # time.monotonic()
+
+    def arrived(self) -> None:
+        self.active += 1
+        self.last_arrival = time.monotonic()
+
+    def finished(self) -> None:
+        self.active -= 1
+
+    async def wait_quiet(self, quiet_s: float, deadline: float) -> bool:
+        """Wait until no handler runs and none has arrived for `quiet_s` (or `deadline`, monotonic)."""
+        while True:
+            now = time.monotonic()
+            if self.active == 0 and now - self.last_arrival >= quiet_s:
+                return True
+            if now >= deadline:
+                return False
+            await asyncio.sleep(min(0.02, quiet_s or 0.02))
+
+
 class _ObservedCall:
     """One RPC as the interceptor sees it, around the handler: times it, holds it in the in-flight
     gauge, records its status (and whether the client or the deadline cut it short), and maps
@@ -88,8 +115,10 @@ class _ObservedCall:
     are counted and mapped the same way. With tracing on, it also holds the RPC's server span,
     current while the handler runs."""
 
-    def __init__(self, metrics: Metrics, full_method: str, context: grpc.aio.ServicerContext):
-        self.metrics, self.method, self.context = metrics, _short(full_method), context
+    def __init__(
+        self, metrics: Metrics, activity: RpcActivity, full_method: str, context: grpc.aio.ServicerContext
+    ):
+        self.metrics, self.activity, self.method, self.context = metrics, activity, _short(full_method), context
         self.full_method = full_method
         self.gauge = metrics.in_flight.labels(self.method)
         self.start = 0.0
@@ -99,6 +128,7 @@ class _ObservedCall:
     async def __aenter__(self) -> None:
         self.start = time.perf_counter()
         self.gauge.inc()
+        self.activity.arrived()
         if tracing.traced_method(self.full_method):
             self.span = tracing.RpcSpan(self.full_method, self.context.invocation_metadata())
             self.span.enter()
@@ -118,6 +148,7 @@ class _ObservedCall:
             return False  # success, an abort already made, or a cancellation: as they are
         finally:
             self.gauge.dec()
+            self.activity.finished()
             name = self._record(cancelled)
             if self.span is not None:
                 error, message = self.error or (None, "")
@@ -152,6 +183,7 @@ class ErrorAndMetricsInterceptor(grpc.aio.ServerInterceptor):
 
     def __init__(self, metrics: Metrics):
         self.metrics = metrics
+        self.activity = RpcActivity()
 
     async def intercept_service(self, continuation, details):
         handler = await continuation(details)
@@ -188,7 +220,7 @@ class ErrorAndMetricsInterceptor(grpc.aio.ServerInterceptor):
 
     def _wrap_unary(self, method: str, inner, streaming_request: bool = False):
         async def behaviour(request, context):
-            async with _ObservedCall(self.metrics, method, context):
+            async with _ObservedCall(self.metrics, self.activity, method, context):
                 return await inner(_parsed(request, streaming_request), context)
 
         return behaviour
@@ -199,7 +231,7 @@ class ErrorAndMetricsInterceptor(grpc.aio.ServerInterceptor):
         if inspect.isasyncgenfunction(inner):
 
             async def behaviour(request, context):
-                async with _ObservedCall(self.metrics, method, context):
+                async with _ObservedCall(self.metrics, self.activity, method, context):
                     async for message in inner(_parsed(request, streaming_request), context):
                         yield message
 
