@@ -4,7 +4,10 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-MODEL ?= models/de-en
+# The model repository (Triton's layout, NAME/VERSION/) and the one model version that the
+# single-model targets (export, soak, overload) use.
+MODELS ?= models
+MODEL ?= models/de-en/1
 ADDRESS ?= localhost:50051
 METRICS_PORT ?= 9090
 
@@ -18,16 +21,16 @@ $(STAMP): pyproject.toml setup.py $(wildcard protos/*/*.proto protos/*/*/*.proto
 
 install: $(STAMP)
 
-# Whether MODEL/onnx holds an export this version serves by default: a manifest of the current graph
-# format with the int8 graphs, fused decoder step included (an fp32-only export, as `mtserve verify`
-# leaves, is exported again).
-EXPORTED = $(PY) -c "import sys; from contract.manifest import load_manifest; load_manifest(sys.argv[1], verify_checksums=False, precision=\"int8\", graph=\"fused\")" \
-	$(MODEL)/onnx 2>/dev/null
+# Whether a version dir's onnx/ holds an export this version serves by default: a manifest of the
+# current graph format with the int8 graphs, fused decoder step included (an fp32-only export, as
+# `mtserve verify` leaves, is exported again).
+EXPORTED = $(PY) -c "import sys; from contract.manifest import load_manifest; load_manifest(sys.argv[1], verify_checksums=False, precision=\"int8\", graph=\"fused\")" 2>/dev/null
 
-# Export the shipped checkpoint to ONNX when its graphs are missing or of an older format, then serve it.
+# Export every shipped checkpoint of the repository whose graphs are missing or of an older format,
+# then serve them all (the first by name is the default model).
 serve: $(STAMP)
-	$(EXPORTED) || $(PY) -m mtserve export --model $(MODEL) --precision all
-	$(PY) -m mtserve serve --model-dir $(MODEL) --address $(ADDRESS) --metrics-port $(METRICS_PORT)
+	for v in $(MODELS)/*/[0-9]*; do $(EXPORTED) $$v/onnx || $(PY) -m mtserve export --model $$v --precision all || exit 1; done
+	$(PY) -m mtserve serve --model-repository $(MODELS) --address $(ADDRESS) --metrics-port $(METRICS_PORT)
 
 export: $(STAMP)
 	$(PY) -m mtserve export --model $(MODEL) --precision all
@@ -61,11 +64,11 @@ fuzz: $(STAMP)
 	MTSERVE_FUZZ_SCALE=$(FUZZ_SCALE) $(PY) -m pytest -q -p no:cacheprovider tests/service/test_fuzz.py
 
 soak: $(STAMP)
-	$(EXPORTED) || $(PY) -m mtserve export --model $(MODEL) --precision all
+	$(EXPORTED) $(MODEL)/onnx || $(PY) -m mtserve export --model $(MODEL) --precision all
 	$(PY) benchmarks/soak.py --model-dir $(MODEL) --minutes $(SOAK_MINUTES) --concurrency 64
 
 overload: $(STAMP)
-	$(EXPORTED) || $(PY) -m mtserve export --model $(MODEL) --precision all
+	$(EXPORTED) $(MODEL)/onnx || $(PY) -m mtserve export --model $(MODEL) --precision all
 	$(PY) benchmarks/soak.py --model-dir $(MODEL) --scenario overload --clients 512 --rounds 3
 
 # Benchmarks side by side (benchmarks/run.py, docs/benchmarks.md): offline engines (PyTorch with and
@@ -90,7 +93,7 @@ bench-quick: $(STAMP)
 # so it runs in a Debian trixie root built once with debootstrap in /var/tmp/mtserve-trixie (root;
 # about a minute). CONCURRENCY=1,2 (or a range 1:8) and PA_OUT=DIR in the environment are honoured.
 perf-analyzer: $(STAMP)
-	$(EXPORTED) || $(PY) -m mtserve export --model $(MODEL) --precision all
+	$(EXPORTED) $(MODEL)/onnx || $(PY) -m mtserve export --model $(MODEL) --precision all
 	PY=$(PY) scripts/perf_analyzer.sh bench $(MODEL)
 
 clean:

@@ -101,7 +101,7 @@ class ClosedLoop:
 
 
 def _sample(metrics: Metrics, name: str) -> float:
-    return metrics.registry.get_sample_value(name) or 0.0
+    return metrics.registry.get_sample_value(name, {"model": "batcher", "version": "1"}) or 0.0
 
 
 def run(
@@ -137,7 +137,7 @@ def run(
         for s in sources
     ]
     metrics = Metrics()
-    scheduler = Scheduler(models, st, metrics, gen.max_len_a, gen.max_len_b)
+    scheduler = Scheduler(models, st, metrics.for_model("batcher", "1"), gen.max_len_a, gen.max_len_b)
     scheduler.start()
     try:
         loop = ClosedLoop(scheduler, sources, max_lens, beam, gen.length_penalty)

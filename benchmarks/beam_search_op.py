@@ -2,7 +2,7 @@
 our Transformer, measured against the server's own generator (`service.decoding.generator`):
 docs/performance.md cites the figures this script prints.
 
-    python benchmarks/beam_search_op.py --model models/de-en --onnx-dir DIR --n 200 --rounds 3 --threads 1
+    python benchmarks/beam_search_op.py --model models/de-en/1 --onnx-dir DIR --n 200 --rounds 3 --threads 1
 
 `build_beam_search(model, path, precision)` writes one ONNX model whose only node is `BeamSearch`,
 its encoder and decoder subgraphs written with onnx.helper from the weights (export.fused's
@@ -31,7 +31,7 @@ What the contract needs (ORT 1.32, CPU; names and order are checked by the kerne
   sum(log p) / (len(tokens) + 1) ** length_penalty, the generator's beam score (greedy here runs
   with length_penalty 0: the plain sum, the generator's greedy score). A forced </s> scores
   log 1 = 0 (ORT log-softmaxes the forced logits), where the generator adds log p(</s>): only
-  hypotheses that reach their limit differ (none of the first 200 test sentences with models/de-en;
+  hypotheses that reach their limit differ (none of the first 200 test sentences with models/de-en/1;
   the tiny test model reaches it often).
 
 Limitations found (why this is a benchmark and not a serving path):

@@ -29,7 +29,7 @@ from service.batching.jobs import EncodeJob, Sentence, settle
 from service.batching.queue import SentenceQueue
 from service.decoding.generator import Finished
 from service.errors import DeadlineExceeded, Internal, Unavailable
-from service.metrics import Metrics
+from service.metrics import ModelMetrics
 from service.settings import Settings
 
 log = logging.getLogger("mtserve.ct2")
@@ -45,7 +45,7 @@ class Ct2Backend(SentenceQueue):
 
     provider = "cpu (CTranslate2)"
 
-    def __init__(self, ct2: Ct2Translator, settings: Settings, metrics: Metrics, max_batch: int | None = None):
+    def __init__(self, ct2: Ct2Translator, settings: Settings, metrics: ModelMetrics, max_batch: int | None = None):
         super().__init__(settings, metrics)
         self.ct2 = ct2
         self.workers = ct2.inter_threads  # one caller per translator replica

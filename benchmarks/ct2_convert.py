@@ -1,7 +1,7 @@
 """Convert an mtserve model dir (model.safetensors + config.json + tokenizer.json) to a CTranslate2
 Transformer model, so that CTranslate2 runs the very same weights (no torch needed).
 
-    python benchmarks/ct2_convert.py --model models/de-en --out /tmp/de-en-ct2
+    python benchmarks/ct2_convert.py --model models/de-en/1 --out /tmp/de-en-ct2
 
 Mapping (export/model.py -> ctranslate2.specs.TransformerSpec):
 - pre-norm, ReLU, final LayerNorm on both stacks (eps 1e-5, torch's default);
@@ -227,7 +227,7 @@ class Ct2Translator:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default="models/de-en")
+    p.add_argument("--model", default="models/de-en/1")
     p.add_argument("--out", required=True)
     p.add_argument("--quantization", default=None, help="e.g. int8 (default: float32 weights)")
     args = p.parse_args()

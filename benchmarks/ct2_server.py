@@ -1,7 +1,7 @@
 """mtserve's server with CTranslate2 decoding (benchmarks/ct2_backend.py) instead of ONNX Runtime:
 the same gRPC front, Engine, limits, health, metrics and drain on SIGTERM as `mtserve serve`.
 
-    python benchmarks/ct2_server.py --model-dir models/de-en --address 127.0.0.1:50052 \\
+    python benchmarks/ct2_server.py --model-dir models/de-en/1 --address 127.0.0.1:50052 \\
         [--ct2-dir /tmp/de-en-ct2] [--compute-type int8] [--decode-workers 2 --intra-op-threads 1] \\
         [--ct2-batch-size 32]
 
@@ -28,7 +28,7 @@ sys.path.insert(0, str(REPO))
 
 from contract.manifest import Manifest
 from service.errors import ModelLoadError, StartupError
-from service.metrics import Metrics
+from service.metrics import ModelMetrics
 from service.runtime.memory import keep_freed_memory
 from service.server import Server, add_arguments, settings_from_args
 from service.settings import Settings
@@ -40,7 +40,7 @@ def backend_factory(ct2_dir: Path, compute_type: str, batch_size: int = 0):
     """A `service.server.BackendFactory`: a Ct2Backend over the converted model in `ct2_dir`,
     `settings.decode_workers` replicas of `settings.intra_op_threads` threads."""
 
-    def make(settings: Settings, metrics: Metrics, manifest: Manifest):
+    def make(settings: Settings, metrics: ModelMetrics, manifest: Manifest):
         from benchmarks.ct2_backend import Ct2Backend
         from benchmarks.ct2_convert import Ct2Translator
 

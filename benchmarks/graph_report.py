@@ -2,7 +2,7 @@
 after ORT's own graph optimisations on a CPU session (ORT_ENABLE_ALL), whose optimised model is
 saved beside the report, so that the fusions that fired can be read off the difference.
 
-    python benchmarks/graph_report.py --onnx-dir models/de-en/onnx --out /tmp/graph-report
+    python benchmarks/graph_report.py --onnx-dir models/de-en/1/onnx --out /tmp/graph-report
 
 Prints one JSON line: for every variant's decoder graph, the node count and the operators before
 and after, and which operators appeared or disappeared (the fusions).
@@ -64,7 +64,7 @@ def report(onnx_dir: Path, out_dir: Path) -> dict:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--onnx-dir", type=Path, default=Path("models/de-en/onnx"))
+    p.add_argument("--onnx-dir", type=Path, default=Path("models/de-en/1/onnx"))
     p.add_argument("--out", type=Path, default=Path("/tmp/mtserve-graph-report"), help="where the optimised models go")
     args = p.parse_args(argv)
     print(json.dumps(report(args.onnx_dir, args.out)))

@@ -4,7 +4,7 @@ process per engine, so that no engine's thread pool competes with another's.
 
     python benchmarks/offline.py --engine ct2-int8 --beam 4 --threads 2 --limit 200 --json out.json
 
-Engines (all on models/de-en, all on the CPU, `--threads` threads in all):
+Engines (all on models/de-en/1, all on the CPU, `--threads` threads in all):
   torch-eager   PyTorch, the textbook loop: no key/value cache, every step runs the whole decoder
                 over the whole prefix again (Transformer.decode), greedy and beam search with the
                 reference semantics of export/generate.py

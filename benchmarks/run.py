@@ -912,7 +912,7 @@ def _report_machine(res: dict) -> list[str]:
         f"{', '.join(f'{x:.1f}' for x in env['load_average'])}",
         f"- Python {env['python']}; " + ", ".join(f"{k} {v}" for k, v in env["versions"].items() if v),
         f"- thread budget: {env['thread_budget']} threads for every engine; test set test_2016_flickr "
-        f"(Multi30k), model models/de-en (fp32 weights; int8 = dynamic quantisation at export/load)",
+        f"(Multi30k), model models/de-en/1 (fp32 weights; int8 = dynamic quantisation at export/load)",
         f"- sentences per offline engine: {json.dumps(res['plan']['limits'])} (0 = all 1,000)",
         "",
     ]
@@ -1231,7 +1231,7 @@ def headline(res: dict, head_beam: int) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="short mode (about 3 minutes)")
-    ap.add_argument("--model", default="models/de-en")
+    ap.add_argument("--model", default="models/de-en/1")
     ap.add_argument("--threads", type=int, default=2, help="thread budget of every engine")
     ap.add_argument(
         "--skip", default="", help="comma-separated parts to skip: offline,online,batcher,sweep,pairs,tracing"

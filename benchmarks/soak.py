@@ -1,6 +1,6 @@
 """Soak and overload runs against a real `mtserve serve` process on loopback.
 
-    python benchmarks/soak.py --model-dir models/de-en --minutes 10                # make soak
+    python benchmarks/soak.py --model-dir models/de-en/1 --minutes 10                # make soak
     python benchmarks/soak.py --onnx-dir DIR --scenario overload --clients 512    # make overload
 
 `soak`: `--concurrency` clients (64) send requests back to back for the whole run: Translate with
@@ -332,7 +332,7 @@ async def overload(args, server: ServerProcess) -> dict:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--scenario", choices=["soak", "overload"], default="soak")
-    p.add_argument("--model-dir", help="model dir to serve (default: the server's, models/de-en)")
+    p.add_argument("--model-dir", help="model dir to serve (default: the server's, models/de-en/1)")
     p.add_argument("--onnx-dir", help="exported graphs (default MODEL_DIR/onnx)")
     p.add_argument("--minutes", type=float, default=5.0, help="soak duration")
     p.add_argument("--seconds", type=float, help="soak duration in seconds (overrides --minutes)")

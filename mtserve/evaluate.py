@@ -17,7 +17,7 @@ from export.data import DEFAULT_DATA_DIR, read_parallel
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default="models/de-en", help="model dir")
+    p.add_argument("--model", default="models/de-en/1", help="model dir")
     p.add_argument("--data", default=str(DEFAULT_DATA_DIR), help="dir with SPLIT.LANG[.gz] files")
     p.add_argument("--split", default="test_2016_flickr")
     p.add_argument("--src-lang", default="de")

@@ -138,7 +138,7 @@ def agreement(tmodel, omodel, sources: list[list[int]], beam: int, batch_size: i
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default="models/de-en", help="model dir")
+    p.add_argument("--model", default="models/de-en/1", help="model dir")
     p.add_argument("--onnx-dir", help="export dir (default: MODEL/onnx; exported there when missing or stale)")
     p.add_argument("--precision", default="fp32", choices=["fp32", "int8", "fp16"])
     p.add_argument(

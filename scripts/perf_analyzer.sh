@@ -27,7 +27,7 @@
 #   PA_CSV=FILE                       also write the merged CSV here
 #   PA_LOG_DIR=DIR                    keep each run's perf_analyzer output and CSV there (cN-N.log/.csv)
 #
-# `bench` (default MODEL_DIR models/de-en, its export made beforehand) starts `mtserve serve` with
+# `bench` (default MODEL_DIR models/de-en/1, its export made beforehand) starts `mtserve serve` with
 # its default settings (metrics off; extra arguments after MODEL_DIR go to it) on a free loopback
 # port, waits for SERVING, and at each level of CONCURRENCY (a list here) runs perf_analyzer against
 # its KServe model (the manifest's name), then right after it the project's load generator
@@ -206,7 +206,7 @@ run() {
 
 # `mtserve serve` on a free loopback port; at each level perf_analyzer, then benchmarks/online.py.
 bench() {
-  local model_dir=${1:-$REPO/models/de-en}
+  local model_dir=${1:-$REPO/models/de-en/1}
   [[ $# -gt 0 ]] && shift
   local py=${PY:-$REPO/.venv/bin/python}
   [[ -x $py ]] || die "no Python at $py (make install, or set PY)"

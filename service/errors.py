@@ -63,6 +63,18 @@ class Unauthenticated(ServiceError):
     code = "UNAUTHENTICATED"
 
 
+class PermissionDenied(ServiceError):
+    """An operation this server's settings turn off (the repository's load and unload)."""
+
+    code = "PERMISSION_DENIED"
+
+
+class FailedPrecondition(ServiceError):
+    """An operation this server cannot do as configured (a repository call on one model dir)."""
+
+    code = "FAILED_PRECONDITION"
+
+
 class Internal(ServiceError):
     code = "INTERNAL"
 

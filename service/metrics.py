@@ -27,6 +27,9 @@ LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
 STEP_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 TOKEN_BUCKETS = (1, 4, 8, 16, 32, 64, 128, 256, 512)
+# Every metric with a model in play carries these: the served name and version (Triton's layout,
+# NAME/VERSION/), so one dashboard tells the models and their versions apart.
+MODEL_LABELS = ("model", "version")
 
 
 class Metrics:
@@ -49,99 +52,142 @@ class Metrics:
         self.queue_wait = Histogram(
             "mtserve_queue_wait_seconds",
             "time a sentence waited before joining a batch",
+            MODEL_LABELS,
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
-        self.queue_depth = Gauge("mtserve_queue_depth", "sentences waiting for a batch", registry=r)
+        self.queue_depth = Gauge("mtserve_queue_depth", "sentences waiting for a batch", MODEL_LABELS, registry=r)
         self.queue_capacity = Gauge(
-            "mtserve_queue_capacity", "max_queue_size: queued sentences before RESOURCE_EXHAUSTED", registry=r
+            "mtserve_queue_capacity",
+            "max_queue_size: queued sentences before RESOURCE_EXHAUSTED",
+            MODEL_LABELS,
+            registry=r,
         )
         self.time_to_first_chunk = Histogram(
             "mtserve_time_to_first_chunk_seconds",
             "TranslateStream: time from request to the first chunk",
+            MODEL_LABELS,
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
         self.batch_rows = Histogram(
             "mtserve_decode_batch_rows",
             "rows (sentences x beams) in each decode step",
+            MODEL_LABELS,
             buckets=SIZE_BUCKETS,
             registry=r,
         )
         self.encoder_latency = Histogram(
             "mtserve_encoder_duration_seconds",
             "one encoder run (a batch of sentences)",
+            MODEL_LABELS,
             buckets=STEP_BUCKETS,
             registry=r,
         )
         self.decoder_step_latency = Histogram(
-            "mtserve_decoder_step_duration_seconds", "one decoder step of a batch", buckets=STEP_BUCKETS, registry=r
+            "mtserve_decoder_step_duration_seconds",
+            "one decoder step of a batch",
+            MODEL_LABELS,
+            buckets=STEP_BUCKETS,
+            registry=r,
         )
-        self.input_tokens = Counter("mtserve_input_tokens_total", "source subword tokens accepted", registry=r)
+        self.input_tokens = Counter(
+            "mtserve_input_tokens_total", "source subword tokens accepted", MODEL_LABELS, registry=r
+        )
         self.generated_tokens = Counter(
-            "mtserve_generated_tokens_total", "target tokens of finished translations (</s> included)", registry=r
+            "mtserve_generated_tokens_total",
+            "target tokens of finished translations (</s> included)",
+            MODEL_LABELS,
+            registry=r,
         )
         self.decoded_rows = Counter(
-            "mtserve_decoded_rows_total", "row-steps computed by the decoder (sentences x beams x steps)", registry=r
+            "mtserve_decoded_rows_total",
+            "row-steps computed by the decoder (sentences x beams x steps)",
+            MODEL_LABELS,
+            registry=r,
         )
         self.padding_ratio = Histogram(
             "mtserve_padding_ratio",
             "share of padding in each decoder step's source tensors",
+            MODEL_LABELS,
             buckets=(0.0, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 1.0),
             registry=r,
         )
-        self.sentences = Counter("mtserve_sentences_total", "sentences finished, by outcome", ["outcome"], registry=r)
-        self.model_info = Info("mtserve_model", "the model being served", registry=r)
+        self.sentences = Counter(
+            "mtserve_sentences_total", "sentences finished, by outcome", [*MODEL_LABELS, "outcome"], registry=r
+        )
+        self.model_info = Info("mtserve_model", "each model version being served", MODEL_LABELS, registry=r)
         # Per model (the translation model and the encoder model, whichever API called them): what
         # KServe ModelStatistics reports, read back from these (`model_statistics`).
         self.inference_duration = Summary(
             "mtserve_inference_request_duration_seconds",
             "inference requests by model and outcome (success, failure): from their arrival at the engine to their results",
-            ["model", "outcome"],
+            [*MODEL_LABELS, "outcome"],
             registry=r,
         )
         self.inference_phase = Summary(
             "mtserve_inference_phase_duration_seconds",
             "successful inference requests by model: time in each phase (queue, compute_input, compute_infer, compute_output)",
-            ["model", "phase"],
+            [*MODEL_LABELS, "phase"],
             registry=r,
         )
         self.inferences = Counter(
-            "mtserve_inferences_total", "texts of successful inference requests, by model", ["model"], registry=r
+            "mtserve_inferences_total", "texts of successful inference requests, by model", MODEL_LABELS, registry=r
         )
         self.last_inference = Gauge(
             "mtserve_last_inference_timestamp_seconds",
             "Unix time of the last inference request's end, by model",
-            ["model"],
+            MODEL_LABELS,
             registry=r,
         )
 
-    def model_statistics(self) -> dict[str, ModelStatistics]:
-        """The per-model inference metrics by model, as a scrape would read them (in engine
-        processes too: the children's decoder steps are fetched, which blocks on their pipes)."""
-        stats: dict[str, ModelStatistics] = {}
+    def for_model(self, name: str, version: str) -> ModelMetrics:
+        """The metrics of one served model version, its labels filled in."""
+        return ModelMetrics(self, name, version)
+
+    def forget_model(self, name: str, version: str) -> None:
+        """Drop an unloaded version's series (its gauges would otherwise keep their last values)."""
+        for metric in MODEL_SCOPED:
+            m = getattr(self, metric)
+            for labels in list(_children(m)):
+                if labels[:2] == (name, version):
+                    m.remove(*labels)
+        for kserve_name in (name, f"{name}-encoder"):
+            for metric in ("inference_duration", "inference_phase", "inferences", "last_inference"):
+                m = getattr(self, metric)
+                for labels in list(_children(m)):
+                    if labels[:2] == (kserve_name, version):
+                        m.remove(*labels)
+
+    def model_statistics(self) -> dict[tuple[str, str], ModelStatistics]:
+        """The per-model inference metrics by (model, version), as a scrape would read them (in
+        engine processes too: the children's decoder steps are fetched, which blocks on their pipes)."""
+        stats: dict[tuple[str, str], ModelStatistics] = {}
         phases = {"queue", "compute_input", "compute_infer", "compute_output"}
-        steps = 0.0
+        steps: dict[tuple[str, str], float] = {}
         for family in self.registry.collect():
             for s in family.samples:
-                model = s.labels.get("model")
-                if s.name == "mtserve_decoder_step_duration_seconds_count":
-                    steps += s.value
+                model, version = s.labels.get("model"), s.labels.get("version", "")
                 if model is None:
                     continue
-                st = stats.setdefault(model, ModelStatistics())
+                key = (model, version)
+                if s.name == "mtserve_decoder_step_duration_seconds_count":
+                    steps[key] = steps.get(key, 0.0) + s.value
+                    continue
                 kind = "count" if s.name.endswith("_count") else "sum" if s.name.endswith("_sum") else None
                 if family.name == "mtserve_inference_request_duration_seconds" and kind:
-                    getattr(st, s.labels["outcome"])[kind] += s.value
+                    getattr(stats.setdefault(key, ModelStatistics()), s.labels["outcome"])[kind] += s.value
                 elif family.name == "mtserve_inference_phase_duration_seconds" and kind:
                     if s.labels["phase"] in phases:
+                        st = stats.setdefault(key, ModelStatistics())
                         st.phases.setdefault(s.labels["phase"], {"count": 0.0, "sum": 0.0})[kind] += s.value
                 elif s.name == "mtserve_inferences_total":
-                    st.inferences += s.value
+                    stats.setdefault(key, ModelStatistics()).inferences += s.value
                 elif s.name == "mtserve_last_inference_timestamp_seconds":
+                    st = stats.setdefault(key, ModelStatistics())
                     st.last_inference = max(st.last_inference, s.value)
-        for st in stats.values():
-            st.decoder_steps = steps
+        for key, n in steps.items():
+            stats.setdefault(key, ModelStatistics()).decoder_steps = n
         return stats
 
     def serve(self, port: int, address: str = "0.0.0.0") -> tuple[WSGIServer, threading.Thread]:
@@ -158,4 +204,60 @@ class ModelStatistics:
     phases: dict[str, dict[str, float]] = field(default_factory=dict)  # phase -> {"count", "sum"}
     inferences: float = 0.0
     last_inference: float = 0.0  # Unix time; 0 = none
-    decoder_steps: float = 0.0  # every decoder step of the server (the translation model's executions)
+    decoder_steps: float = 0.0  # the model version's decoder steps (the translation model's executions)
+
+
+# The metrics a decode backend updates, one series per model version (engine processes update
+# them in the child, see service/parallel/pool.py).
+MODEL_SCOPED = (
+    "queue_wait",
+    "queue_depth",
+    "queue_capacity",
+    "time_to_first_chunk",
+    "batch_rows",
+    "encoder_latency",
+    "decoder_step_latency",
+    "input_tokens",
+    "generated_tokens",
+    "decoded_rows",
+    "padding_ratio",
+    "sentences",
+)
+
+
+def _children(metric) -> list[tuple[str, ...]]:
+    with metric._lock:
+        return list(metric._metrics)
+
+
+class _Partial:
+    """A labelled metric with the model's labels filled in; `labels(*rest)` names the others."""
+
+    def __init__(self, metric, values: tuple[str, ...]):
+        self.metric, self.values = metric, values
+
+    def labels(self, *rest: str):
+        return self.metric.labels(*self.values, *rest)
+
+
+class ModelMetrics:
+    """One served model version's view of the server's metrics: what the scheduler and the engine
+    update, with `model` and `version` filled in. `server` is the whole set (RPC metrics)."""
+
+    def __init__(self, metrics: Metrics, name: str, version: str):
+        self.server, self.name, self.version = metrics, name, version
+        self.registry = metrics.registry
+        v = (name, version)
+        self.queue_wait = metrics.queue_wait.labels(*v)
+        self.queue_depth = metrics.queue_depth.labels(*v)
+        self.queue_capacity = metrics.queue_capacity.labels(*v)
+        self.time_to_first_chunk = metrics.time_to_first_chunk.labels(*v)
+        self.batch_rows = metrics.batch_rows.labels(*v)
+        self.encoder_latency = metrics.encoder_latency.labels(*v)
+        self.decoder_step_latency = metrics.decoder_step_latency.labels(*v)
+        self.input_tokens = metrics.input_tokens.labels(*v)
+        self.generated_tokens = metrics.generated_tokens.labels(*v)
+        self.decoded_rows = metrics.decoded_rows.labels(*v)
+        self.padding_ratio = metrics.padding_ratio.labels(*v)
+        self.sentences = _Partial(metrics.sentences, v)
+        self.model_info = metrics.model_info.labels(*v)

@@ -30,14 +30,17 @@ from service.api.mtserve.v1 import translation_pb2, translation_pb2_grpc
 from service.batching.scheduler import Scheduler
 from service.engine.backend import Backend
 from service.engine.engine import Engine, TranslateOptions
-from service.errors import ModelLoadError, StartupError
+from service.errors import ModelLoadError, ServiceError, StartupError
 from service.grpc.interceptors import ErrorAndMetricsInterceptor
 from service.grpc.security import AuthInterceptor, load_tokens, server_credentials
 from service.grpc.servicer import TranslationServicer
+from service.kserve.codec import served_version
 from service.kserve.servicer import SERVICE_NAME as KSERVE_SERVICE_NAME
 from service.kserve.servicer import KServeServicer
-from service.metrics import Metrics
+from service.metrics import Metrics, ModelMetrics
 from service.parallel.pool import EnginePool
+from service.repository.layout import VersionDir, scan, wanted
+from service.repository.registry import ModelRegistry, ServedModel
 from service.runtime.loading import load_models
 from service.runtime.memory import keep_freed_memory
 from service.runtime.onnx_model import choose_graph
@@ -48,8 +51,9 @@ SERVICE_NAME = translation_pb2.DESCRIPTOR.services_by_name["TranslationService"]
 
 
 class LoadedModel(NamedTuple):
-    """What the engine and the start-up log need from whichever backend loaded the model."""
+    """What the engine and the start-up log need from whichever backend loaded a model version."""
 
+    backend: Backend
     manifest: Manifest
     tokenizer: Tokenizer
     provider: str
@@ -57,10 +61,10 @@ class LoadedModel(NamedTuple):
     graph: str  # the decoder step: "fused", "portable", or the custom backend's name
 
 
-BackendFactory = Callable[[Settings, Metrics, Manifest], Backend]
-"""Builds a backend that decodes in place of the ONNX Runtime one, from the settings, the server's
-metrics and the export's manifest (benchmarks/ct2_server.py: CTranslate2). Its `provider`
-attribute, when it has one, is what the server reports as the execution provider."""
+BackendFactory = Callable[[Settings, ModelMetrics, Manifest], Backend]
+"""Builds a backend that decodes in place of the ONNX Runtime one, from one model version's
+settings, its metrics and its export's manifest (benchmarks/ct2_server.py: CTranslate2). Its
+`provider` attribute, when it has one, is what the server reports as the execution provider."""
 
 
 class Server:
@@ -81,78 +85,124 @@ class Server:
         self.metrics_port: int | None = None
         self._metrics_http: WSGIServer | None = None
         self.ready = False  # health SERVING: KServe ServerReady/ModelReady report it
-        # Set by start(): the backend that decodes (Scheduler, EnginePool or the factory's), the engine over it,
-        # and whether the listener is TLS.
-        self.scheduler: Backend
-        self.engine: Engine
-        self.tls: bool
+        single = settings.model_dir is not None
+        self.models = ModelRegistry(
+            None if single else settings.model_repository, self._load, self.metrics, settings.grace_period_s
+        )
+        self.tls: bool  # set by start()
+
+    @property
+    def engine(self) -> Engine:
+        """The default model's engine."""
+        return self.models.default().engine
+
+    @property
+    def scheduler(self) -> Backend:
+        """The default model's backend."""
+        return self.models.default().backend
 
     async def start(self) -> None:
         st = self.settings
         credentials = server_credentials(st)  # bad TLS files or tokens fail before the slow model load
         tokens = load_tokens(st)
         tracing.configure()  # OTEL_TRACES_EXPORTER: off unless it names an exporter
-        if self.backend_factory is not None:
-            loaded = self._load_with_factory(self.backend_factory)
-        elif st.engine_process:
-            loaded = await self._start_engine_processes()
-        else:
-            loaded = self._load_in_process()
-        self.engine = Engine(
-            st, loaded.manifest, loaded.tokenizer, self.scheduler, self.metrics, loaded.provider, loaded.graph
-        )
-        self.metrics.model_info.info(
-            {
-                "name": loaded.manifest.name,
-                "version": loaded.manifest.version,
-                "provider": loaded.provider,
-                "precision": st.precision,
-                "graph": loaded.graph,
-            }
-        )
+        for source in self._start_models():
+            await self.models.add(source)
+        if st.default_model:
+            try:
+                self.models.default_name = self.models.resolve(st.default_model, "default_model").name
+            except ServiceError as e:
+                self.models.shutdown()
+                raise ModelLoadError(e.message) from None
         self.server = self._grpc_server(tokens)
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
         await self._listen(self.server, credentials)
         self._serve_metrics()
-        self.scheduler.start()
-        await self._warm_up()
         await self._set_health(health_pb2.HealthCheckResponse.SERVING)
-        self._log_serving(loaded, tokens)
+        self._log_serving(tokens)
 
-    # -- the backend: engine processes, the in-process scheduler, or the caller's ---------------
-
-    def _read_export(self, precision: str | None) -> tuple[Manifest, Tokenizer]:
-        """The export's manifest and tokenizer (the graphs are the backend's to load)."""
-        graphs = resolve_onnx_dir(self.settings.graphs_dir)
-        manifest = load_manifest(graphs, verify_checksums=False, precision=precision)
-        return manifest, Tokenizer.from_file(str(graphs / manifest.tokenizer.file))
-
-    async def _start_engine_processes(self) -> LoadedModel:
-        """Each decode worker in a child process of its own (its own GIL, its own sessions); this
-        process keeps the manifest and the tokenizer for validation and tokenisation."""
+    def _start_models(self) -> list[VersionDir]:
+        """What to load at start: the one model dir, or the repository's models (MTSERVE_MODELS)."""
         st = self.settings
-        self.scheduler = pool = EnginePool(st, self.metrics)
-        await asyncio.get_running_loop().run_in_executor(None, pool.start_process)
+        if st.model_dir is not None:
+            manifest, _ = self._read_export(st, None)
+            return [VersionDir(manifest.name, served_version(manifest), st.model_dir, st.onnx_dir)]
         try:
-            manifest, tokenizer = self._read_export(st.precision)
-        except Exception as e:
-            pool.shutdown()
-            raise ModelLoadError(f"{type(e).__name__}: {e}") from e
-        # The children chose their decoder step by the same rule from the same export.
-        graph = choose_graph(manifest, st.precision, pool.provider, st.graph)
-        return LoadedModel(manifest, tokenizer, pool.provider, pool.sessions, graph)
+            chosen = wanted(scan(st.model_repository), st.model_list)
+        except ServiceError as e:
+            raise ModelLoadError(e.message) from None
+        if not chosen:
+            raise ModelLoadError(f"model_repository: no model in {st.model_repository} (layout: NAME/VERSION/)")
+        return chosen
 
-    def _load_with_factory(self, factory: BackendFactory) -> LoadedModel:
-        """The caller's backend over the export's manifest and tokenizer (no ONNX Runtime session)."""
+    # -- one model version: its backend (engine processes, the in-process scheduler, or the caller's)
+
+    async def _load(self, source: VersionDir) -> ServedModel:
+        """Load, start and warm up one model version (the registry's loader)."""
+        st = self.settings.model_copy(update={"model_dir": source.path, "onnx_dir": source.onnx_dir})
+        metrics = self.metrics.for_model(source.name, source.version)
+        loop = asyncio.get_running_loop()
+        if self.backend_factory is not None:
+            loaded = self._load_with_factory(st, metrics, self.backend_factory)
+        elif st.engine_process:
+            loaded = await self._start_engine_processes(st, metrics)
+        else:  # the sessions load off the event loop: other models keep serving meanwhile
+            loaded = await loop.run_in_executor(None, self._load_in_process, st, metrics)
+        engine = Engine(st, loaded.manifest, loaded.tokenizer, loaded.backend, metrics, loaded.provider, loaded.graph)
+        metrics.model_info.info(
+            {
+                "provider": loaded.provider,
+                "precision": st.precision,
+                "graph": loaded.graph,
+                "source_language": loaded.manifest.src_lang,
+                "target_language": loaded.manifest.tgt_lang,
+            }
+        )
+        loaded.backend.start()
         try:
-            manifest, tokenizer = self._read_export(None)
-            self.scheduler = factory(self.settings, self.metrics, manifest)
+            await self._warm_up(engine)
+        except BaseException:
+            loaded.backend.shutdown()
+            raise
+        return ServedModel(source, engine, loaded.backend, loaded.provider, loaded.graph, loaded.sessions)
+
+    @staticmethod
+    def _read_export(st: Settings, precision: str | None) -> tuple[Manifest, Tokenizer]:
+        """The export's manifest and tokenizer (the graphs are the backend's to load)."""
+        try:
+            graphs = resolve_onnx_dir(st.graphs_dir)
+            manifest = load_manifest(graphs, verify_checksums=False, precision=precision)
+            return manifest, Tokenizer.from_file(str(graphs / manifest.tokenizer.file))
         except StartupError:
             raise
         except Exception as e:
             raise ModelLoadError(f"{type(e).__name__}: {e}") from e
-        backend = self.scheduler
+
+    async def _start_engine_processes(self, st: Settings, metrics: ModelMetrics) -> LoadedModel:
+        """Each decode worker in a child process of its own (its own GIL, its own sessions); this
+        process keeps the manifest and the tokenizer for validation and tokenisation."""
+        pool = EnginePool(st, metrics)
+        await asyncio.get_running_loop().run_in_executor(None, pool.start_process)
+        try:
+            manifest, tokenizer = self._read_export(st, st.precision)
+        except Exception:
+            pool.shutdown()
+            raise
+        # The children chose their decoder step by the same rule from the same export.
+        graph = choose_graph(manifest, st.precision, pool.provider, st.graph)
+        return LoadedModel(pool, manifest, tokenizer, pool.provider, pool.sessions, graph)
+
+    def _load_with_factory(self, st: Settings, metrics: ModelMetrics, factory: BackendFactory) -> LoadedModel:
+        """The caller's backend over the export's manifest and tokenizer (no ONNX Runtime session)."""
+        manifest, tokenizer = self._read_export(st, None)
+        try:
+            backend = factory(st, metrics, manifest)
+        except StartupError:
+            raise
+        except Exception as e:
+            raise ModelLoadError(f"{type(e).__name__}: {e}") from e
         return LoadedModel(
+            backend,
             manifest,
             tokenizer,
             str(getattr(backend, "provider", "custom")),
@@ -160,15 +210,15 @@ class Server:
             str(getattr(backend, "graph", "custom")),
         )
 
-    def _load_in_process(self) -> LoadedModel:
+    @staticmethod
+    def _load_in_process(st: Settings, metrics: ModelMetrics) -> LoadedModel:
         """The sessions in this process, decoded by the scheduler's worker threads."""
-        st = self.settings
         models = load_models(st)
         manifest = models[0].manifest
         gen = manifest.generation
-        self.scheduler = Scheduler(models, st, self.metrics, gen.max_len_a, gen.max_len_b)
+        scheduler = Scheduler(models, st, metrics, gen.max_len_a, gen.max_len_b)
         sessions = len({id(m) for m in models})
-        return LoadedModel(manifest, models[0].tokenizer, models[0].provider, sessions, models[0].graph)
+        return LoadedModel(scheduler, manifest, models[0].tokenizer, models[0].provider, sessions, models[0].graph)
 
     # -- the gRPC server, its servicers and its listener --------------------------------------
 
@@ -184,9 +234,11 @@ class Server:
                 ("grpc.so_reuseport", 0),
             ],
         )
-        translation_pb2_grpc.add_TranslationServiceServicer_to_server(TranslationServicer(self.engine), server)
+        translation_pb2_grpc.add_TranslationServiceServicer_to_server(
+            TranslationServicer(self.models, st, self.metrics), server
+        )
         grpc_service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(
-            KServeServicer(self.engine, ready=lambda: self.ready), server
+            KServeServicer(self.models, st, ready=lambda: self.ready), server
         )
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         reflection.enable_server_reflection(
@@ -220,20 +272,25 @@ class Server:
             self._metrics_http, _ = self.metrics.serve(st.metrics_port, st.metrics_address)
             self.metrics_port = self._metrics_http.server_port
 
-    def _log_serving(self, loaded: LoadedModel, tokens: list[str]) -> None:
-        st, sessions = self.settings, loaded.sessions
+    def _log_serving(self, tokens: list[str]) -> None:
+        st = self.settings
+        for m in self.models.all():
+            log.info(
+                "serving %s%s (%s, %s, %s decoder step, %d decode workers x %d threads, %d session pair%s%s)",
+                m.ref,
+                " (default)" if m is self.models.default() else "",
+                m.provider,
+                st.precision,
+                m.graph,
+                st.decode_workers,
+                st.intra_op_threads,
+                m.sessions,
+                "" if m.sessions == 1 else "s",
+                ", each in an engine process" if st.engine_process else "",
+            )
         log.info(
-            "serving %s on %s (%s, %s, %s decoder step, %d decode workers x %d threads, %d session pair%s%s)%s; %s, %s",
-            self.engine.model_name,
+            "listening on %s%s; %s, %s",
             st.address,
-            loaded.provider,
-            st.precision,
-            loaded.graph,
-            st.decode_workers,
-            st.intra_op_threads,
-            sessions,
-            "" if sessions == 1 else "s",
-            ", each in an engine process" if st.engine_process else "",
             f", metrics on :{self.metrics_port}" if self.metrics_port else "",
             ("TLS with client certificates" if st.tls_client_ca_file else "TLS") if self.tls else "plaintext",
             f"bearer tokens required ({len(tokens)} accepted)" if tokens else "no authentication",
@@ -248,21 +305,21 @@ class Server:
             if asyncio.iscoroutine(result):
                 await result
 
-    async def _warm_up(self) -> None:
+    async def _warm_up(self, engine: Engine) -> None:
         """One short translation per mode used by default, so the first request is not slow."""
         opts = TranslateOptions(beam_size=1, max_output_tokens=4)
-        await self.engine.translate(["Hallo Welt ."] * max(1, self.settings.decode_workers), opts)
-        await self.engine.translate(["Hallo Welt ."], TranslateOptions(max_output_tokens=4))
+        await engine.translate(["Hallo Welt ."] * max(1, self.settings.decode_workers), opts)
+        await engine.translate(["Hallo Welt ."], TranslateOptions(max_output_tokens=4))
 
     async def drain(self) -> None:
         """NOT_SERVING, refuse new work, finish what was accepted within the grace period, stop."""
         grace = self.settings.grace_period_s
         log.info("draining: finishing in-flight work (grace period %.1fs)", grace)
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
-        self.scheduler.stop_accepting()
+        self.models.stop_accepting()
         loop = asyncio.get_running_loop()
         end = time.monotonic() + grace
-        finished = await loop.run_in_executor(None, self.scheduler.wait_idle, grace)
+        finished = await loop.run_in_executor(None, self.models.wait_idle, grace)
         # The engine is idle, but handlers may still be writing answers (a stream's last chunks), and
         # calls still arrive that our handlers refuse as UNAVAILABLE; gRPC would cancel those if
         # they reached it while the listener closes.
@@ -271,7 +328,7 @@ class Server:
             log.warning("grace period over with work in flight; stopping anyway")
         if self.server is not None:
             await self.server.stop(grace=max(end - time.monotonic(), 1.0) if finished else 0)
-        self.scheduler.shutdown()
+        self.models.shutdown()
         tracing.shutdown()  # exports the spans still buffered
         if self._metrics_http is not None:
             self._metrics_http.shutdown()

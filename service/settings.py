@@ -16,7 +16,28 @@ class Settings(BaseSettings):
 
     # Where and what
     address: str = Field("0.0.0.0:50051", description="gRPC listen address host:port")
-    model_dir: Path = Field(Path("models/de-en"), description="model dir (config.json, tokenizer.json, onnx/)")
+    model_repository: Path = Field(
+        Path("models"),
+        description="model repository in Triton's layout, NAME/VERSION/ (config.json, tokenizer.json, onnx/)",
+    )
+    models: str = Field(
+        "",
+        description="comma-separated models to load at start (NAME or NAME:VERSION); empty: the latest "
+        "version of every model in the repository",
+    )
+    default_model: str = Field(
+        "", description="the model of requests that name none; empty: the first model loaded at start"
+    )
+    repository_control: bool = Field(
+        True,
+        description="KServe RepositoryModelLoad/Unload (bearer token required when authentication is on); "
+        "off: both answer PERMISSION_DENIED",
+    )
+    model_dir: Path | None = Field(
+        None,
+        description="serve this one model dir (config.json, tokenizer.json, onnx/) instead of the repository, "
+        "under its manifest's name",
+    )
     onnx_dir: Path | None = Field(None, description="exported graphs; default MODEL_DIR/onnx")
     provider: Literal["auto", "cuda", "cpu"] = Field("auto", description="ONNX Runtime execution provider")
     strict_provider: bool = Field(False, description="exit instead of falling back to CPU when CUDA is missing")
@@ -138,7 +159,17 @@ class Settings(BaseSettings):
 
     @property
     def graphs_dir(self) -> Path:
-        return self.onnx_dir or self.model_dir / "onnx"
+        """The graphs of the one model these settings load (the server gives each version a copy
+        with its own model_dir)."""
+        if self.onnx_dir is not None:
+            return self.onnx_dir
+        if self.model_dir is None:
+            raise ValueError("model_dir is not set: these settings name no single model")
+        return self.model_dir / "onnx"
+
+    @property
+    def model_list(self) -> list[str]:
+        return [m.strip() for m in self.models.split(",") if m.strip()]
 
     @property
     def admit_delay_s(self) -> float:

@@ -11,14 +11,14 @@ import time
 
 from service.batching.jobs import Sentence, settle
 from service.errors import ResourceExhausted, Unavailable
-from service.metrics import Metrics
+from service.metrics import ModelMetrics
 from service.settings import Settings
 
 
 class SentenceQueue:
     """Subclasses start `_threads`, take from `_queue` under `_cond`, and say when they are `idle`."""
 
-    def __init__(self, settings: Settings, metrics: Metrics):
+    def __init__(self, settings: Settings, metrics: ModelMetrics):
         self.settings, self.metrics = settings, metrics
         self._queue: list[Sentence] = []
         self._cond = threading.Condition()

@@ -37,14 +37,14 @@ from service.batching.jobs import EncodeJob, Sentence, settle
 from service.batching.queue import SentenceQueue
 from service.decoding.generator import DecodeBatch, Finished
 from service.errors import DeadlineExceeded, Internal, ResourceExhausted, Unavailable
-from service.metrics import Metrics
+from service.metrics import ModelMetrics
 from service.settings import Settings
 
 log = logging.getLogger("mtserve.scheduler")
 
 
 class Scheduler(SentenceQueue):
-    def __init__(self, models: list, settings: Settings, metrics: Metrics, max_len_a: float, max_len_b: int):
+    def __init__(self, models: list, settings: Settings, metrics: ModelMetrics, max_len_a: float, max_len_b: int):
         super().__init__(settings, metrics)
         self.models = models  # one OnnxSeq2Seq per worker
         self.max_len_a, self.max_len_b = max_len_a, max_len_b

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -20,7 +20,7 @@ from service.decoding.generator import max_output_len
 from service.engine.backend import Backend
 from service.engine.text import normalize_text
 from service.errors import Cancelled, DeadlineExceeded, Internal, InvalidArgument, ServiceError
-from service.metrics import Metrics
+from service.metrics import Metrics, ModelMetrics
 from service.settings import Settings
 
 
@@ -66,6 +66,11 @@ class StreamItem:
     texts: list[str]
     options: TranslateOptions
     timeout: float | None = None  # seconds from arrival; None = only the stream's deadline
+    model: str = ""  # NAME or NAME:VERSION; empty: the default model
+
+
+ItemTranslator = Callable[[StreamItem, float | None], Awaitable[list[TranslationResult]]]
+"""Translates one TranslateMany item within a time limit (seconds), on the model it names."""
 
 
 @dataclass
@@ -92,10 +97,10 @@ class EncodingResult:
     token_embeddings: np.ndarray | None  # (tokens, d_model)
 
 
-def model_names(manifest: Manifest) -> tuple[str, str]:
-    """The names an export is served under, (translation model, encoder model): KServe's models,
-    and the `model` label of the per-model metrics that ModelStatistics reports."""
-    return manifest.name, f"{manifest.name}-encoder"
+def model_names(name: str) -> tuple[str, str]:
+    """The names a served model has in KServe, (translation model, encoder model): also the
+    `model` label of the per-model inference metrics that ModelStatistics reports."""
+    return name, f"{name}-encoder"
 
 
 class _Inference:
@@ -105,8 +110,9 @@ class _Inference:
     joined a decode batch; compute_infer: until its last sentence finished; compute_output:
     detokenisation); once it failed, its duration."""
 
-    def __init__(self, metrics: Metrics, model: str):
-        self.metrics, self.model = metrics, model
+    def __init__(self, metrics: ModelMetrics, model: str):
+        self.metrics, self.model = metrics.server, model
+        self.version = metrics.version
         self.start = self.submitted = self.computed = time.monotonic()
         self.admitted: float | None = None
         self.recorded = False
@@ -123,7 +129,7 @@ class _Inference:
             self.admitted = min(max(max(stamps), self.submitted), self.computed)  # type: ignore[type-var]
 
     def succeeded(self, texts: int) -> None:
-        end, m, model = time.monotonic(), self.metrics, self.model
+        end, m, model = time.monotonic(), self.metrics, (self.model, self.version)
         queued = self.submitted if self.admitted is None else self.admitted
         for phase, seconds in (
             ("compute_input", self.submitted - self.start),
@@ -131,16 +137,17 @@ class _Inference:
             ("compute_infer", self.computed - queued),
             ("compute_output", end - self.computed),
         ):
-            m.inference_phase.labels(model, phase).observe(seconds)
-        m.inference_duration.labels(model, "success").observe(end - self.start)
-        m.inferences.labels(model).inc(texts)
-        m.last_inference.labels(model).set(time.time())
+            m.inference_phase.labels(*model, phase).observe(seconds)
+        m.inference_duration.labels(*model, "success").observe(end - self.start)
+        m.inferences.labels(*model).inc(texts)
+        m.last_inference.labels(*model).set(time.time())
         self.recorded = True
 
     def failed(self) -> None:
         if not self.recorded:
-            self.metrics.inference_duration.labels(self.model, "failure").observe(time.monotonic() - self.start)
-            self.metrics.last_inference.labels(self.model).set(time.time())
+            model = (self.model, self.version)
+            self.metrics.inference_duration.labels(*model, "failure").observe(time.monotonic() - self.start)
+            self.metrics.last_inference.labels(*model).set(time.time())
             self.recorded = True
 
 
@@ -151,7 +158,7 @@ class Engine:
         manifest: Manifest,
         tokenizer: Tokenizer,
         scheduler: Backend,
-        metrics: Metrics,
+        metrics: ModelMetrics,
         provider: str,
         graph: str = "portable",
     ):
@@ -159,8 +166,9 @@ class Engine:
         self.scheduler, self.metrics, self.provider = scheduler, metrics, provider
         self.graph = graph  # the decoder step the backend runs: "fused", "portable" or a custom backend's
         self.eos_id = manifest.special_ids.eos_id
-        self.model_name = f"{manifest.name}:{manifest.version}"
-        self.translation_model, self.encoder_model = model_names(manifest)
+        self.name, self.version = metrics.name, metrics.version  # as served: the repository's NAME/VERSION
+        self.model_name = f"{self.name}:{self.version}"
+        self.translation_model, self.encoder_model = model_names(self.name)
 
     # -- validation and tokenisation --------------------------------------------------
 
@@ -360,31 +368,6 @@ class Engine:
         finally:
             done.cancel()
 
-    async def translate_many(
-        self, items: AsyncIterator[StreamItem], timeout: float | None = None
-    ) -> AsyncIterator[tuple[StreamItem, list[TranslationResult] | Exception]]:
-        """Items as they arrive, answers as they finish: (item, its results) or (item, the error of
-        that item alone). At most `max_stream_in_flight` items are read ahead of the answers taken
-        from this iterator. `timeout` is the whole stream's (seconds); an item's own comes with it.
-        An error raised by `items` itself (a malformed message) ends the stream with that error."""
-        stream = _ManyStream(self, items, timeout)
-        reader = asyncio.ensure_future(stream.read())
-        try:
-            while True:
-                answer = await stream.answers.get()
-                if isinstance(answer, _End):
-                    if answer.error is not None:
-                        raise answer.error
-                    return
-                if answer.owns_id:
-                    stream.unanswered.discard(answer.item.id)
-                yield answer.item, answer.outcome
-                stream.slots.release()  # the answer has been taken (written): one more item may be read
-        finally:
-            reader.cancel()
-            for task in list(stream.pending):  # the stream ended early (cancelled, failed): drop its items
-                task.cancel()
-
     async def encode(
         self, texts: list[str], return_token_embeddings: bool, timeout: float | None = None
     ) -> list[EncodingResult]:
@@ -423,8 +406,8 @@ class Engine:
     def model_info(self) -> dict:
         m, d, st = self.manifest, self.manifest.dims, self.settings
         return {
-            "name": m.name,
-            "version": m.version,
+            "name": self.name,
+            "version": self.version,
             "source_language": m.src_lang,
             "target_language": m.tgt_lang,
             "precision": st.precision,
@@ -471,15 +454,53 @@ class Engine:
         }
 
 
+async def translate_many(
+    items: AsyncIterator[StreamItem],
+    translate: ItemTranslator,
+    settings: Settings,
+    metrics: Metrics,
+    timeout: float | None = None,
+) -> AsyncIterator[tuple[StreamItem, list[TranslationResult] | Exception]]:
+    """Items as they arrive, answers as they finish: (item, its results) or (item, the error of
+    that item alone). At most `max_stream_in_flight` items are read ahead of the answers taken
+    from this iterator. `timeout` is the whole stream's (seconds); an item's own comes with it.
+    An error raised by `items` itself (a malformed message) ends the stream with that error.
+    `translate` runs one item on the model it names."""
+    stream = _ManyStream(translate, settings, metrics, items, timeout)
+    reader = asyncio.ensure_future(stream.read())
+    try:
+        while True:
+            answer = await stream.answers.get()
+            if isinstance(answer, _End):
+                if answer.error is not None:
+                    raise answer.error
+                return
+            if answer.owns_id:
+                stream.unanswered.discard(answer.item.id)
+            yield answer.item, answer.outcome
+            stream.slots.release()  # the answer has been taken (written): one more item may be read
+    finally:
+        reader.cancel()
+        for task in list(stream.pending):  # the stream ended early (cancelled, failed): drop its items
+            task.cancel()
+
+
 class _ManyStream:
     """One TranslateMany stream: reads its items, translates each as a task of its own within its
     limit, and queues the answers for `Engine.translate_many` to hand out in completion order."""
 
-    def __init__(self, engine: Engine, items: AsyncIterator[StreamItem], timeout: float | None):
-        self.engine, self.items = engine, items
+    def __init__(
+        self,
+        translate: ItemTranslator,
+        settings: Settings,
+        metrics: Metrics,
+        items: AsyncIterator[StreamItem],
+        timeout: float | None,
+    ):
+        self.translate, self.metrics, self.items = translate, metrics, items
         self.loop = asyncio.get_running_loop()
         self.deadline = None if timeout is None else self.loop.time() + timeout
-        self.slots = asyncio.Semaphore(engine.settings.max_stream_in_flight)
+        self.slots = asyncio.Semaphore(settings.max_stream_in_flight)
         self.answers: asyncio.Queue[_Answer | _End] = asyncio.Queue()
         self.pending: set[asyncio.Task] = set()
         self.unanswered: set[str] = set()  # ids of the items read and not answered yet
@@ -504,7 +525,7 @@ class _ManyStream:
             self.answers.put_nowait(_End(e))
 
     def _refuse_duplicate(self, item: StreamItem) -> None:
-        self.engine.metrics.requests.labels("TranslateMany.item", "INVALID_ARGUMENT").inc()
+        self.metrics.requests.labels("TranslateMany.item", "INVALID_ARGUMENT").inc()
         error = InvalidArgument("id", f"{item.id!r} is the id of an item not answered yet on this stream")
         self.answers.put_nowait(_Answer(item, error, owns_id=False))
 
@@ -520,7 +541,7 @@ class _ManyStream:
             if isinstance(outcome, ServiceError)
             else "INTERNAL"
         )
-        metrics = self.engine.metrics
+        metrics = self.metrics
         metrics.requests.labels("TranslateMany.item", code).inc()
         metrics.request_latency.labels("TranslateMany.item", code).observe(time.perf_counter() - start)
         self.answers.put_nowait(_Answer(item, outcome, owns_id=True))
@@ -535,12 +556,11 @@ class _ManyStream:
         return min(limits) if limits else None
 
     async def _outcome(self, item: StreamItem, limit: float | None) -> list[TranslationResult] | Exception:
-        translate = self.engine.translate
         try:
             if limit is None:
-                return await translate(item.texts, item.options)
+                return await self.translate(item, None)
             try:
-                return await asyncio.wait_for(translate(item.texts, item.options, timeout=limit), max(limit, 0.0))
+                return await asyncio.wait_for(self.translate(item, limit), max(limit, 0.0))
             except asyncio.TimeoutError:
                 raise DeadlineExceeded("deadline expired before the translation finished") from None
         except Exception as e:  # noqa: BLE001 - every failure is this item's answer, never the stream's

@@ -115,9 +115,7 @@ class _ObservedCall:
     are counted and mapped the same way. With tracing on, it also holds the RPC's server span,
     current while the handler runs."""
 
-    def __init__(
-        self, metrics: Metrics, activity: RpcActivity, full_method: str, context: grpc.aio.ServicerContext
-    ):
+    def __init__(self, metrics: Metrics, activity: RpcActivity, full_method: str, context: grpc.aio.ServicerContext):
         self.metrics, self.activity, self.method, self.context = metrics, activity, _short(full_method), context
         self.full_method = full_method
         self.gauge = metrics.in_flight.labels(self.method)

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from service.api.mtserve.v1 import translation_pb2 as pb
 from service.api.mtserve.v1 import translation_pb2_grpc as pb_grpc
-from service.engine.engine import Engine, StreamItem, TranslateOptions, TranslationResult
+from service.engine.engine import StreamItem, TranslateOptions, TranslationResult, translate_many
 from service.grpc.context import deadline, request_id
 from service.grpc.interceptors import error_status
+from service.metrics import Metrics
+from service.repository.registry import ModelRegistry
+from service.settings import Settings
 
 
 def _options(msg: pb.TranslationOptions) -> TranslateOptions:
@@ -35,23 +38,27 @@ def translation_pb(r: TranslationResult, opts: TranslateOptions) -> pb.Translati
 
 
 class TranslationServicer(pb_grpc.TranslationServiceServicer):
-    def __init__(self, engine: Engine):
-        self.engine = engine
+    def __init__(self, models: ModelRegistry, settings: Settings, metrics: Metrics):
+        self.models, self.settings, self.metrics = models, settings, metrics
 
     async def Translate(self, request: pb.TranslateRequest, context) -> pb.TranslateResponse:
         opts = _options(request.options)
-        results = await self.engine.translate(list(request.texts), opts, timeout=deadline(context))
-        return pb.TranslateResponse(
-            translations=[translation_pb(r, opts) for r in results], model=self.engine.model_name
-        )
+        with self.models.lease(request.model) as served:
+            results = await served.engine.translate(list(request.texts), opts, timeout=deadline(context))
+            return pb.TranslateResponse(
+                translations=[translation_pb(r, opts) for r in results], model=served.engine.model_name
+            )
 
     async def TranslateStream(self, request: pb.TranslateStreamRequest, context):
         opts = _options(request.options)
-        async for event in self.engine.translate_stream(request.text, opts, timeout=deadline(context)):
-            if isinstance(event, TranslationResult):
-                yield pb.TranslateStreamResponse(final=translation_pb(event, opts))
-            else:
-                yield pb.TranslateStreamResponse(chunk=pb.TranslationChunk(text=event.text, token_ids=event.token_ids))
+        with self.models.lease(request.model) as served:
+            async for event in served.engine.translate_stream(request.text, opts, timeout=deadline(context)):
+                if isinstance(event, TranslationResult):
+                    yield pb.TranslateStreamResponse(final=translation_pb(event, opts))
+                else:
+                    yield pb.TranslateStreamResponse(
+                        chunk=pb.TranslationChunk(text=event.text, token_ids=event.token_ids)
+                    )
 
     async def TranslateMany(self, request_iterator, context):
         async def items():
@@ -61,9 +68,19 @@ class TranslationServicer(pb_grpc.TranslationServiceServicer):
                     texts=list(r.request.texts),
                     options=_options(r.request.options),
                     timeout=r.timeout_ms / 1000.0 if r.timeout_ms else None,
+                    model=r.request.model,
                 )
 
-        async for item, outcome in self.engine.translate_many(items(), timeout=deadline(context)):
+        names: dict[str, str] = {}  # item id -> the model:version that answered it
+
+        async def translate(item: StreamItem, limit: float | None) -> list[TranslationResult]:
+            with self.models.lease(item.model, "request.model") as served:
+                names[item.id] = served.engine.model_name
+                return await served.engine.translate(item.texts, item.options, timeout=limit)
+
+        answers = translate_many(items(), translate, self.settings, self.metrics, timeout=deadline(context))
+        async for item, outcome in answers:
+            model = names.pop(item.id, "")
             if isinstance(outcome, Exception):
                 code, message = error_status(
                     outcome, "TranslateMany", lambda item=item: f"{request_id(context)}/{item.id}"
@@ -73,15 +90,16 @@ class TranslationServicer(pb_grpc.TranslationServiceServicer):
                 yield pb.TranslateManyResponse(
                     id=item.id,
                     response=pb.TranslateResponse(
-                        translations=[translation_pb(r, item.options) for r in outcome], model=self.engine.model_name
+                        translations=[translation_pb(r, item.options) for r in outcome], model=model
                     ),
                 )
 
     async def Encode(self, request: pb.EncodeRequest, context) -> pb.EncodeResponse:
-        encodings = await self.engine.encode(
-            list(request.texts), request.return_token_embeddings, timeout=deadline(context)
-        )
-        out = pb.EncodeResponse(model=self.engine.model_name)
+        with self.models.lease(request.model) as served:
+            encodings = await served.engine.encode(
+                list(request.texts), request.return_token_embeddings, timeout=deadline(context)
+            )
+            out = pb.EncodeResponse(model=served.engine.model_name)
         for e in encodings:
             msg = out.encodings.add(pooled=e.pooled.tolist(), tokens=e.tokens)
             if e.token_embeddings is not None:
@@ -89,9 +107,22 @@ class TranslationServicer(pb_grpc.TranslationServiceServicer):
                 msg.token_embeddings.data.extend(e.token_embeddings.ravel().tolist())
         return out
 
-    async def GetModelInfo(self, request, context) -> pb.ModelInfo:
-        info = self.engine.model_info()
+    async def GetModelInfo(self, request: pb.GetModelInfoRequest, context) -> pb.ModelInfo:
+        info = self.models.resolve(request.model).engine.model_info()
         limits = info.pop("limits")
         files = info.pop("files_sha256")
         tools = info.pop("tool_versions")
-        return pb.ModelInfo(**info, limits=pb.Limits(**limits), files_sha256=files, tool_versions=tools)
+        default = self.models.default()
+        served = sorted(self.models.all(), key=lambda s: s is not default)
+        models = [
+            pb.ServedModel(
+                name=s.name,
+                version=s.version,
+                source_language=s.engine.manifest.src_lang,
+                target_language=s.engine.manifest.tgt_lang,
+                default_version=self.models.default_versions.get(s.name) == s.version,
+                default_model=s is default,
+            )
+            for s in served
+        ]
+        return pb.ModelInfo(**info, limits=pb.Limits(**limits), files_sha256=files, tool_versions=tools, models=models)

@@ -13,10 +13,10 @@ little-endian length and its bytes), with shape [N] or [N, 1]. Outputs mirror th
 in, raw out (what tritonclient sends and reads), contents in, contents out.
 
 Versions: Triton numbers a model's versions, and its tools parse them as integers (perf_analyzer
-matches statistics by `std::stoll(version)`), while an export's version is a string (config.json's
-`version`, else a hash of the weights). The one version served is the export's own when it is a
-positive integer, else "1"; requests may name the export's version too (`accepted_versions`).
-The export's version is in ModelConfig's `parameters.model_version`.
+matches statistics by `std::stoll(version)`). A repository's versions are its VERSION
+directories; a model directory served on its own has its export's version when that is a
+positive integer, else "1" (`served_version`). The export's own version string (config.json's
+`version`, else a hash of the weights) is in ModelConfig's `parameters.model_version`.
 """
 
 from __future__ import annotations
@@ -60,10 +60,9 @@ class ModelSpec:
     parameters: dict[str, type]  # accepted request parameters and their type
 
 
-def model_specs(manifest: Manifest) -> dict[str, ModelSpec]:
-    """The two models the export is served as, by name."""
-    m = manifest
-    translator, encoder = model_names(m)
+def model_specs(name: str, manifest: Manifest) -> dict[str, ModelSpec]:
+    """The two KServe models a served model `name` is, by name."""
+    translator, encoder = model_names(name)
     return {
         translator: ModelSpec(
             translator,
@@ -73,20 +72,15 @@ def model_specs(manifest: Manifest) -> dict[str, ModelSpec]:
             (-1,),
             {"beam_size": int, "max_output_tokens": int, "length_penalty": float},
         ),
-        encoder: ModelSpec(encoder, "encode", "EMBEDDING", "FP32", (-1, m.dims.d_model), {}),
+        encoder: ModelSpec(encoder, "encode", "EMBEDDING", "FP32", (-1, manifest.dims.d_model), {}),
     }
 
 
 def served_version(manifest: Manifest) -> str:
-    """The version number the export is served under (see the module's doc)."""
+    """The version number a model directory served on its own (`--model-dir`) has: its
+    config.json's version when that is a number, else 1."""
     v = manifest.version
     return v if v.isdecimal() and int(v) > 0 else "1"
-
-
-def accepted_versions(manifest: Manifest) -> tuple[str, ...]:
-    """What a request's version field may say: empty (the server's choice), the served number, or
-    the export's own version string."""
-    return ("", served_version(manifest), manifest.version)
 
 
 # -- model configuration (Triton's ModelConfig) ---------------------------------------------

@@ -19,24 +19,25 @@ import numpy as np
 
 from service.api.inference import grpc_service_pb2 as pb
 from service.api.inference import grpc_service_pb2_grpc as pb_grpc
-from service.engine.engine import Engine, TranslateOptions
-from service.errors import InvalidArgument, NotFound
+from service.engine.engine import TranslateOptions, model_names
+from service.errors import InvalidArgument, NotFound, PermissionDenied
 from service.grpc.context import deadline
 from service.kserve.codec import (
     INPUT,
     PLATFORM,
     ModelSpec,
-    accepted_versions,
     check_outputs,
     infer_response,
     input_texts,
     model_config,
     model_specs,
     request_parameters,
-    served_version,
     v2_argument_error,
 )
 from service.metrics import ModelStatistics as ModelStats
+from service.repository.layout import is_version
+from service.repository.registry import ModelRegistry, ServedModel
+from service.settings import Settings
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
 
@@ -49,12 +50,9 @@ def _version() -> str:
 
 
 class KServeServicer(pb_grpc.GRPCInferenceServiceServicer):
-    def __init__(self, engine: Engine, ready: Callable[[], bool]):
-        self.engine = engine
+    def __init__(self, models: ModelRegistry, settings: Settings, ready: Callable[[], bool]):
+        self.models, self.settings = models, settings
         self.ready = ready
-        self.version = served_version(engine.manifest)
-        self.versions = accepted_versions(engine.manifest)
-        self.models = model_specs(engine.manifest)
 
     # -- health and metadata ---------------------------------------------------------------
 
@@ -65,20 +63,26 @@ class KServeServicer(pb_grpc.GRPCInferenceServiceServicer):
         return pb.ServerReadyResponse(ready=self.ready())
 
     async def ModelReady(self, request: pb.ModelReadyRequest, context) -> pb.ModelReadyResponse:
-        known = request.name in self.models and request.version in self.versions
-        return pb.ModelReadyResponse(ready=known and self.ready())
+        try:
+            self._model(request.name, request.version, "name", "version")
+        except NotFound:
+            return pb.ModelReadyResponse(ready=False)
+        return pb.ModelReadyResponse(ready=self.ready())
 
     async def ServerMetadata(self, request, context) -> pb.ServerMetadataResponse:
         return pb.ServerMetadataResponse(
-            name="mtserve", version=_version(), extensions=["parameters", "model_configuration", "statistics"]
+            name="mtserve",
+            version=_version(),
+            extensions=["parameters", "model_configuration", "statistics", "model_repository"],
         )
 
     async def ModelMetadata(self, request: pb.ModelMetadataRequest, context) -> pb.ModelMetadataResponse:
-        spec = self._model(request.name, request.version, "name", "version")
+        spec, served = self._model(request.name, request.version, "name", "version")
         tensor = pb.ModelMetadataResponse.TensorMetadata
+        versions = [s.version for s in self.models.versions(served.name)]
         return pb.ModelMetadataResponse(
             name=spec.name,
-            versions=[self.version],
+            versions=versions,
             platform=PLATFORM,
             # Triton's rule: the batch axis, then ModelConfig's dims ([1] for a text, reshaped to []).
             # perf_analyzer shapes its requests from this, and refuses the empty shape [-1] leaves.
@@ -92,49 +96,67 @@ class KServeServicer(pb_grpc.GRPCInferenceServiceServicer):
             ],
         )
 
-    def _model(self, name: str, version: str, name_field: str, version_field: str) -> ModelSpec:
-        if name not in self.models:
-            raise NotFound(f"{name_field}: unknown model {name!r} (served: {', '.join(self.models)})")
-        if version not in self.versions:
-            raise NotFound(f"{version_field}: model {name!r} has no version {version!r} (served: {self.version})")
-        return self.models[name]
+    def _model(self, name: str, version: str, name_field: str, version_field: str) -> tuple[ModelSpec, ServedModel]:
+        """The KServe model `name` (a served model, or its encoder) at `version` (empty: the
+        model's default version)."""
+        specs = {}
+        for s in self.models.all():
+            for spec in model_specs(s.name, s.engine.manifest).values():
+                specs[spec.name] = (spec, s.name)
+        if name not in specs:
+            raise NotFound(f"{name_field}: unknown model {name!r} (served: {', '.join(sorted(specs))})")
+        spec, base = specs[name]
+        loaded = [s.version for s in self.models.versions(base)]
+        if version and version not in loaded:
+            raise NotFound(f"{version_field}: model {name!r} has no version {version!r} (served: {', '.join(loaded)})")
+        return spec, self.models.resolve(f"{base}:{version}" if version else base, name_field)
 
     # -- Triton extensions ----------------------------------------------------------------------
 
     async def ModelConfig(self, request: pb.ModelConfigRequest, context) -> pb.ModelConfigResponse:
-        spec = self._model(request.name, request.version, "name", "version")
-        e = self.engine
-        return pb.ModelConfigResponse(config=model_config(spec, e.manifest, e.settings, e.provider, self.version))
+        spec, served = self._model(request.name, request.version, "name", "version")
+        e = served.engine
+        return pb.ModelConfigResponse(config=model_config(spec, e.manifest, e.settings, e.provider, served.version))
 
     async def ModelStatistics(self, request: pb.ModelStatisticsRequest, context) -> pb.ModelStatisticsResponse:
         if request.name:
-            names = [self._model(request.name, request.version, "name", "version").name]
+            spec, served = self._model(request.name, request.version, "name", "version")
+            wanted = [(spec, served)]
         else:
-            if request.version not in self.versions:
-                raise NotFound(f"version: no model has version {request.version!r} (served: {self.version})")
-            names = list(self.models)
+            wanted = [
+                (spec, s)
+                for s in self.models.all()
+                if not request.version or s.version == request.version
+                for spec in model_specs(s.name, s.engine.manifest).values()
+            ]
+            if not wanted:
+                raise NotFound(f"version: no model has version {request.version!r}")
         # A scrape of the server's own registry: with engine processes it asks each of them for its
         # decoder steps over a pipe, so off the event loop.
-        stats = await asyncio.to_thread(self.engine.metrics.model_statistics)
-        return pb.ModelStatisticsResponse(model_stats=[self._statistics(n, stats.get(n)) for n in names])
+        stats = await asyncio.to_thread(self.models.metrics.model_statistics)
+        return pb.ModelStatisticsResponse(
+            model_stats=[self._statistics(spec, s, stats) for spec, s in wanted],
+        )
 
-    def _statistics(self, name: str, st: ModelStats | None) -> pb.ModelStatistics:
-        st = st or ModelStats()
+    def _statistics(
+        self, spec: ModelSpec, served: ServedModel, stats: dict[tuple[str, str], ModelStats]
+    ) -> pb.ModelStatistics:
+        st = stats.get((spec.name, served.version)) or ModelStats()
+        steps = stats.get((served.name, served.version)) or ModelStats()
 
         def duration(d: dict[str, float]) -> pb.StatisticDuration:
             return pb.StatisticDuration(count=round(d["count"]), ns=round(d["sum"] * 1e9))
 
         zero = {"count": 0.0, "sum": 0.0}
-        translate = self.models[name].kind == "translate"
         return pb.ModelStatistics(
-            name=name,
-            version=self.version,
+            name=spec.name,
+            version=served.version,
             last_inference=round(st.last_inference * 1000),
             inference_count=round(st.inferences),
             # The translation model's executions are its decoder steps (each a run of the decoder
             # graph over a batch). The encoder model's runs share their metric with the
             # translations' encoder runs, so they are not told apart: 0.
-            execution_count=round(st.decoder_steps) if translate else 0,
+            execution_count=round(steps.decoder_steps) if spec.kind == "translate" else 0,
             inference_stats=pb.InferStatistics(
                 success=duration(st.success),
                 fail=duration(st.failure),
@@ -146,31 +168,80 @@ class KServeServicer(pb_grpc.GRPCInferenceServiceServicer):
         )
 
     async def RepositoryIndex(self, request: pb.RepositoryIndexRequest, context) -> pb.RepositoryIndexResponse:
-        ready = self.ready()
-        if request.ready and not ready:
-            return pb.RepositoryIndexResponse()
         index = pb.RepositoryIndexResponse.ModelIndex
-        state, reason = ("READY", "") if ready else ("UNAVAILABLE", "the server is starting or draining")
-        return pb.RepositoryIndexResponse(
-            models=[index(name=n, version=self.version, state=state, reason=reason) for n in self.models]
-        )
+        ready = self.ready()
+        rows = []
+        for e in self.models.index():
+            state, reason = e.state, e.reason
+            if state == "READY" and not ready:
+                state, reason = "UNAVAILABLE", "the server is starting or draining"
+            if request.ready and state != "READY":
+                continue
+            # A model is two KServe models, its translator and its encoder, loaded together.
+            for name in model_names(e.name):
+                rows.append(index(name=name, version=e.version, state=state, reason=reason))
+        return pb.RepositoryIndexResponse(models=rows)
+
+    def _control(self, request) -> tuple[str, bool]:
+        """The checks every repository call makes; (version, default) from its parameters."""
+        if not self.settings.repository_control:
+            raise PermissionDenied("model_name: loading and unloading are off on this server (repository_control)")
+        if request.repository_name:
+            raise NotFound(
+                f"repository_name: this server has one repository, unnamed (got {request.repository_name!r})"
+            )
+        if not request.model_name:
+            raise InvalidArgument("model_name", "a model name is required")
+        version, default = "", False
+        for key, p in request.parameters.items():
+            kind = p.WhichOneof("parameter_choice")
+            if key == "version" and kind in ("string_param", "int64_param"):
+                version = str(getattr(p, kind))
+                if not is_version(version):
+                    raise InvalidArgument('parameters["version"]', f"{version!r} is not a positive integer")
+            elif key == "default" and kind == "bool_param":
+                default = p.bool_param
+            else:
+                raise InvalidArgument(
+                    f"parameters[{key!r}]",
+                    'unknown or mistyped: "version" (string or int64) and "default" (bool) are accepted',
+                )
+        return version, default
+
+    async def RepositoryModelLoad(
+        self, request: pb.RepositoryModelLoadRequest, context
+    ) -> pb.RepositoryModelLoadResponse:
+        version, default = self._control(request)
+        await self.models.load(request.model_name, version, make_default=default)
+        return pb.RepositoryModelLoadResponse()
+
+    async def RepositoryModelUnload(
+        self, request: pb.RepositoryModelUnloadRequest, context
+    ) -> pb.RepositoryModelUnloadResponse:
+        version, default = self._control(request)
+        if default:
+            raise InvalidArgument('parameters["default"]', "applies to RepositoryModelLoad only")
+        await self.models.unload(request.model_name, version)
+        return pb.RepositoryModelUnloadResponse()
 
     # -- inference --------------------------------------------------------------------------
 
     async def ModelInfer(self, request: pb.ModelInferRequest, context) -> pb.ModelInferResponse:
-        spec = self._model(request.model_name, request.model_version, "model_name", "model_version")
+        spec, served = self._model(request.model_name, request.model_version, "model_name", "model_version")
         index, texts = input_texts(request)
         check_outputs(request, spec)
         params = request_parameters(request, spec)
         output: list[bytes] | np.ndarray
-        try:
-            if spec.kind == "translate":
-                opts = TranslateOptions(**params)
-                results = await self.engine.translate(texts, opts, timeout=deadline(context))
-                output = [r.text.encode("utf-8") for r in results]
-            else:
-                encodings = await self.engine.encode(texts, False, timeout=deadline(context))
-                output = np.stack([e.pooled for e in encodings]).astype("<f4")
-        except InvalidArgument as e:
-            raise v2_argument_error(e, index) from None
-        return infer_response(request, spec, self.version, output)
+        with self.models.lease(served.ref, "model_name"):
+            engine = served.engine
+            try:
+                if spec.kind == "translate":
+                    opts = TranslateOptions(**params)
+                    results = await engine.translate(texts, opts, timeout=deadline(context))
+                    output = [r.text.encode("utf-8") for r in results]
+                else:
+                    encodings = await engine.encode(texts, False, timeout=deadline(context))
+                    output = np.stack([e.pooled for e in encodings]).astype("<f4")
+            except InvalidArgument as e:
+                raise v2_argument_error(e, index) from None
+        return infer_response(request, spec, served.version, output)

@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 from service.batching.jobs import EncodeJob, Sentence
 from service.batching.scheduler import Scheduler
 from service.errors import Internal, ServiceError
-from service.metrics import Metrics
+from service.metrics import Metrics, ModelMetrics
 from service.parallel.messages import (
     Cancel,
     Done,
@@ -51,7 +51,7 @@ from service.settings import Settings
 Job = TypeVar("Job", Sentence, EncodeJob)
 
 
-def child_main(conn: Connection, settings_json: str, log_level: str) -> None:
+def child_main(conn: Connection, settings_json: str, log_level: str, labels: tuple[str, str]) -> None:
     """The engine process: load the models, serve the pipe, stop the scheduler."""
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s[engine]: %(message)s")
     keep_freed_memory()
@@ -61,7 +61,7 @@ def child_main(conn: Connection, settings_json: str, log_level: str) -> None:
     except Exception as e:  # noqa: BLE001 - reported to the parent, which exits with it
         conn.send(StartupError(str(e)))
         return
-    metrics = Metrics()
+    metrics = Metrics().for_model(*labels)
     gen = models[0].manifest.generation
     scheduler = Scheduler(models, settings, metrics, gen.max_len_a, gen.max_len_b)
     scheduler.start()
@@ -75,7 +75,7 @@ def child_main(conn: Connection, settings_json: str, log_level: str) -> None:
 class Child:
     """The child's end of the pipe: turns messages into scheduler calls and futures into answers."""
 
-    def __init__(self, conn: Connection, scheduler: Scheduler, metrics: Metrics):
+    def __init__(self, conn: Connection, scheduler: Scheduler, metrics: ModelMetrics):
         self.conn = conn
         self.scheduler = scheduler
         self.metrics = metrics

@@ -33,6 +33,7 @@ import logging
 import multiprocessing as mp
 import threading
 import time
+import weakref
 from collections.abc import Sequence
 from concurrent.futures import Future
 from multiprocessing.connection import Connection
@@ -42,7 +43,7 @@ from prometheus_client.metrics_core import Metric
 
 from service.batching.jobs import EncodeJob, Sentence, settle
 from service.errors import Internal, ModelLoadError, Unavailable
-from service.metrics import Metrics
+from service.metrics import MODEL_SCOPED, Metrics, ModelMetrics
 from service.parallel.child import child_main
 from service.parallel.messages import (
     Cancel,
@@ -68,19 +69,7 @@ from service.settings import Settings
 log = logging.getLogger("mtserve.engine_process")
 
 # Metrics the child updates; the parent's copies are unregistered and the child's served instead.
-CHILD_METRICS = (
-    "queue_wait",
-    "queue_depth",
-    "queue_capacity",
-    "batch_rows",
-    "encoder_latency",
-    "decoder_step_latency",
-    "input_tokens",
-    "generated_tokens",
-    "decoded_rows",
-    "padding_ratio",
-    "sentences",
-)
+CHILD_METRICS = tuple(m for m in MODEL_SCOPED if m != "time_to_first_chunk")
 
 
 class _ChildMetrics:
@@ -113,14 +102,30 @@ class _ChildMetrics:
         return list(merged.values())
 
 
+_collectors: weakref.WeakKeyDictionary[Metrics, _ChildMetrics] = weakref.WeakKeyDictionary()
+
+
 def serve_child_metrics(metrics: Metrics, children: list[EngineProcess]) -> None:
-    """Unregister the parent's copies of the metrics the children update; serve the children's."""
-    names: set[str] = set()
-    for attr in CHILD_METRICS:
-        m = getattr(metrics, attr)
-        names |= {f.name for f in m.collect()}
-        metrics.registry.unregister(m)
-    metrics.registry.register(_ChildMetrics(children, names))
+    """Serve the children's copies of the metrics they update. The first pool of a server
+    unregisters the parent's copies; every pool's children (one pool per model version) join
+    the one collector, whose samples the `model` and `version` labels keep apart."""
+    collector = _collectors.get(metrics)
+    if collector is None:
+        names: set[str] = set()
+        for attr in CHILD_METRICS:
+            m = getattr(metrics, attr)
+            names |= {f.name for f in m.collect()}
+            metrics.registry.unregister(m)
+        collector = _collectors[metrics] = _ChildMetrics([], names)
+        metrics.registry.register(collector)
+    collector.children.extend(children)
+
+
+def forget_child_metrics(metrics: Metrics, children: list[EngineProcess]) -> None:
+    """An unloaded pool's children leave the collector."""
+    collector = _collectors.get(metrics)
+    if collector is not None:
+        collector.children[:] = [c for c in collector.children if c not in children]
 
 
 def _rows(item: Sentence | EncodeJob) -> int:
@@ -130,8 +135,9 @@ def _rows(item: Sentence | EncodeJob) -> int:
 class EngineProcess:
     """One child process and its pipe; `EnginePool` runs one per decode worker."""
 
-    def __init__(self, settings: Settings, start_timeout: float = 300.0):
+    def __init__(self, settings: Settings, start_timeout: float = 300.0, labels: tuple[str, str] = ("", "")):
         self.settings = settings
+        self.labels = labels  # the model version's (name, version), for the child's metrics
         self.start_timeout = start_timeout
         self.provider = "cpu"
         self.sessions = 0
@@ -162,7 +168,7 @@ class EngineProcess:
         parent, child = self._ctx.Pipe()
         proc = self._ctx.Process(
             target=child_main,
-            args=(child, self.settings.model_dump_json(), self.settings.log_level),
+            args=(child, self.settings.model_dump_json(), self.settings.log_level, self.labels),
             name="mtserve-engine",
             daemon=True,
         )
@@ -401,14 +407,15 @@ class EnginePool:
     interface: no two decode loops share a GIL. Each request goes to the child with the fewest
     unanswered rows; each child has 1/N of max_queue_size."""
 
-    def __init__(self, settings: Settings, metrics: Metrics, start_timeout: float = 300.0):
+    def __init__(self, settings: Settings, metrics: ModelMetrics, start_timeout: float = 300.0):
         n = settings.decode_workers
         per_child = settings.model_copy(
             update={"decode_workers": 1, "max_queue_size": max(1, -(-settings.max_queue_size // n))}
         )
-        self.settings = settings
-        self.children = [EngineProcess(per_child, start_timeout) for _ in range(n)]
-        serve_child_metrics(metrics, self.children)
+        self.settings, self.metrics = settings, metrics
+        labels = (metrics.name, metrics.version)
+        self.children = [EngineProcess(per_child, start_timeout, labels) for _ in range(n)]
+        serve_child_metrics(metrics.server, self.children)
         self.provider, self.sessions = "cpu", 0
 
     def start_process(self) -> None:
@@ -460,3 +467,4 @@ class EnginePool:
             c.request_shutdown()
         for c in self.children:
             c.shutdown(timeout)
+        forget_child_metrics(self.metrics.server, self.children)

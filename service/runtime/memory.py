@@ -34,3 +34,16 @@ def keep_freed_memory(mmap_threshold: int = 256 << 20, trim_threshold: int = 512
     ok = mallopt(_M_MMAP_THRESHOLD, mmap_threshold) == 1 and mallopt(_M_TRIM_THRESHOLD, trim_threshold) == 1
     log.debug("mallopt(mmap_threshold=%d, trim_threshold=%d): %s", mmap_threshold, trim_threshold, ok)
     return ok
+
+
+def release_freed_memory() -> bool:
+    """Hand the heap's free pages back to the kernel (`malloc_trim(0)`): after a model version is
+    unloaded, the memory its sessions and caches held leaves the process instead of staying at
+    the high-water mark that `keep_freed_memory` keeps for steady traffic."""
+    name = ctypes.util.find_library("c")
+    try:
+        trim = ctypes.CDLL(name or "libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return False
+    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+    return bool(trim(0))

@@ -219,7 +219,7 @@ class FakeCt2:
 
 
 def backend(fake: FakeCt2, **settings) -> Ct2Backend:
-    return Ct2Backend(fake, Settings(**settings), Metrics())  # type: ignore[arg-type]
+    return Ct2Backend(fake, Settings(**settings), Metrics().for_model("m", "1"))  # type: ignore[arg-type]
 
 
 def sentence(n: int, beam: int = 1, lp: float = 1.0, deadline: float | None = None) -> Sentence:

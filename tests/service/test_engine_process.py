@@ -236,7 +236,7 @@ class NotAMessage:
 def test_the_child_ignores_a_message_it_has_no_case_for():
     parent, conn = mp.Pipe()
     scheduler = FakeScheduler()
-    child = Child(conn, scheduler, Metrics())
+    child = Child(conn, scheduler, Metrics().for_model("m", "1"))
     assert child.handle(NotAMessage()) is True
     for msg in (NotAMessage(), ("shutdown",), StopAccepting(), Shutdown(), StopAccepting()):
         parent.send(msg)
@@ -251,7 +251,7 @@ def test_the_child_ignores_a_message_it_has_no_case_for():
 def test_the_child_answers_by_key():
     parent, conn = mp.Pipe()
     scheduler = FakeScheduler()
-    child = Child(conn, scheduler, Metrics())
+    child = Child(conn, scheduler, Metrics().for_model("m", "1"))
     spec = SentenceSpec(
         key=7, src_ids=[4, 2], beam=1, length_penalty=1.0, max_len=5, want_alignment=False, deadline=None, stream=True
     )

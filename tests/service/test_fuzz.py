@@ -337,9 +337,24 @@ def fz(make_server, tiny_onnx_dir):
     channel.close()
 
 
-def expect(code, details, problem: str | None) -> None:
-    """OK when there is no problem, else INVALID_ARGUMENT naming exactly the field at fault."""
-    if problem is None:
+def model_problem(ref: str, field: str = "model") -> tuple[grpc.StatusCode, str] | None:
+    """What the server answers for a `model` field before anything else: None when it names the
+    one served model ("model", version 1), else NOT_FOUND, or INVALID_ARGUMENT when malformed."""
+    name, _, version = ref.partition(":")
+    if (ref and not name) or (version and not (version.isdecimal() and int(version) > 0)):
+        return grpc.StatusCode.INVALID_ARGUMENT, field
+    if name not in ("", "model") or version not in ("", "1"):
+        return grpc.StatusCode.NOT_FOUND, field
+    return None
+
+
+def expect(code, details, problem: str | None, model: tuple[grpc.StatusCode, str] | None = None) -> None:
+    """OK when there is no problem, else INVALID_ARGUMENT naming exactly the field at fault; a
+    `model` problem comes first."""
+    if model is not None:
+        assert code == model[0], (code, details, model)
+        assert details.startswith(model[1] + ": "), (details, model)
+    elif problem is None:
         assert code == grpc.StatusCode.OK, (code, details)
     else:
         assert code == grpc.StatusCode.INVALID_ARGUMENT, (code, details, problem)
@@ -363,9 +378,9 @@ def check_many_item(fz, req: pb.TranslateManyRequest, answer: pb.TranslateManyRe
         code = STATUS_BY_NUMBER[answer.error.code]
         if code == grpc.StatusCode.DEADLINE_EXCEEDED and 0 < req.timeout_ms < TIMEOUT * 1000:
             return  # its own deadline, which the oracle does not model
-        expect(code, answer.error.message, problem)
+        expect(code, answer.error.message, problem, model_problem(req.request.model, "request.model"))
     else:
-        expect(grpc.StatusCode.OK, "", problem)
+        expect(grpc.StatusCode.OK, "", problem, model_problem(req.request.model, "request.model"))
         assert len(answer.response.translations) == len(req.request.texts) and answer.response.model
         for t, text in zip(answer.response.translations, req.request.texts):
             fz.check.check_translation(t, text, req.request.options)
@@ -383,14 +398,14 @@ def check_call(fz, method: str, raw: bytes) -> None:
         assert details.startswith("request: not a valid protobuf message"), details
         return
     if method == "Translate":
-        expect(code, details, fz.check.translate(list(req.texts), req.options))
+        expect(code, details, fz.check.translate(list(req.texts), req.options), model_problem(req.model))
         if code == grpc.StatusCode.OK:
             (resp,) = responses
             assert len(resp.translations) == len(req.texts) and resp.model
             for t, text in zip(resp.translations, req.texts):
                 fz.check.check_translation(t, text, req.options)
     elif method == "TranslateStream":
-        expect(code, details, fz.check.translate([req.text], req.options, field="text"))
+        expect(code, details, fz.check.translate([req.text], req.options, field="text"), model_problem(req.model))
         if code == grpc.StatusCode.OK:
             *chunks, final = responses
             assert final.HasField("final") and all(m.HasField("chunk") for m in chunks)
@@ -401,7 +416,7 @@ def check_call(fz, method: str, raw: bytes) -> None:
         (answer,) = responses
         check_many_item(fz, req, answer)
     elif method == "Encode":
-        expect(code, details, fz.check.texts_problem(list(req.texts), "texts"))
+        expect(code, details, fz.check.texts_problem(list(req.texts), "texts"), model_problem(req.model))
         if code == grpc.StatusCode.OK:
             (resp,) = responses
             assert len(resp.encodings) == len(req.texts)
@@ -411,8 +426,9 @@ def check_call(fz, method: str, raw: bytes) -> None:
                 assert len(e.token_embeddings.data) == (
                     len(e.pooled) * len(e.tokens) if req.return_token_embeddings else 0
                 )
-    else:
-        assert code == grpc.StatusCode.OK, (code, details)
+    else:  # GetModelInfo
+        model = model_problem(req.model)
+        assert code == (grpc.StatusCode.OK if model is None else model[0]), (code, details)
 
 
 # ----------------------------------------------------------------------------- properties

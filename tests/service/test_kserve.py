@@ -76,8 +76,8 @@ def test_liveness_readiness_and_metadata(server, triton, names):
     assert {"parameters", "model_configuration", "statistics"} <= set(s["server"]["extensions"])
     assert s["model_ready"] == {translator: True, encoder: True, "no-such-model": False}
     assert not any(s["model_ready_wrong_version"].values())
-    # The export's own version names the served one too.
-    assert s["model_ready_other_version"] == {translator: True, encoder: True, "no-such-model": False}
+    # Versions are the repository's numbers: the export's own version string names none of them.
+    assert not any(s["model_ready_other_version"].values())
 
     meta = s["metadata"][translator]
     assert meta["name"] == translator and meta["versions"] == [version]
@@ -458,15 +458,16 @@ def test_statistics_after_known_traffic(make_server, triton, names):
     # The same numbers as the Prometheus metrics (one measurement, read two ways).
     m = srv.server.metrics
     samples = {(s.name, tuple(sorted(s.labels.items()))): s.value for fam in m.registry.collect() for s in fam.samples}
-    key = ("mtserve_inference_request_duration_seconds_count", (("model", translator), ("outcome", "success")))
+    labels = (("model", translator),)
+    key = ("mtserve_inference_request_duration_seconds_count", (*labels, ("outcome", "success"), ("version", version)))
     assert samples[key] == count(after[translator], "success")
-    key = ("mtserve_inference_phase_duration_seconds_sum", (("model", translator), ("phase", "queue")))
+    key = ("mtserve_inference_phase_duration_seconds_sum", (*labels, ("phase", "queue"), ("version", version)))
     assert round(samples[key] * 1e9) == ns(after[translator], "queue")
 
-    # One model, by name and version (the number or the export's own); unknown ones are NOT_FOUND.
+    # One model, by name and version; unknown ones are NOT_FOUND.
     one = stats_by_model(triton, srv.address, translator, version)
     assert list(one) == [translator] and count(one[translator], "success") == count(after[translator], "success")
-    assert list(stats_by_model(triton, srv.address, encoder, srv.server.engine.manifest.version)) == [encoder]
+    assert list(stats_by_model(triton, srv.address, encoder, version)) == [encoder]
     code, details = triton(kserve_calls.call, srv.address, "get_inference_statistics", "no-such-model")["error"]
     assert code == "NOT_FOUND" and details.startswith("name:")
     code, details = triton(kserve_calls.call, srv.address, "get_inference_statistics", "", "9")["error"]

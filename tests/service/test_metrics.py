@@ -113,7 +113,28 @@ def test_every_metric_is_populated_by_traffic(server):
     (info,) = m["mtserve_model_info"]
     labels = info[0]
     assert labels["provider"] == server.server.engine.provider == "cpu" and labels["precision"] == "fp32"
-    assert labels["name"] and labels["version"]
+    assert (labels["model"], labels["version"]) == (server.server.engine.name, server.server.engine.version)
+    # Every metric with a model in play carries the model's name and version.
+    scoped = [
+        "mtserve_queue_wait_seconds_count",
+        "mtserve_queue_depth",
+        "mtserve_queue_capacity",
+        "mtserve_time_to_first_chunk_seconds_count",
+        "mtserve_decode_batch_rows_count",
+        "mtserve_encoder_duration_seconds_count",
+        "mtserve_decoder_step_duration_seconds_count",
+        "mtserve_input_tokens_total",
+        "mtserve_generated_tokens_total",
+        "mtserve_decoded_rows_total",
+        "mtserve_padding_ratio_count",
+        "mtserve_sentences_total",
+        "mtserve_inference_request_duration_seconds_count",
+        "mtserve_inferences_total",
+    ]
+    for name in scoped:
+        assert m[name], name
+        for lab, _ in m[name]:
+            assert lab["model"] in (model, encoder) and lab["version"] == server.server.engine.version, (name, lab)
 
 
 def test_no_created_series(server):

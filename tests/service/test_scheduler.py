@@ -23,7 +23,7 @@ def make_scheduler(**overrides) -> Scheduler:
         "max_batch_tokens": 4096,
         "max_queue_size": 1024,
     }
-    return Scheduler([], Settings(**{**fields, **overrides}), Metrics(), 1.5, 10)
+    return Scheduler([], Settings(**{**fields, **overrides}), Metrics().for_model("m", "1"), 1.5, 10)
 
 
 def sentence(n_tokens: int, beam: int = 1, age_s: float = 0.0, deadline: float | None = None) -> Sentence:
@@ -43,7 +43,7 @@ def due(sch: Scheduler, running: int) -> bool:
 
 
 def gauge(sch: Scheduler, name: str, **labels) -> float | None:
-    return sch.metrics.registry.get_sample_value(name, labels)
+    return sch.metrics.registry.get_sample_value(name, {"model": "m", "version": "1", **labels})
 
 
 def admit(sch: Scheduler, running_rows: int = 0, running_src_len: int = 0) -> list[Sentence]:

@@ -1,0 +1,241 @@
+"""The models a server serves, by name and version: routing, the default model, and loading and
+unloading while requests run (KServe's repository extension).
+
+Each model version has its own backend (sessions, decode workers, queue and limits) and its own
+Engine. A request takes a lease on the version it resolves to, and holds it until its answer is
+written; an unload first takes the version out of routing, then waits for its leases to end, so
+requests already in flight finish on the version they started on and none fails. Loads and
+unloads run one at a time. Knows nothing of gRPC."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from service.engine.backend import Backend
+from service.engine.engine import Engine
+from service.errors import FailedPrecondition, NotFound
+from service.metrics import Metrics
+from service.repository.layout import VersionDir, parse_model_ref, scan
+from service.runtime.memory import release_freed_memory
+
+log = logging.getLogger("mtserve.repository")
+
+
+@dataclass
+class ServedModel:
+    """One loaded model version: its engine, the backend under it, and the requests holding it."""
+
+    source: VersionDir
+    engine: Engine
+    backend: Backend
+    provider: str
+    graph: str
+    sessions: int
+    leases: int = 0
+    loaded_at: float = field(default_factory=time.time)
+
+    @property
+    def name(self) -> str:
+        return self.source.name
+
+    @property
+    def version(self) -> str:
+        return self.source.version
+
+    @property
+    def ref(self) -> str:
+        return f"{self.name}:{self.version}"
+
+
+@dataclass(frozen=True)
+class IndexEntry:
+    """A row of RepositoryIndex: Triton's states READY, LOADING, UNLOADING, UNAVAILABLE."""
+
+    name: str
+    version: str
+    state: str
+    reason: str = ""
+
+
+Loader = Callable[[VersionDir], Awaitable[ServedModel]]
+"""Builds, starts and warms up one version's backend and engine (the server's, which knows the
+backends); raises ModelLoadError."""
+
+
+class ModelRegistry:
+    def __init__(self, repository: Path | None, loader: Loader, metrics: Metrics, unload_timeout_s: float):
+        self.repository = repository  # None: one model dir, nothing to load from
+        self.loader, self.metrics = loader, metrics
+        self.unload_timeout_s = unload_timeout_s
+        self.served: dict[tuple[str, str], ServedModel] = {}
+        self.default_versions: dict[str, str] = {}  # name -> the version a request without one gets
+        self.default_name = ""
+        self.busy: dict[tuple[str, str], str] = {}  # LOADING / UNLOADING
+        self._change = asyncio.Lock()  # loads and unloads, one at a time
+        self._leases_changed = asyncio.Event()
+
+    # -- routing ----------------------------------------------------------------------------
+
+    def resolve(self, ref: str, field: str = "model") -> ServedModel:
+        """The model version `ref` ('NAME', 'NAME:VERSION', or empty for the default) names."""
+        name, version = parse_model_ref(ref, field)
+        name = name or self.default_name
+        if not version:
+            version = self.default_versions.get(name, "")
+        served = self.served.get((name, version))
+        if served is None:
+            raise NotFound(f"{field}: {self._unknown(name, version)}")
+        return served
+
+    def _unknown(self, name: str, version: str) -> str:
+        names = sorted({n for n, _ in self.served})
+        if name not in names:
+            return f"unknown model {name!r} (served: {', '.join(names) or 'none'})"
+        versions = sorted((v for n, v in self.served if n == name), key=int)
+        return f"model {name!r} has no version {version!r} loaded (loaded: {', '.join(versions)})"
+
+    @contextmanager
+    def lease(self, ref: str, field: str = "model") -> Iterator[ServedModel]:
+        """Hold the model version `ref` names for one request: an unload waits for it."""
+        served = self.resolve(ref, field)
+        served.leases += 1
+        try:
+            yield served
+        finally:
+            served.leases -= 1
+            self._leases_changed.set()
+
+    def default(self) -> ServedModel:
+        return self.resolve("")
+
+    def versions(self, name: str) -> list[ServedModel]:
+        return sorted((s for (n, _), s in self.served.items() if n == name), key=lambda s: int(s.version))
+
+    def all(self) -> list[ServedModel]:
+        return sorted(self.served.values(), key=lambda s: (s.name, int(s.version)))
+
+    # -- the repository ---------------------------------------------------------------------
+
+    def index(self) -> list[IndexEntry]:
+        """Every version on disk and every one served, with its state."""
+        entries: dict[tuple[str, str], IndexEntry] = {}
+        if self.repository is not None:
+            for name, versions in scan(self.repository).items():
+                for v in versions:
+                    entries[(name, v.version)] = IndexEntry(name, v.version, "UNAVAILABLE", "unloaded")
+        for key, served in self.served.items():
+            entries[key] = IndexEntry(served.name, served.version, "READY")
+        for key, state in self.busy.items():
+            entries[key] = IndexEntry(key[0], key[1], state)
+        return sorted(entries.values(), key=lambda e: (e.name, int(e.version)))
+
+    def _on_disk(self, name: str, version: str, field: str) -> VersionDir:
+        if self.repository is None:
+            raise FailedPrecondition(f"{field}: this server serves one model directory, not a repository")
+        found = scan(self.repository)
+        if name not in found:
+            raise NotFound(f"{field}: {name!r} is not in the repository (found: {', '.join(found) or 'none'})")
+        versions = found[name]
+        match = [v for v in versions if v.version == version] if version else versions[-1:]
+        if not match:
+            have = ", ".join(v.version for v in versions)
+            raise NotFound(f"{field}: {name!r} has no version {version!r} in the repository (found: {have})")
+        return match[0]
+
+    # -- load and unload --------------------------------------------------------------------
+
+    async def add(self, source: VersionDir, make_default: bool = False) -> ServedModel:
+        """Load one version (or find it loaded) and route to it; the first version of a name is
+        its default, and the first name loaded the server's default unless one was set."""
+        key = (source.name, source.version)
+        async with self._change:
+            served = self.served.get(key)
+            if served is None:
+                self.busy[key] = "LOADING"
+                try:
+                    t0 = time.perf_counter()
+                    served = await self.loader(source)
+                finally:
+                    del self.busy[key]
+                self.served[key] = served
+                log.info("loaded %s from %s in %.1fs", served.ref, source.path, time.perf_counter() - t0)
+            if make_default or source.name not in self.default_versions:
+                self.default_versions[source.name] = source.version
+            if not self.default_name:
+                self.default_name = source.name
+            return served
+
+    async def load(self, name: str, version: str = "", make_default: bool = False) -> ServedModel:
+        """RepositoryModelLoad: the version from disk (the latest when none is named)."""
+        return await self.add(self._on_disk(name, version, "model_name"), make_default)
+
+    async def unload(self, name: str, version: str = "") -> list[str]:
+        """RepositoryModelUnload: one version, or every version of `name`. Routing stops at once;
+        the backend stops once the requests holding it are answered."""
+        async with self._change:
+            doomed = [s for s in self.versions(name) if not version or s.version == version]
+            if not doomed:
+                raise NotFound(f"model_name: {self._unknown(name, version)}")
+            for s in doomed:
+                del self.served[(s.name, s.version)]
+                self.busy[(s.name, s.version)] = "UNLOADING"
+            left = self.versions(name)
+            if not left:
+                self.default_versions.pop(name, None)
+            elif self.default_versions.get(name) not in {s.version for s in left}:
+                self.default_versions[name] = left[-1].version
+            if self.default_name == name and not left:
+                self.default_name = min((n for n, _ in self.served), default="")
+            try:
+                for s in doomed:
+                    await self._stop(s)
+            finally:
+                for s in doomed:
+                    self.busy.pop((s.name, s.version), None)
+            return [s.ref for s in doomed]
+
+    async def _stop(self, served: ServedModel) -> None:
+        end = time.monotonic() + self.unload_timeout_s
+        while served.leases and time.monotonic() < end:
+            self._leases_changed.clear()
+            try:
+                await asyncio.wait_for(self._leases_changed.wait(), max(0.0, end - time.monotonic()))
+            except asyncio.TimeoutError:
+                break
+        if served.leases:
+            log.warning(
+                "%s: %d requests still held it after %.0fs; stopping it",
+                served.ref,
+                served.leases,
+                self.unload_timeout_s,
+            )
+        backend = served.backend
+        backend.stop_accepting()
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, backend.wait_idle, max(0.0, end - time.monotonic()))
+        await loop.run_in_executor(None, backend.shutdown)
+        self.metrics.forget_model(served.name, served.version)
+        del served, backend
+        gc.collect()
+        release_freed_memory()
+
+    # -- the whole server -------------------------------------------------------------------
+
+    def stop_accepting(self) -> None:
+        for s in self.served.values():
+            s.backend.stop_accepting()
+
+    def wait_idle(self, timeout: float) -> bool:
+        end = time.monotonic() + timeout
+        return all(s.backend.wait_idle(max(0.0, end - time.monotonic())) for s in list(self.served.values()))
+
+    def shutdown(self) -> None:
+        for s in list(self.served.values()):
+            s.backend.shutdown()
