@@ -839,6 +839,12 @@ def report_elsewhere() -> list[str]:
         L.append("`make perf-analyzer` writes [perf_analyzer.md](perf_analyzer.md).")
     L += [
         "",
+        "## Several models",
+        "",
+        "Fairness between two models (a c1 client on one while 64 clients flood the other, "
+        "`benchmarks/fairness.py`) and hot swap under load (`benchmarks/hot_swap.py`): how they run is in "
+        "[repository.md](repository.md), the figures in [performance.md](performance.md#several-models).",
+        "",
         "## GPU",
         "",
         "The CUDA comparison (the fp16 graphs on CUDA against CTranslate2 float16) is still to be run: "

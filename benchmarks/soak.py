@@ -77,8 +77,8 @@ def scrape(port: int) -> dict[str, float]:
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
     out = {"queue_depth": 0.0, "in_flight": 0.0}
     for line in text.splitlines():
-        if line.startswith("mtserve_queue_depth "):
-            out["queue_depth"] = float(line.split()[-1])
+        if line.startswith(("mtserve_queue_depth ", "mtserve_queue_depth{")):  # summed over the models
+            out["queue_depth"] += float(line.split()[-1])
         elif line.startswith("mtserve_requests_in_flight{"):
             out["in_flight"] += float(line.split()[-1])
     return out

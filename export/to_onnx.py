@@ -306,7 +306,9 @@ def ensure_exported(
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default="models/de-en/1", help="model dir (model.safetensors, config.json, tokenizer.json)")
+    p.add_argument(
+        "--model", default="models/de-en/1", help="model dir (model.safetensors, config.json, tokenizer.json)"
+    )
     p.add_argument("--out", help="export dir (default: MODEL/onnx)")
     p.add_argument(
         "--precision",

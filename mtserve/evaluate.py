@@ -1,5 +1,7 @@
 """`mtserve evaluate`: translate `SPLIT.SRC` of a data dir and score it against `SPLIT.TGT`
-with sacreBLEU (13a tokenisation, cased, detokenised output).
+with sacreBLEU (13a tokenisation, cased, detokenised output). SRC and TGT are the languages the
+model records (`src_lang`/`tgt_lang` of its config.json for the torch engine, of the export's
+manifest for the onnx engine) unless `--src-lang`/`--tgt-lang` say otherwise.
 
 Engines: `torch` (the PyTorch reference, needs the export extra) and `onnx` (ONNX Runtime over
 the export in MODEL/onnx, `mtserve export` makes it; no torch is imported)."""
@@ -10,6 +12,7 @@ import argparse
 import json
 import sys
 import time
+from pathlib import Path
 
 import sacrebleu
 
@@ -20,8 +23,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="models/de-en/1", help="model dir")
     p.add_argument("--data", default=str(DEFAULT_DATA_DIR), help="dir with SPLIT.LANG[.gz] files")
     p.add_argument("--split", default="test_2016_flickr")
-    p.add_argument("--src-lang", default="de")
-    p.add_argument("--tgt-lang", default="en")
+    p.add_argument("--src-lang", help="source language of the data files (default: the model's src_lang)")
+    p.add_argument("--tgt-lang", help="reference language of the data files (default: the model's tgt_lang)")
     p.add_argument("--beam", type=int, default=4)
     p.add_argument("--length-penalty", type=float, default=1.0)
     p.add_argument("--max-len-a", type=float, default=1.5)
@@ -47,6 +50,31 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
+def model_languages(model: str | Path, engine: str = "torch") -> tuple[str, str]:
+    """(src_lang, tgt_lang) that a model records: its config.json for the torch engine, the export
+    manifest (MODEL/onnx/manifest.json or an export dir's own) for the onnx engine."""
+    if engine == "onnx":
+        from contract.manifest import load_manifest
+
+        manifest = load_manifest(model, verify_checksums=False)
+        return manifest.src_lang, manifest.tgt_lang
+    config = Path(model) / "config.json"
+    if not config.is_file():
+        raise FileNotFoundError(f"no config.json in {model}")
+    meta = json.loads(config.read_text(encoding="utf-8"))
+    if not meta.get("src_lang") or not meta.get("tgt_lang"):
+        raise ValueError(f"{config} records no src_lang/tgt_lang: give --src-lang and --tgt-lang")
+    return meta["src_lang"], meta["tgt_lang"]
+
+
+def resolve_languages(args, engine: str = "torch") -> tuple[str, str]:
+    """--src-lang/--tgt-lang where given, else what the model records (read only when needed)."""
+    if args.src_lang and args.tgt_lang:
+        return args.src_lang, args.tgt_lang
+    src, tgt = model_languages(args.model, engine)
+    return args.src_lang or src, args.tgt_lang or tgt
+
+
 def make_translator(args):
     if args.engine == "torch":
         from export.translator import TorchTranslator
@@ -62,7 +90,8 @@ def make_translator(args):
 
 
 def run(args) -> dict:
-    src, ref = read_parallel(args.data, args.split, args.src_lang, args.tgt_lang)
+    src_lang, tgt_lang = resolve_languages(args, args.engine)
+    src, ref = read_parallel(args.data, args.split, src_lang, tgt_lang)
     if args.limit:
         src, ref = src[: args.limit], ref[: args.limit]
     translator = make_translator(args)
@@ -88,6 +117,8 @@ def run(args) -> dict:
         "seconds": round(seconds, 2),
         "sentences_per_s": round(len(src) / seconds, 1),
         "split": args.split,
+        "src_lang": src_lang,
+        "tgt_lang": tgt_lang,
         "beam": args.beam,
         "engine": args.engine,
         "model": args.model,

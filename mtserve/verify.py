@@ -7,7 +7,8 @@ For a model dir: export the graphs if missing or stale (else reuse them), then r
 - how many greedy translations of a split (default: all of test_2016_flickr) are identical token
   for token between the ORT generator and the PyTorch reference (and, with --beam K > 1, the
   same for beam search);
-as one JSON line on stdout.
+as one JSON line on stdout. The source sentences are `SPLIT.SRC` with SRC the model's `src_lang`
+(config.json) unless `--src-lang` says otherwise.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from export.checkpoint import load_model
 from export.data import DEFAULT_DATA_DIR, read_parallel
 from export.generate import beam_search
 from export.to_onnx import ensure_exported
+from mtserve.evaluate import resolve_languages
 
 
 def log_prob_parity(
@@ -149,8 +151,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--data", default=str(DEFAULT_DATA_DIR))
     p.add_argument("--split", default="test_2016_flickr")
-    p.add_argument("--src-lang", default="de")
-    p.add_argument("--tgt-lang", default="en")
+    p.add_argument("--src-lang", help="source language of the data files (default: the model's src_lang)")
+    p.add_argument("--tgt-lang", help="reference language of the data files (default: the model's tgt_lang)")
     p.add_argument("--limit", type=int, help="first N sentences only (default: the whole split)")
     p.add_argument("--batches", type=int, default=4, help="random padded batches for the log-prob check")
     p.add_argument("--steps", type=int, default=60, help="decode steps per batch for the log-prob check")
@@ -168,7 +170,7 @@ def run(args) -> dict:
 
     omodel = OnnxSeq2Seq(onnx_dir, precision=args.precision, intra_op_threads=args.threads, graph=args.graph)
     tmodel = load_model(args.model)
-    src_text, _ = read_parallel(args.data, args.split, args.src_lang, args.tgt_lang)
+    src_text, _ = read_parallel(args.data, args.split, *resolve_languages(args, "torch"))
     if args.limit:
         src_text = src_text[: args.limit]
     sources = omodel.source_ids(src_text)

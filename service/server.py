@@ -42,7 +42,7 @@ from service.parallel.pool import EnginePool
 from service.repository.layout import VersionDir, scan, wanted
 from service.repository.registry import ModelRegistry, ServedModel
 from service.runtime.loading import load_models
-from service.runtime.memory import keep_freed_memory
+from service.runtime.memory import keep_freed_memory, mapped_allocations
 from service.runtime.onnx_model import choose_graph
 from service.settings import Settings
 
@@ -106,14 +106,19 @@ class Server:
         credentials = server_credentials(st)  # bad TLS files or tokens fail before the slow model load
         tokens = load_tokens(st)
         tracing.configure()  # OTEL_TRACES_EXPORTER: off unless it names an exporter
-        for source in self._start_models():
-            await self.models.add(source)
-        if st.default_model:
-            try:
-                self.models.default_name = self.models.resolve(st.default_model, "default_model").name
-            except ServiceError as e:
-                self.models.shutdown()
-                raise ModelLoadError(e.message) from None
+        try:
+            for source in self._start_models():
+                await self.models.add(source)
+            if st.default_model:
+                try:
+                    chosen = self.models.resolve(st.default_model, "default_model")
+                    self.models.default_name = chosen.name
+                    self.models.default_versions[chosen.name] = chosen.version  # NAME:VERSION names both
+                except ServiceError as e:
+                    raise ModelLoadError(e.message) from None
+        except BaseException:
+            self.models.shutdown()  # the versions loaded before the one that failed
+            raise
         self.server = self._grpc_server(tokens)
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
         await self._listen(self.server, credentials)
@@ -141,6 +146,10 @@ class Server:
         """Load, start and warm up one model version (the registry's loader)."""
         st = self.settings.model_copy(update={"model_dir": source.path, "onnx_dir": source.onnx_dir})
         metrics = self.metrics.for_model(source.name, source.version)
+        with mapped_allocations():  # the model's memory leaves the process when it is unloaded
+            return await self._load_mapped(source, st, metrics)
+
+    async def _load_mapped(self, source: VersionDir, st: Settings, metrics: ModelMetrics) -> ServedModel:
         loop = asyncio.get_running_loop()
         if self.backend_factory is not None:
             loaded = self._load_with_factory(st, metrics, self.backend_factory)

@@ -26,7 +26,9 @@ class Settings(BaseSettings):
         "version of every model in the repository",
     )
     default_model: str = Field(
-        "", description="the model of requests that name none; empty: the first model loaded at start"
+        "",
+        description="the model of requests that name none (NAME, or NAME:VERSION to pick its default version too); "
+        "empty: the first model loaded at start",
     )
     repository_control: bool = Field(
         True,

@@ -14,7 +14,7 @@ import pytest
 from export.data import DEFAULT_DATA_DIR
 
 REPO = Path(__file__).resolve().parent.parent
-SHIPPED_MODEL = REPO / "models" / "de-en"
+SHIPPED_MODEL = REPO / "models" / "de-en" / "1"
 
 
 def corpus_dirs() -> list[Path]:
@@ -243,3 +243,22 @@ def server(make_server) -> RunningServer:
 def client(server):
     with server.client(timeout=30) as c:
         yield c
+
+
+@pytest.fixture(scope="session")
+def shipped_int8_export(tmp_path_factory) -> Path:
+    """The shipped de-en checkpoint's int8 export (fused step included), made once per session in
+    a temporary directory (a clean checkout has no export): for tests that need a real model's size."""
+    from export.to_onnx import export_model
+
+    out = tmp_path_factory.mktemp("de-en-int8") / "onnx"
+    export_model(SHIPPED_MODEL, out, ["int8"])
+    return out
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    """Figures a test measured (`record_property("figures", ...)`) at the end of the run."""
+    for report in terminalreporter.stats.get("passed", []) + terminalreporter.stats.get("failed", []):
+        for key, value in getattr(report, "user_properties", []):
+            if key == "figures":
+                terminalreporter.write_line(f"{report.nodeid}: {value}")

@@ -1,4 +1,5 @@
-"""`mtserve translate` and `mtserve encode`: the command-line client."""
+"""`mtserve translate` and `mtserve encode`: the command-line client. `--model NAME[:VERSION]`
+picks one of the models the server serves (default: the server's default model)."""
 
 from __future__ import annotations
 
@@ -29,6 +30,15 @@ def add_security_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--token", help="bearer token (visible in ps: prefer MTSERVE_TOKEN or --token-file)")
 
 
+def add_model_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--model",
+        default="",
+        metavar="NAME[:VERSION]",
+        help="the served model to use, or one version of it (default: the server's default model)",
+    )
+
+
 def connect(args: argparse.Namespace) -> Client:
     token = args.token or os.environ.get("MTSERVE_TOKEN") or None
     if args.token_file:
@@ -51,6 +61,7 @@ def connect(args: argparse.Namespace) -> Client:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("texts", nargs="*", help="texts to translate (or use --input)")
     p.add_argument("--server", default=DEFAULT_SERVER, help="address, comma-separated addresses, or dns:///name")
+    add_model_argument(p)
     add_security_arguments(p)
     p.add_argument("--input", help="file with one source sentence per line ('-' = stdin)")
     p.add_argument("--output", help="write translations here, one per line (default stdout)")
@@ -91,13 +102,16 @@ def run(args: argparse.Namespace) -> None:
 def _translate_texts(client: Client, args) -> None:
     if args.stream:
         for text in args.texts:
-            for msg in client.translate_stream(text, beam_size=args.beam, max_output_tokens=args.max_output_tokens):
+            for msg in client.translate_stream(
+                text, model=args.model, beam_size=args.beam, max_output_tokens=args.max_output_tokens
+            ):
                 if msg.HasField("chunk"):
                     print(msg.chunk.text, end="", flush=True)
             print()
         return
     results = client.translate(
         args.texts,
+        model=args.model,
         beam_size=args.beam,
         max_output_tokens=args.max_output_tokens,
         return_scores=args.json,
@@ -134,7 +148,10 @@ def _translate_file(client: Client, args) -> None:
             for i, r in zip(
                 keep,
                 client.translate(
-                    [chunk[i] for i in keep], beam_size=args.beam, max_output_tokens=args.max_output_tokens
+                    [chunk[i] for i in keep],
+                    model=args.model,
+                    beam_size=args.beam,
+                    max_output_tokens=args.max_output_tokens,
                 ),
             ):
                 out[i] = r.text
@@ -157,6 +174,7 @@ def _translate_file(client: Client, args) -> None:
 def add_encode_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("texts", nargs="+")
     p.add_argument("--server", default=DEFAULT_SERVER)
+    add_model_argument(p)
     p.add_argument("--tokens", action="store_true", help="also print per-token vectors")
     add_security_arguments(p)
     p.add_argument("--timeout", type=float, default=60.0)
@@ -165,7 +183,9 @@ def add_encode_arguments(p: argparse.ArgumentParser) -> None:
 def run_encode(args: argparse.Namespace) -> None:
     try:
         with connect(args) as client:
-            for text, e in zip(args.texts, client.encode(args.texts, return_token_embeddings=args.tokens)):
+            for text, e in zip(
+                args.texts, client.encode(args.texts, return_token_embeddings=args.tokens, model=args.model)
+            ):
                 item = {"text": text, "tokens": e["tokens"], "pooled": [round(float(x), 6) for x in e["pooled"]]}
                 if args.tokens:
                     item["token_embeddings"] = [[round(float(x), 6) for x in row] for row in e["token_embeddings"]]

@@ -3,6 +3,12 @@
     from service.client import Client
     with Client("localhost:50051") as c:
         print(c.translate(["Ein Hund rennt durch den Schnee."])[0].text)
+        print(c.translate(["Un chien court."], model="fr-en")[0].text)   # another model the server serves
+        print(c.translate(["Ein Hund."], model="de-en:2")[0].text)      # one version of it
+        print([(m.name, m.version) for m in c.model_info().models])   # what it serves
+
+`model` is "NAME" (that model's default version), "NAME:VERSION", or empty (the server's default
+model); TranslateResponse.model and EncodeResponse.model report the "NAME:VERSION" that answered.
 
 `target` may be one address, a list of addresses (client-side round robin over all of them),
 or a gRPC name such as `dns:///mtserve-headless.default.svc.cluster.local:50051`, which
@@ -136,12 +142,18 @@ class Client:
     def wait_ready(self, timeout: float = 30.0) -> None:
         grpc.channel_ready_future(self.channel).result(timeout=timeout)
 
-    def translate(self, texts: Sequence[str], **opts) -> list[pb.Translation]:
-        req = pb.TranslateRequest(texts=list(texts), options=options(**opts))
-        return list(self.stub.Translate(req, timeout=self.timeout, metadata=self.metadata).translations)
+    def translate(self, texts: Sequence[str], model: str = "", **opts) -> list[pb.Translation]:
+        """`model`: "NAME", "NAME:VERSION", or empty for the server's default model (the response's
+        `model`, the version that answered, is in `translate_response`)."""
+        return list(self.translate_response(texts, model, **opts).translations)
 
-    def translate_stream(self, text: str, **opts) -> Iterator[pb.TranslateStreamResponse]:
-        req = pb.TranslateStreamRequest(text=text, options=options(**opts))
+    def translate_response(self, texts: Sequence[str], model: str = "", **opts) -> pb.TranslateResponse:
+        """Translate, answered with the whole response: its translations and its `model`."""
+        req = pb.TranslateRequest(texts=list(texts), options=options(**opts), model=model)
+        return self.stub.Translate(req, timeout=self.timeout, metadata=self.metadata)
+
+    def translate_stream(self, text: str, model: str = "", **opts) -> Iterator[pb.TranslateStreamResponse]:
+        req = pb.TranslateStreamRequest(text=text, options=options(**opts), model=model)
         return self.stub.TranslateStream(req, timeout=self.timeout, metadata=self.metadata)
 
     def translate_many(self, requests: Iterable[pb.TranslateManyRequest]) -> Iterator[pb.TranslateManyResponse]:
@@ -149,13 +161,15 @@ class Client:
         completion order, one per request id. No stream deadline: give each item `timeout_ms`."""
         return self.stub.TranslateMany(iter(requests), metadata=self.metadata)
 
-    def translate_all(self, texts: Sequence[str], **opts) -> list[pb.Translation]:
+    def translate_all(self, texts: Sequence[str], model: str = "", **opts) -> list[pb.Translation]:
         """Each text as its own TranslateMany item over one stream, each with the client's timeout;
         the translations in input order. A failed item raises ItemFailed (the rest still finish)."""
         o = options(**opts)
         timeout_ms = int(self.timeout * 1000) if self.timeout else 0
         reqs = (
-            pb.TranslateManyRequest(id=str(i), request=pb.TranslateRequest(texts=[t], options=o), timeout_ms=timeout_ms)
+            pb.TranslateManyRequest(
+                id=str(i), request=pb.TranslateRequest(texts=[t], options=o, model=model), timeout_ms=timeout_ms
+            )
             for i, t in enumerate(texts)
         )
         out: list[pb.Translation | None] = [None] * len(texts)
@@ -173,8 +187,8 @@ class Client:
             raise ItemFailed(out.index(None), None, "the server sent no answer for this text")
         return translations
 
-    def encode(self, texts: Sequence[str], return_token_embeddings: bool = False) -> list[dict]:
-        req = pb.EncodeRequest(texts=list(texts), return_token_embeddings=return_token_embeddings)
+    def encode(self, texts: Sequence[str], return_token_embeddings: bool = False, model: str = "") -> list[dict]:
+        req = pb.EncodeRequest(texts=list(texts), return_token_embeddings=return_token_embeddings, model=model)
         out = []
         for e in self.stub.Encode(req, timeout=self.timeout, metadata=self.metadata).encodings:
             item = {"pooled": np.asarray(e.pooled, dtype=np.float32), "tokens": list(e.tokens)}
@@ -185,8 +199,10 @@ class Client:
             out.append(item)
         return out
 
-    def model_info(self) -> pb.ModelInfo:
-        return self.stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=self.timeout, metadata=self.metadata)
+    def model_info(self, model: str = "") -> pb.ModelInfo:
+        """The details of `model` (empty: the server's default model); `models` lists every model
+        version the server serves."""
+        return self.stub.GetModelInfo(pb.GetModelInfoRequest(model=model), timeout=self.timeout, metadata=self.metadata)
 
     def health(self, service: str = "") -> str:
         resp = self.health_stub.Check(

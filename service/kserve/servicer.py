@@ -182,7 +182,7 @@ class KServeServicer(pb_grpc.GRPCInferenceServiceServicer):
                 rows.append(index(name=name, version=e.version, state=state, reason=reason))
         return pb.RepositoryIndexResponse(models=rows)
 
-    def _control(self, request) -> tuple[str, bool]:
+    def _control(self, request, unload: bool = False) -> tuple[str, bool]:
         """The checks every repository call makes; (version, default) from its parameters."""
         if not self.settings.repository_control:
             raise PermissionDenied("model_name: loading and unloading are off on this server (repository_control)")
@@ -201,6 +201,10 @@ class KServeServicer(pb_grpc.GRPCInferenceServiceServicer):
                     raise InvalidArgument('parameters["version"]', f"{version!r} is not a positive integer")
             elif key == "default" and kind == "bool_param":
                 default = p.bool_param
+            elif unload and key == "unload_dependents" and kind == "bool_param":
+                # Triton's: tritonclient's unload_model always sends it. A model's encoder is
+                # loaded and unloaded with it anyway; nothing else depends on a model.
+                pass
             else:
                 raise InvalidArgument(
                     f"parameters[{key!r}]",
@@ -218,7 +222,7 @@ class KServeServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def RepositoryModelUnload(
         self, request: pb.RepositoryModelUnloadRequest, context
     ) -> pb.RepositoryModelUnloadResponse:
-        version, default = self._control(request)
+        version, default = self._control(request, unload=True)
         if default:
             raise InvalidArgument('parameters["default"]', "applies to RepositoryModelLoad only")
         await self.models.unload(request.model_name, version)

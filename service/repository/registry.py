@@ -20,7 +20,7 @@ from pathlib import Path
 
 from service.engine.backend import Backend
 from service.engine.engine import Engine
-from service.errors import FailedPrecondition, NotFound
+from service.errors import FailedPrecondition, ModelLoadError, NotFound
 from service.metrics import Metrics
 from service.repository.layout import VersionDir, parse_model_ref, scan
 from service.runtime.memory import release_freed_memory
@@ -80,6 +80,7 @@ class ModelRegistry:
         self.busy: dict[tuple[str, str], str] = {}  # LOADING / UNLOADING
         self._change = asyncio.Lock()  # loads and unloads, one at a time
         self._leases_changed = asyncio.Event()
+        self._unloads: set[asyncio.Task] = set()  # running on after their callers gave up
 
     # -- routing ----------------------------------------------------------------------------
 
@@ -162,6 +163,10 @@ class ModelRegistry:
                 try:
                     t0 = time.perf_counter()
                     served = await self.loader(source)
+                except BaseException:
+                    # The series its metrics made (a queue depth of 0...) for a version not served.
+                    self.metrics.forget_model(source.name, source.version)
+                    raise
                 finally:
                     del self.busy[key]
                 self.served[key] = served
@@ -173,12 +178,26 @@ class ModelRegistry:
             return served
 
     async def load(self, name: str, version: str = "", make_default: bool = False) -> ServedModel:
-        """RepositoryModelLoad: the version from disk (the latest when none is named)."""
-        return await self.add(self._on_disk(name, version, "model_name"), make_default)
+        """RepositoryModelLoad: the version from disk (the latest when none is named). One that
+        cannot be loaded (no export, a corrupt graph, a checksum mismatch) is FAILED_PRECONDITION
+        with the reason, which the caller needs to fix it (not an INTERNAL that hides it)."""
+        source = self._on_disk(name, version, "model_name")
+        try:
+            return await self.add(source, make_default)
+        except ModelLoadError as e:
+            raise FailedPrecondition(f"model_name: {source.name}:{source.version} cannot be loaded: {e}") from e
 
     async def unload(self, name: str, version: str = "") -> list[str]:
         """RepositoryModelUnload: one version, or every version of `name`. Routing stops at once;
-        the backend stops once the requests holding it are answered."""
+        the backend stops once the requests holding it are answered. A caller that stops waiting
+        (its deadline, a cancelled RPC) does not stop the unload half-way, which would leave the
+        version out of routing with its backend running: it finishes in a task of its own."""
+        task = asyncio.ensure_future(self._unload(name, version))
+        self._unloads.add(task)
+        task.add_done_callback(self._unloads.discard)
+        return await asyncio.shield(task)
+
+    async def _unload(self, name: str, version: str) -> list[str]:
         async with self._change:
             doomed = [s for s in self.versions(name) if not version or s.version == version]
             if not doomed:
@@ -193,13 +212,19 @@ class ModelRegistry:
                 self.default_versions[name] = left[-1].version
             if self.default_name == name and not left:
                 self.default_name = min((n for n, _ in self.served), default="")
+            refs = [s.ref for s in doomed]
             try:
                 for s in doomed:
                     await self._stop(s)
             finally:
                 for s in doomed:
                     self.busy.pop((s.name, s.version), None)
-            return [s.ref for s in doomed]
+            # The last references to the sessions go here; then the heap's free pages go back to
+            # the kernel, so the process returns to the footprint of what is still loaded.
+            del doomed, s
+            gc.collect()
+            release_freed_memory()
+            return refs
 
     async def _stop(self, served: ServedModel) -> None:
         end = time.monotonic() + self.unload_timeout_s
@@ -222,9 +247,6 @@ class ModelRegistry:
         await loop.run_in_executor(None, backend.wait_idle, max(0.0, end - time.monotonic()))
         await loop.run_in_executor(None, backend.shutdown)
         self.metrics.forget_model(served.name, served.version)
-        del served, backend
-        gc.collect()
-        release_freed_memory()
 
     # -- the whole server -------------------------------------------------------------------
 

@@ -13,25 +13,76 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import logging
+import os
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 log = logging.getLogger("mtserve.memory")
 
 _M_TRIM_THRESHOLD = -1  # <malloc.h>
 _M_MMAP_THRESHOLD = -3
+_M_ARENA_MAX = -8
+
+
+_kept: tuple[int, int] | None = None  # the thresholds keep_freed_memory set
+_mapping = threading.Lock()
+_mapping_depth = 0
 
 
 def keep_freed_memory(mmap_threshold: int = 256 << 20, trim_threshold: int = 512 << 20) -> bool:
     """Serve blocks below `mmap_threshold` bytes from the heap and keep up to `trim_threshold`
-    bytes of freed heap. Returns False (and changes nothing) off glibc."""
+    bytes of freed heap. Returns False (and changes nothing) off glibc.
+
+    Also at most one malloc arena per core (glibc's default is eight): each model version has
+    decode worker threads of its own, and a new thread would otherwise get a fresh arena that
+    grows to the working set of decoding while the arenas of unloaded versions' threads keep
+    theirs; capped, the new threads take over the old arenas and their freed blocks."""
+    global _kept
+    if _mallopt(mmap_threshold, trim_threshold):
+        _kept = (mmap_threshold, trim_threshold)
+        _set(_M_ARENA_MAX, os.cpu_count() or 1)
+        return True
+    return False
+
+
+@contextmanager
+def mapped_allocations(mmap_threshold: int = 64 << 10) -> Iterator[None]:
+    """While a model loads, blocks from `mmap_threshold` bytes up get mappings of their own, so a
+    model's weights and buffers never sit among the heap's blocks: unloading it unmaps them, and
+    the heap that `keep_freed_memory` keeps for decoding does not grow by a model-sized hole that
+    later traffic would fault back in. Other threads' large blocks are mapped too meanwhile."""
+    global _mapping_depth
+    if _kept is None:  # the default allocator maps large blocks already
+        yield
+        return
+    with _mapping:
+        _mapping_depth += 1
+        if _mapping_depth == 1:
+            _mallopt(mmap_threshold, _kept[1])
+    try:
+        yield
+    finally:
+        with _mapping:
+            _mapping_depth -= 1
+            if _mapping_depth == 0:
+                _mallopt(*_kept)
+
+
+def _set(option: int, value: int) -> bool:
+    """glibc's mallopt(option, value); False off glibc or when it refuses."""
     name = ctypes.util.find_library("c")
     try:
-        libc = ctypes.CDLL(name or "libc.so.6")
-        mallopt = libc.mallopt
+        mallopt = ctypes.CDLL(name or "libc.so.6").mallopt
     except (OSError, AttributeError):
         log.debug("no glibc mallopt here; allocator left as it is")
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    ok = mallopt(_M_MMAP_THRESHOLD, mmap_threshold) == 1 and mallopt(_M_TRIM_THRESHOLD, trim_threshold) == 1
+    return mallopt(option, value) == 1
+
+
+def _mallopt(mmap_threshold: int, trim_threshold: int) -> bool:
+    ok = _set(_M_MMAP_THRESHOLD, mmap_threshold) and _set(_M_TRIM_THRESHOLD, trim_threshold)
     log.debug("mallopt(mmap_threshold=%d, trim_threshold=%d): %s", mmap_threshold, trim_threshold, ok)
     return ok
 

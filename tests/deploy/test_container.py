@@ -7,9 +7,13 @@ non-root user, ports, health check), runs it, waits for SERVING through the imag
 HEALTHCHECK and the gRPC health protocol, translates a sentence through the container's port,
 scrapes its metrics, then sends SIGTERM under load and sees it drain and exit 0.
 
+The image bakes the model repository (Triton's layout, models/NAME/VERSION/) into
+/models/NAME/VERSION/onnx and serves it (MTSERVE_MODEL_REPOSITORY=/models, no MTSERVE_MODEL_DIR).
+
 Environment: MTSERVE_TEST_IMAGE=NAME skips the build and tests that image;
-MTSERVE_TEST_MODEL=DIR bakes that model dir instead of models/de-en; MTSERVE_WHEELS=DIR passes a local wheel directory as the `wheels` build context (default
-/opt/wheels when it exists)."""
+MTSERVE_TEST_MODEL=DIR bakes that one model dir (as NAME/1, NAME its dir's name) instead of the
+repository models/; MTSERVE_WHEELS=DIR passes a local wheel directory as the `wheels` build
+context (default /opt/wheels when it exists)."""
 
 from __future__ import annotations
 
@@ -26,11 +30,13 @@ import pytest
 
 from service.client import Client
 from service.client.healthcheck import check
+from service.repository.layout import scan, wanted
 from tests.support import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.container, pytest.mark.timeout(3600)]
 REPO = Path(__file__).resolve().parents[2]
-MODEL = "models/de-en"
+MODELS = "models"  # the repository the image bakes in
+MODEL = "models/de-en/1"  # its shipped model, served by default (the first by name)
 PODMAN = ["podman"]
 RUN = ["--runtime", "runc", "--network", "host"]
 
@@ -64,8 +70,13 @@ def image(tmp_path_factory) -> str:
     t_base = time.time() - t0
     wheels = os.environ.get("MTSERVE_WHEELS", "/opt/wheels")
     extra = ["--build-context", f"wheels={wheels}", "--build-arg", "TORCH_INDEX_URL="] if Path(wheels).is_dir() else []
-    if model is not None:
-        extra += ["--build-context", f"model={Path(model).resolve()}"]
+    if model is not None:  # a repository of that one model dir, its checkpoint files copied
+        src = Path(model).resolve()
+        version = tmp_path_factory.mktemp("repository") / src.name / "1"
+        version.mkdir(parents=True)
+        for f in ("model.safetensors", "config.json", "tokenizer.json"):
+            shutil.copy2(src / f, version / f)
+        extra += ["--build-context", f"models={version.parent.parent}"]
     ca = Path(os.environ.get("PIP_CERT", "/etc/ssl/certs/ca-certificates.crt"))
     if ca.is_file():  # the host's CA bundle: this machine's registry traffic goes through a TLS proxy
         extra += ["--build-context", f"certs={ca.parent}"] if ca.name == "ca-certificates.crt" else []
@@ -107,6 +118,8 @@ def test_image_has_no_torch_runs_as_non_root_and_declares_ports_and_health(image
     assert cfg["User"] and cfg["User"].split(":")[0] not in ("0", "root")
     assert {"50051/tcp", "9090/tcp"} <= set(cfg["ExposedPorts"])
     assert cfg["Entrypoint"] == ["mtserve", "serve"] and cfg.get("StopSignal") in ("SIGTERM", "15")
+    env = dict(e.split("=", 1) for e in cfg["Env"])
+    assert env["MTSERVE_MODEL_REPOSITORY"] == "/models" and "MTSERVE_MODEL_DIR" not in env
     health = healthcheck_of(info)
     assert health and "service.client.healthcheck" in " ".join(health["Test"])
     r = sh(
@@ -118,12 +131,17 @@ def test_image_has_no_torch_runs_as_non_root_and_declares_ports_and_health(image
         "python3",
         image,
         "-c",
-        "import importlib.util as u, os; print(u.find_spec('torch') is None, os.getuid(), "
-        "sorted(os.listdir('/models/de-en/onnx')))",
+        "import importlib.util as u, json, os, pathlib; print(json.dumps([u.find_spec('torch') is None, os.getuid(), "
+        "{str(p.relative_to('/models')): sorted(os.listdir(p)) for p in pathlib.Path('/models').glob('*/*/onnx')}]))",
     )
-    no_torch, uid, files = r.stdout.strip().split(" ", 2)
-    assert no_torch == "True" and uid != "0"
-    assert "manifest.json" in files and "encoder.fp32.onnx" in files and "decoder.int8.onnx" in files
+    no_torch, uid, versions = json.loads(r.stdout.strip().splitlines()[-1])
+    assert no_torch is True and uid != 0
+    if not os.environ.get("MTSERVE_TEST_MODEL"):  # every version dir of the repository, and nothing else
+        expected = sorted(f"{v.name}/{v.version}/onnx" for vs in scan(REPO / MODELS).values() for v in vs)
+        assert sorted(versions) == expected and f"{Path(MODEL).relative_to(MODELS)}/onnx" in versions, versions
+    assert versions
+    for files in versions.values():
+        assert "manifest.json" in files and "encoder.fp32.onnx" in files and "decoder.int8.onnx" in files
 
 
 def test_container_serves_translates_and_drains_on_sigterm(image):
@@ -163,10 +181,13 @@ def test_container_serves_translates_and_drains_on_sigterm(image):
         with Client(address, timeout=60) as c:
             (t,) = c.translate(["Ein Hund rennt durch den Schnee."], beam_size=4)
             info = c.model_info()
-        print(f"translation: {t.text!r}")
+        print(f"translation: {t.text!r}; serving {[(m.name, m.version) for m in info.models]}")
         assert t.text
         if not os.environ.get("MTSERVE_TEST_MODEL"):  # the shipped model translates this one right
             assert "dog" in t.text.lower() and "snow" in t.text.lower()
+            # the latest version of every model of the repository, the shipped one among them
+            latest = {(v.name, v.version) for v in wanted(scan(REPO / MODELS), [])}
+            assert {(m.name, m.version) for m in info.models} == latest and ("de-en", "1") in latest
         assert info.execution_provider == "cpu"
         import urllib.request
 

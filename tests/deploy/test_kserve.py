@@ -401,34 +401,32 @@ def image_env(target: str) -> dict[str, str]:
     return out
 
 
-def test_the_server_as_started_reads_the_model_repository_at_kserves_mount_point(runtime):
+def test_the_server_as_started_reads_the_model_repository_at_kserves_mount_point(runtime, k8s):
     """The settings the server ends up with in the container: the image's ENV, then the
-    runtime's env, less what the command unsets; the model comes from /mnt/models, not from a
-    model dir baked into the image."""
+    runtime's env; the model comes from /mnt/models, not from the models baked into the image.
+    The container runs the image's own ENTRYPOINT (`mtserve serve`, PID 1, which gets SIGTERM and
+    drains), as the Deployment of deploy/k8s does: no command or args of its own."""
     c = container(runtime)
     assert env(runtime)["MTSERVE_MODEL_REPOSITORY"] == MODEL_MOUNT
     target = c["image"].rsplit(":", 1)[1]
     baked = image_env(target)
     assert baked, f"no stage {target!r} with ENV in the Dockerfile"
+    entrypoint = re.search(rf"FROM \S+ AS {target}\n(?:.*\n)*?ENTRYPOINT (\[.*\])", (ROOT / "Dockerfile").read_text())
+    assert entrypoint and yaml.safe_load(entrypoint[1]) == ["mtserve", "serve"]
+    assert "command" not in c and "args" not in c, "the image's ENTRYPOINT runs the server"
+    (kc,) = k8s[("Deployment", "mtserve")]["spec"]["template"]["spec"]["containers"]
+    assert "command" not in kc and "args" not in kc
+    # The image serves a repository (its own, /models) and sets no single model dir that would
+    # override whatever repository the runtime names.
+    assert not {"MTSERVE_MODEL_DIR", "MTSERVE_ONNX_DIR"} & set(baked), baked
+    assert baked.get("MTSERVE_MODEL_REPOSITORY") == "/models"
     effective = {**baked, **env(runtime)}
-    command = c.get("command")
-    if command:  # the image's own program, possibly under env(1)
-        if command[0] == "env":
-            rest = command[1:]
-            while rest and rest[0] == "-u":
-                effective.pop(rest[1], None)
-                rest = rest[2:]
-            command = rest
-        entrypoint = re.search(
-            rf"FROM \S+ AS {target}\n(?:.*\n)*?ENTRYPOINT (\[.*\])", (ROOT / "Dockerfile").read_text()
-        )
-        assert entrypoint and command == yaml.safe_load(entrypoint[1]), command
     settings = Settings(
         **{k.removeprefix("MTSERVE_").lower(): v for k, v in effective.items() if k.startswith("MTSERVE_")}
     )
-    assert settings.model_dir is None, f"the image's MTSERVE_MODEL_DIR={baked.get('MTSERVE_MODEL_DIR')} would win"
-    assert settings.onnx_dir is None
+    assert settings.model_dir is None and settings.onnx_dir is None
     assert settings.model_repository == Path(MODEL_MOUNT)
+    assert settings.model_list == []  # every model of the repository, its latest version
 
 
 def test_nothing_in_the_inference_service_moves_the_model(isvc):

@@ -1,7 +1,8 @@
 """deploy/prometheus and deploy/grafana against a real Prometheus (the Debian `prometheus`
 package): promtool checks the config and rules and runs the alert unit tests; then a Prometheus
-started on a loopback port scrapes a running server under load (1 s scrape interval) and every
-PromQL expression of the Grafana dashboard and of the alert rules is evaluated through the HTTP
+started on a loopback port scrapes a running server serving two models under load (1 s scrape
+interval) and every PromQL expression of the Grafana dashboard (for all models and for each one
+through its $model and $version variables) and of the alert rules is evaluated through the HTTP
 API and must return data."""
 
 from __future__ import annotations
@@ -32,6 +33,11 @@ SENTENCES = [
     "Ein Kind lacht.",
 ]
 RATE_INTERVAL = "20s"  # what Grafana's $__rate_interval becomes here (scrape interval 1 s)
+MODELS = ("tiny-a", "tiny-b")  # the live test's repository: the tiny model twice
+# The dashboard's selector of model-scoped series: the model variable (the inference_* metrics'
+# model is NAME or NAME-encoder) and the version variable.
+MODEL_SELECTORS = ('model=~"$model"', 'model=~"($model)(-encoder)?"')
+VERSION_SELECTOR = 'version=~"$version"'
 
 
 def tool(name: str) -> str:
@@ -44,11 +50,35 @@ def tool(name: str) -> str:
     return path
 
 
-def dashboard_exprs() -> list[tuple[str, str]]:
+def dashboard_exprs(model: str = ".*", version: str = ".*") -> list[tuple[str, str]]:
+    """Every panel query as Grafana sends it: $model and $version substituted (".*" is what the
+    variables' "All" becomes: their allValue), $__rate_interval too."""
     dash = json.loads(DASHBOARD.read_text())
     return [
-        (p["title"], t["expr"].replace("$__rate_interval", RATE_INTERVAL)) for p in dash["panels"] for t in p["targets"]
+        (
+            p["title"],
+            t["expr"].replace("$__rate_interval", RATE_INTERVAL).replace("$model", model).replace("$version", version),
+        )
+        for p in dash["panels"]
+        for t in p["targets"]
     ]
+
+
+def model_scoped_metrics() -> dict[str, str]:
+    """{series name: family} of every metric with a `model` label (service/metrics.py), under
+    each name a query may use (`_total`, `_bucket`, `_sum`, `_count`, `_info`)."""
+    from prometheus_client.metrics import MetricWrapperBase
+
+    from service.metrics import Metrics
+
+    out = {}
+    for m in vars(Metrics()).values():
+        if isinstance(m, MetricWrapperBase) and "model" in m._labelnames:
+            assert m._labelnames[:2] == ("model", "version"), m._name
+            suffixes = {"counter": ["_total"], "info": ["_info"], "histogram": ["_bucket", "_sum", "_count"]}
+            for suffix in suffixes.get(m._type, ["_sum", "_count"] if m._type == "summary" else [""]):
+                out[m._name + suffix] = m._name
+    return out
 
 
 def doc_exprs() -> list[tuple[str, str]]:
@@ -113,6 +143,7 @@ def test_dashboard_has_the_panels_and_is_provisioned():
         "tokens per second",
         "in-flight",
         "padding",
+        "by model",
     ):
         assert needed in titles, needed
     ds = yaml.safe_load((DEPLOY / "grafana" / "provisioning" / "datasources" / "prometheus.yml").read_text())
@@ -128,6 +159,58 @@ def test_dashboard_has_the_panels_and_is_provisioned():
     assert "./grafana/dashboards" in mounts and "./grafana/provisioning" in mounts
     prov = yaml.safe_load((DEPLOY / "grafana" / "provisioning" / "dashboards" / "mtserve.yml").read_text())
     assert f"./grafana/dashboards:{prov['providers'][0]['options']['path']}" in mounts
+
+
+def test_dashboard_selects_models_and_versions():
+    """The $model and $version variables (multi-select, All = every value) come from
+    mtserve_model_info, the version's from the models chosen; every query over a model-scoped
+    metric filters on both, and the panels where models differ most split by model."""
+    dash = json.loads(DASHBOARD.read_text())
+    ds = yaml.safe_load((DEPLOY / "grafana" / "provisioning" / "datasources" / "prometheus.yml").read_text())
+    variables = {v["name"]: v for v in dash["templating"]["list"]}
+    assert list(variables) == ["model", "version"]  # version's query reads $model: model comes first
+    for name, query in (
+        ("model", "label_values(mtserve_model_info, model)"),
+        ("version", 'label_values(mtserve_model_info{model=~"$model"}, version)'),
+    ):
+        v = variables[name]
+        q = v["query"]["query"] if isinstance(v["query"], dict) else v["query"]
+        assert v["type"] == "query" and q == query, v
+        assert v["datasource"]["uid"] == ds["datasources"][0]["uid"]
+        assert v["multi"] is True and v["includeAll"] is True and v["allValue"] == ".*"
+        assert v["refresh"] in (1, 2)  # options reloaded on load / on time range change
+
+    scoped = model_scoped_metrics()
+    assert {"mtserve_decoder_step_duration_seconds_bucket", "mtserve_model_info", "mtserve_inferences_total"} <= set(
+        scoped
+    )
+    seen = set()
+    for p in dash["panels"]:
+        for t in p["targets"]:
+            for name, selector in re.findall(r"\b(mtserve_\w+)(\{[^}]*\})?", t["expr"]):
+                if name not in scoped:
+                    continue
+                seen.add(scoped[name])
+                where = f"{p['title']}: {name}{selector}"
+                assert any(m in selector for m in MODEL_SELECTORS), where
+                assert VERSION_SELECTOR in selector, where
+                # the (-encoder)? form belongs to the per-KServe-model metrics only
+                assert ('model=~"($model)(-encoder)?"' in selector) == name.startswith(
+                    ("mtserve_inference", "mtserve_last_inference")
+                ), where
+    assert {scoped[n] for n in scoped} - seen <= {"mtserve_sentences", "mtserve_last_inference_timestamp_seconds"}, (
+        "model-scoped metrics no panel shows",
+        {scoped[n] for n in scoped} - seen,
+    )
+    split = [
+        p
+        for p in dash["panels"]
+        if any(k in p["title"].lower() for k in ("tokens per second", "queue wait", "decoder-step", "by model"))
+    ]
+    assert len(split) >= 4
+    for p in split:  # one series per model: summed by model, each named after its model
+        for t in p["targets"]:
+            assert "by (model" in t["expr"] and "{{model}}" in t["legendFormat"], (p["title"], t["expr"])
 
 
 def test_compose_wires_the_service_prometheus_and_grafana():
@@ -225,24 +308,43 @@ def finite(result: list) -> bool:
     return any(math.isfinite(float(s["value"][1])) for s in result)
 
 
-def test_prometheus_scrapes_a_server_under_load_and_every_query_returns_data(make_server, tmp_path):
+def model_repository(root: Path, model_dir: Path) -> Path:
+    """A repository in Triton's layout holding one model dir under each of MODELS, version 1
+    (symlinks: the same tiny export twice)."""
+    for name in MODELS:
+        (root / name).mkdir(parents=True)
+        (root / name / "1").symlink_to(model_dir, target_is_directory=True)
+    return root
+
+
+def test_prometheus_scrapes_a_server_under_load_and_every_query_returns_data(make_server, tiny_onnx_dir, tmp_path):
     binary = tool("prometheus")
-    srv = make_server(metrics_port=free_port(), metrics_address="127.0.0.1", decode_workers=1)
+    repo = model_repository(tmp_path / "models", tiny_onnx_dir.parent)
+    srv = make_server(
+        model_dir=None,
+        onnx_dir=None,
+        model_repository=repo,
+        metrics_port=free_port(),
+        metrics_address="127.0.0.1",
+        decode_workers=1,
+    )
     prom = Prometheus(binary, tmp_path, f"127.0.0.1:{srv.server.metrics_port}")
     stop = threading.Event()
 
     def load(kind: int) -> None:
+        """Every API on both models, in turn (the default model, tiny-a, named or not)."""
         with srv.client(timeout=30) as c:
             i = 0
             while not stop.is_set():
                 i += 1
+                model = ("", "tiny-b", "tiny-a", "tiny-b")[i % 4]
                 if kind == 0:
-                    c.translate(SENTENCES, beam_size=2)
+                    c.translate(SENTENCES, beam_size=2, model=model)
                 elif kind == 1:
-                    list(c.translate_stream(SENTENCES[i % 4], beam_size=1))
+                    list(c.translate_stream(SENTENCES[i % 4], beam_size=1, model=model))
                 else:
-                    c.translate([SENTENCES[i % 4]], beam_size=1)
-                    c.encode(SENTENCES[:2])
+                    c.translate([SENTENCES[i % 4]], beam_size=1, model=model)
+                    c.encode(SENTENCES[:2], model=model)
                 time.sleep(0.02)
 
     threads = [threading.Thread(target=load, args=(k,), daemon=True) for k in (0, 1, 2)]
@@ -250,13 +352,34 @@ def test_prometheus_scrapes_a_server_under_load_and_every_query_returns_data(mak
         for t in threads:
             t.start()
         prom.wait(lambda: [s for s in prom.query('up{job="mtserve"}') if s["value"][1] == "1"], 60, "target not up")
-        # Enough scrapes with traffic in between for rate() over the dashboard's window.
+        # Enough scrapes with traffic in between for rate() over the dashboard's window, for both models.
         prom.wait(
-            lambda: finite(prom.query(f"sum(rate(mtserve_generated_tokens_total[{RATE_INTERVAL}])) > 0")),
+            lambda: (
+                len(
+                    [
+                        s
+                        for s in prom.query(
+                            f"sum by (model) (rate(mtserve_generated_tokens_total[{RATE_INTERVAL}])) > 0"
+                        )
+                        if math.isfinite(float(s["value"][1]))
+                    ]
+                )
+                == len(MODELS)
+            ),
             60,
-            "no token rate",
+            "no token rate for both models",
         )
         time.sleep(3)
+        # One series set per model, each with its version, and nothing under another name.
+        for expr in (
+            "count by (model) (mtserve_decoder_step_duration_seconds_count)",
+            "count by (model) (mtserve_queue_depth)",
+            'count by (model) (mtserve_model_info{version="1"})',
+        ):
+            assert sorted(s["metric"]["model"] for s in prom.query(expr)) == sorted(MODELS), expr
+        assert sorted(
+            s["metric"]["model"] for s in prom.query("count by (model) (mtserve_inferences_total)")
+        ) == sorted([*MODELS, *(f"{m}-encoder" for m in MODELS)])
         missing = []
         for title, expr in dashboard_exprs() + doc_exprs():
             if not finite(prom.query(expr)):
@@ -265,6 +388,20 @@ def test_prometheus_scrapes_a_server_under_load_and_every_query_returns_data(mak
             if not finite(prom.query(alert_query(rule["expr"]))):
                 missing.append((rule["alert"], rule["expr"]))
             prom.query(rule["expr"])  # the full expression parses and evaluates (empty: not firing)
+        # The variables' own queries, and each model chosen on its own: data, and only its own.
+        assert sorted(s["metric"]["model"] for s in prom.query("group by (model) (mtserve_model_info)")) == sorted(
+            MODELS
+        )
+        assert [
+            s["metric"]["version"] for s in prom.query('group by (version) (mtserve_model_info{model=~"tiny-b"})')
+        ] == ["1"]
+        for model in MODELS:
+            for title, expr in dashboard_exprs(model=model, version="1"):
+                result = prom.query(expr)
+                if not finite(result):
+                    missing.append((f"{title} [$model={model}]", expr))
+                others = {s["metric"]["model"] for s in result if "model" in s["metric"]} - {model, f"{model}-encoder"}
+                assert not others, (title, model, others)
         assert not missing, missing
         # Prometheus loaded and evaluated the rule file itself, without errors; nothing fires.
         prom.wait(
@@ -281,8 +418,9 @@ def test_prometheus_scrapes_a_server_under_load_and_every_query_returns_data(mak
         assert {r["name"] for r in rules} == {r["alert"] for r in alert_rules()}
         assert all(r["health"] == "ok" and not r.get("lastError") for r in rules), rules
         assert prom.get("/api/v1/alerts")["data"]["alerts"] == []
-        model = prom.query("mtserve_model_info")
-        assert model[0]["metric"]["provider"] == "cpu" and model[0]["metric"]["job"] == "mtserve"
+        info = prom.query("mtserve_model_info")
+        assert {s["metric"]["model"] for s in info} == set(MODELS)
+        assert all(s["metric"]["provider"] == "cpu" and s["metric"]["job"] == "mtserve" for s in info)
     finally:
         stop.set()
         for t in threads:

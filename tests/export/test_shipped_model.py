@@ -1,21 +1,56 @@
-"""The German→English model that ships in models/de-en: present, small, sensible, exportable."""
+"""The models that ship in models/, in Triton's layout (`models/NAME/VERSION/`, with the model card
+at `models/NAME/MODEL_CARD.md`): present, small, sensible, exportable. Every version directory
+found is checked; models/de-en/1, the default model, must be among them."""
 
 import json
+from pathlib import Path
 
 import pytest
 
 from export.checkpoint import CONFIG, TOKENIZER, WEIGHTS
 
-MODEL_DIR_FILES = (WEIGHTS, CONFIG, TOKENIZER, "MODEL_CARD.md")
+MODELS = Path(__file__).resolve().parents[2] / "models"
+DEFAULT_MODEL = MODELS / "de-en" / "1"
+VERSION_FILES = (WEIGHTS, CONFIG, TOKENIZER)
+
+# In-domain (Multi30k-like) sentences per language pair, with words their translation must contain.
+# A shipped model of another pair fails test_it_translates until it has an entry here.
+SENTENCES = {
+    ("de", "en"): [
+        ("Ein Hund rennt durch den Schnee.", ("dog", "snow")),
+        ("Zwei Männer sitzen auf einer Bank.", ("two men", "bench")),
+    ],
+    ("fr", "en"): [
+        ("Un chien court dans la neige.", ("dog", "snow")),
+        ("Deux hommes sont assis sur un banc.", ("two men", "bench")),
+    ],
+}
+
+# sacreBLEU on the whole test_2016_flickr, (greedy, beam 4), for the models that have a recorded bar.
+QUALITY_BARS = {"de-en": (34.0, 36.0)}
+
+
+def shipped_versions() -> list[Path]:
+    """`models/*/[0-9]*/` version directories, and models/de-en/1 whether or not it is there (its
+    absence must fail, not shrink the parametrization)."""
+    found = sorted(p for p in MODELS.glob("*/[0-9]*") if p.is_dir() and p.name.isdecimal() and int(p.name) > 0)
+    return found if DEFAULT_MODEL in found else [DEFAULT_MODEL, *found]
+
+
+def version_id(path: Path) -> str:
+    return f"{path.parent.name}/{path.name}"
+
+
+@pytest.fixture(scope="module", params=shipped_versions(), ids=version_id)
+def model_dir(request) -> Path:
+    d = request.param
+    assert d.is_dir(), f"{version_id(d)} must ship in {d}"
+    return d
 
 
 @pytest.fixture(scope="module")
-def model_dir():
-    from pathlib import Path
-
-    d = Path(__file__).resolve().parents[2] / "models" / "de-en"
-    assert d.is_dir(), "the default model must ship in models/de-en"
-    return d
+def meta(model_dir) -> dict:
+    return json.loads((model_dir / CONFIG).read_text())
 
 
 @pytest.fixture(scope="module")
@@ -28,43 +63,62 @@ def translator(model_dir):
     return TorchTranslator(model_dir)
 
 
-def test_files_and_size(model_dir):
-    for name in MODEL_DIR_FILES:
+def test_the_default_model_ships():
+    assert DEFAULT_MODEL.is_dir(), "the default model must ship in models/de-en/1"
+    assert DEFAULT_MODEL in shipped_versions()
+
+
+def test_files_card_and_size(model_dir):
+    for name in VERSION_FILES:
         assert (model_dir / name).is_file(), name
+    assert (model_dir.parent / "MODEL_CARD.md").is_file(), f"{model_dir.parent.name} needs models/NAME/MODEL_CARD.md"
     size = sum(f.stat().st_size for f in model_dir.iterdir() if f.is_file())
     assert size < 40 * 1024 * 1024
 
 
-def test_config_records_training_and_stays_small(model_dir, translator):
+def test_config_records_training_and_stays_small(model_dir, meta, translator):
     from export.model import count_parameters
 
-    meta = json.loads((model_dir / CONFIG).read_text())
-    assert meta["src_lang"] == "de" and meta["tgt_lang"] == "en"
-    assert meta["training"]["parameters"] == count_parameters(translator.model) < 25_000_000
+    src, _, tgt = model_dir.parent.name.partition("-")
+    assert (meta["src_lang"], meta["tgt_lang"]) == (src, tgt), "the model's name is SRC-TGT"
+    training = meta["training"]
+    assert (training["src_lang"], training["tgt_lang"]) == (src, tgt)
+    assert training["epochs"] >= 1 and training["steps"] > 0 and training["history"]
+    assert training["parameters"] == count_parameters(translator.model) < 25_000_000
     assert translator.tokenizer.get_vocab_size() == meta["model"]["vocab_size"]
 
 
-def test_it_translates(translator):
-    out = translator.translate(["Ein Hund rennt durch den Schnee.", "Zwei Männer sitzen auf einer Bank."], beam=4)
-    assert "dog" in out[0].lower() and "snow" in out[0].lower()
-    assert "two men" in out[1].lower() and "bench" in out[1].lower()
+def test_it_translates(meta, translator):
+    pair = (meta["src_lang"], meta["tgt_lang"])
+    assert pair in SENTENCES, f"add an in-domain {pair[0]} sentence for {pair} to SENTENCES"
+    texts = [text for text, _ in SENTENCES[pair]]
+    out = translator.translate(texts, beam=4)
+    for (text, words), got in zip(SENTENCES[pair], out):
+        assert all(w in got.lower() for w in words), (text, got, words)
 
 
-def test_onnx_export_matches_pytorch_greedy(model_dir, translator, tmp_path, test_split):
+def test_onnx_export_matches_pytorch_greedy(meta, model_dir, translator, tmp_path, data_dir):
+    from export.data import read_parallel
     from export.to_onnx import export_model
     from service.decoding.translator import OnnxTranslator
 
     export_model(model_dir, tmp_path / "onnx", ["fp32"])
     onnx = OnnxTranslator(tmp_path / "onnx", precision="fp32")
-    src = test_split[0][:60]
+    src = read_parallel(data_dir, "test_2016_flickr", meta["src_lang"], meta["tgt_lang"])[0][:60]
     assert onnx.translate(src, beam=1) == translator.translate(src, beam=1)
 
 
 @pytest.mark.slow
-def test_quality_bar_on_the_full_test_split(model_dir, translator, test_split):
+def test_quality_bar_on_the_full_test_split(meta, model_dir, translator, data_dir):
     import sacrebleu
 
-    de, en = test_split
-    greedy = sacrebleu.corpus_bleu(translator.translate(de, beam=1), [en]).score
-    beam4 = sacrebleu.corpus_bleu(translator.translate(de, beam=4), [en]).score
-    assert greedy >= 34.0 and beam4 >= 36.0, (greedy, beam4)
+    from export.data import read_parallel
+
+    name = model_dir.parent.name
+    if name not in QUALITY_BARS:
+        pytest.skip(f"no quality bar recorded for {name} (QUALITY_BARS)")
+    src, ref = read_parallel(data_dir, "test_2016_flickr", meta["src_lang"], meta["tgt_lang"])
+    greedy = sacrebleu.corpus_bleu(translator.translate(src, beam=1), [ref]).score
+    beam4 = sacrebleu.corpus_bleu(translator.translate(src, beam=4), [ref]).score
+    min_greedy, min_beam4 = QUALITY_BARS[name]
+    assert greedy >= min_greedy and beam4 >= min_beam4, (greedy, beam4)

@@ -1,9 +1,13 @@
-"""`mtserve evaluate`: any split whose two files exist works; --json prints one object."""
+"""`mtserve evaluate`: any split whose two files exist works; --json prints one object; the
+languages of the files are the model's unless --src-lang/--tgt-lang say otherwise."""
 
 import gzip
 import json
 import subprocess
 import sys
+from pathlib import Path
+
+import pytest
 
 
 def test_evaluate_any_split_json(tmp_path, tiny_model_dir, test_split):
@@ -60,3 +64,89 @@ def test_evaluate_missing_split_fails_clearly(tmp_path, tiny_model_dir):
     )
     assert out.returncode != 0
     assert "nope.de" in out.stderr
+
+
+def _evaluate_args(*argv: str):
+    import argparse
+
+    from mtserve.evaluate import add_arguments
+
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    return p.parse_args(list(argv))
+
+
+def _relabelled_model(tmp_path, tiny_model_dir, src_lang: str):
+    """The tiny de→en model under a config that says its source language is `src_lang` (weights and
+    tokenizer linked, not copied)."""
+    model = tmp_path / "model"
+    model.mkdir()
+    for name in ("model.safetensors", "tokenizer.json"):
+        (model / name).symlink_to(tiny_model_dir / name)
+    meta = json.loads((tiny_model_dir / "config.json").read_text())
+    meta["src_lang"] = src_lang
+    (model / "config.json").write_text(json.dumps(meta))
+    return model
+
+
+def test_evaluate_reads_the_source_language_the_model_records(tmp_path, tiny_model_dir, test_split, capsys):
+    """A config with src_lang "fr": `SPLIT.fr` is translated (and `SPLIT.de`, of another length, is
+    not read); --src-lang/--tgt-lang override what the model says."""
+    from mtserve.evaluate import run
+
+    de, en = test_split
+    model = _relabelled_model(tmp_path, tiny_model_dir, "fr")
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "mysplit.fr").write_text("\n".join(de[:3]) + "\n")
+    (data / "mysplit.en").write_text("\n".join(en[:3]) + "\n")
+    (data / "mysplit.de").write_text("\n".join(de[:5]) + "\n")  # 5 lines: read with mysplit.en, it fails
+    common = ("--model", str(model), "--data", str(data), "--split", "mysplit", "--beam", "1", "--json")
+
+    result = run(_evaluate_args(*common))
+    assert (result["src_lang"], result["tgt_lang"], result["sentences"]) == ("fr", "en", 3)
+
+    with pytest.raises(ValueError, match="5 de lines but 3 en lines"):
+        run(_evaluate_args(*common, "--src-lang", "de"))
+    (data / "mysplit.xx").write_text("\n".join(en[:2]) + "\n")
+    (data / "mysplit.yy").write_text("\n".join(en[:2]) + "\n")
+    result = run(_evaluate_args(*common, "--src-lang", "xx", "--tgt-lang", "yy"))
+    assert (result["src_lang"], result["tgt_lang"], result["sentences"]) == ("xx", "yy", 2)
+    capsys.readouterr()
+
+
+def test_evaluate_missing_source_side_names_the_models_language(tmp_path, tiny_model_dir):
+    model = _relabelled_model(tmp_path, tiny_model_dir, "fr")
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mtserve",
+            "evaluate",
+            "--model",
+            str(model),
+            "--data",
+            str(tmp_path),
+            "--split",
+            "nope",
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode != 0
+    assert "nope.fr" in out.stderr
+
+
+def test_onnx_engine_takes_the_languages_from_the_export_manifest(tmp_path):
+    """--engine onnx reads the manifest (MODEL/onnx/manifest.json, or an export dir's own), not config.json."""
+    from mtserve.evaluate import model_languages
+
+    shipped = Path(__file__).resolve().parents[2] / "models" / "de-en" / "1" / "onnx" / "manifest.json"
+    manifest = json.loads(shipped.read_text())
+    manifest["src_lang"], manifest["tgt_lang"] = "fr", "en"
+    (tmp_path / "onnx").mkdir()
+    (tmp_path / "onnx" / "manifest.json").write_text(json.dumps(manifest))
+    (tmp_path / "config.json").write_text(json.dumps({"src_lang": "de", "tgt_lang": "en"}))
+    assert model_languages(tmp_path, "onnx") == ("fr", "en")
+    assert model_languages(tmp_path / "onnx", "onnx") == ("fr", "en")
+    assert model_languages(tmp_path, "torch") == ("de", "en")
