@@ -496,7 +496,7 @@ def main(argv: list[str] | None = None) -> None:
     from export.data import DEFAULT_DATA_DIR
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default=str(REPO / "models" / "de-en"), help="model dir (weights, config)")
+    p.add_argument("--model", default=str(REPO / "models" / "de-en" / "1"), help="model dir (weights, config)")
     p.add_argument("--onnx-dir", required=True, help="its export with fused variants (mtserve export --precision all)")
     p.add_argument("--data", default=str(DEFAULT_DATA_DIR))
     p.add_argument("--split", default="test_2016_flickr")

@@ -186,7 +186,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     from export.data import DEFAULT_DATA_DIR
 
     p.add_argument("--engine", choices=ENGINES, required=True)
-    p.add_argument("--model", default=str(REPO / "models" / "de-en"))
+    p.add_argument("--model", default=str(REPO / "models" / "de-en" / "1"))
     p.add_argument("--data", default=str(DEFAULT_DATA_DIR))
     p.add_argument("--split", default="test_2016_flickr")
     p.add_argument("--beam", type=int, default=4)

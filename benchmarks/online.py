@@ -327,7 +327,7 @@ def main() -> None:
     from export.data import DEFAULT_DATA_DIR, read_parallel
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default=str(REPO / "models" / "de-en"))
+    p.add_argument("--model", default=str(REPO / "models" / "de-en" / "1"))
     p.add_argument("--data", default=str(DEFAULT_DATA_DIR))
     p.add_argument("--concurrency", default="1,8,32,64,128")
     p.add_argument("--beam", type=int, default=4)

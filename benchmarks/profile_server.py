@@ -145,7 +145,7 @@ def main() -> None:
     from export.data import DEFAULT_DATA_DIR, read_parallel
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default=str(REPO / "models" / "de-en"))
+    p.add_argument("--model", default=str(REPO / "models" / "de-en" / "1"))
     p.add_argument("--concurrency", type=int, default=64)
     p.add_argument("--seconds", type=float, default=10)
     p.add_argument("--beam", type=int, default=4)

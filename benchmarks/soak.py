@@ -113,7 +113,7 @@ class ServerProcess(Server):
         ]
         if args.onnx_dir:
             flags += ["--onnx-dir", str(args.onnx_dir)]
-        super().__init__(args.model_dir or REPO / "models" / "de-en", flags + extra, log_prefix="mtserve-soak-")
+        super().__init__(args.model_dir or REPO / "models" / "de-en" / "1", flags + extra, log_prefix="mtserve-soak-")
 
     def stop_timed(self, timeout: float) -> tuple[int, float]:
         """SIGTERM; the exit code and how long the drain took (killed after `timeout` s)."""

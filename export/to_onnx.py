@@ -222,8 +222,11 @@ def _assemble_manifest(
 ) -> Manifest:
     """The manifest of `out`: the model's identity, dims and special ids, the tokenizer already
     copied into `out`, and `variants` in the order of PRECISIONS."""
+    here = model_dir.resolve()
+    # In a repository (NAME/VERSION/) the model's name is its parent directory's.
+    default_name = here.parent.name if here.name.isdecimal() else here.name
     return Manifest(
-        name=name or meta.get("name") or model_dir.resolve().name,
+        name=name or meta.get("name") or default_name,
         version=version or str(meta.get("version") or weights_sha[:12]),
         src_lang=meta.get("src_lang", "de"),
         tgt_lang=meta.get("tgt_lang", "en"),

@@ -41,7 +41,8 @@ def keep_freed_memory(mmap_threshold: int = 256 << 20, trim_threshold: int = 512
     global _kept
     if _mallopt(mmap_threshold, trim_threshold):
         _kept = (mmap_threshold, trim_threshold)
-        _set(_M_ARENA_MAX, os.cpu_count() or 1)
+        if "MALLOC_ARENA_MAX" not in os.environ and "arena_max" not in os.environ.get("GLIBC_TUNABLES", ""):
+            _set(_M_ARENA_MAX, os.cpu_count() or 1)  # an operator's own choice stands
         return True
     return False
 

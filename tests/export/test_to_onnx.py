@@ -488,3 +488,15 @@ def test_verify_prints_one_json_line_with_parity_numbers(tiny_model_dir, tiny_on
     assert result["max_abs_log_prob_diff"] <= 1e-4
     assert result["greedy"]["sentences"] == 30 and result["greedy"]["identical"] == 30
     assert result["beam2"]["identical"] == 30
+
+
+def test_a_version_dir_of_a_repository_exports_under_its_model_name(tiny_model_dir, tmp_path):
+    """In Triton's layout, NAME/VERSION/, the manifest is named after NAME, not the version."""
+    version = tmp_path / "xx-yy" / "3"
+    version.mkdir(parents=True)
+    for f in tiny_model_dir.iterdir():
+        if f.is_file():
+            (version / f.name).symlink_to(f)
+    manifest = export_model(version, tmp_path / "out", ["fp32"], check=False)
+    assert manifest.name == "xx-yy"
+    assert export_model(tiny_model_dir, tmp_path / "plain", ["fp32"], check=False).name == tiny_model_dir.name

@@ -45,24 +45,16 @@ def test_evaluate_any_split_json(tmp_path, tiny_model_dir, test_split):
     assert len((tmp_path / "hyp.txt").read_text().splitlines()) == 20
 
 
-def test_evaluate_missing_split_fails_clearly(tmp_path, tiny_model_dir):
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "mtserve",
-            "evaluate",
-            "--model",
-            str(tiny_model_dir),
-            "--data",
-            str(tmp_path),
-            "--split",
-            "nope",
-        ],
-        capture_output=True,
-        text=True,
-    )
+def _evaluate_missing_split(model, data) -> subprocess.CompletedProcess:
+    """`mtserve evaluate` on a split that `data` lacks: it must fail."""
+    cmd = [sys.executable, "-m", "mtserve", "evaluate", "--model", str(model), "--data", str(data), "--split", "nope"]
+    out = subprocess.run(cmd, capture_output=True, text=True)
     assert out.returncode != 0
+    return out
+
+
+def test_evaluate_missing_split_fails_clearly(tmp_path, tiny_model_dir):
+    out = _evaluate_missing_split(tiny_model_dir, tmp_path)
     assert "nope.de" in out.stderr
 
 
@@ -117,23 +109,7 @@ def test_evaluate_reads_the_source_language_the_model_records(tmp_path, tiny_mod
 
 def test_evaluate_missing_source_side_names_the_models_language(tmp_path, tiny_model_dir):
     model = _relabelled_model(tmp_path, tiny_model_dir, "fr")
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "mtserve",
-            "evaluate",
-            "--model",
-            str(model),
-            "--data",
-            str(tmp_path),
-            "--split",
-            "nope",
-        ],
-        capture_output=True,
-        text=True,
-    )
-    assert out.returncode != 0
+    out = _evaluate_missing_split(model, tmp_path)
     assert "nope.fr" in out.stderr
 
 
