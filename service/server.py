@@ -39,7 +39,7 @@ from service.kserve.servicer import SERVICE_NAME as KSERVE_SERVICE_NAME
 from service.kserve.servicer import KServeServicer
 from service.metrics import Metrics, ModelMetrics
 from service.parallel.pool import EnginePool
-from service.repository.layout import VersionDir, scan, wanted
+from service.repository.layout import SERVING_FILE, VersionDir, model_overrides, scan, wanted
 from service.repository.registry import ModelRegistry, ServedModel
 from service.runtime.loading import load_models
 from service.runtime.memory import keep_freed_memory, mapped_allocations
@@ -144,10 +144,24 @@ class Server:
 
     async def _load(self, source: VersionDir) -> ServedModel:
         """Load, start and warm up one model version (the registry's loader)."""
-        st = self.settings.model_copy(update={"model_dir": source.path, "onnx_dir": source.onnx_dir})
+        st = self._version_settings(source)
         metrics = self.metrics.for_model(source.name, source.version)
         with mapped_allocations():  # the model's memory leaves the process when it is unloaded
             return await self._load_mapped(source, st, metrics)
+
+    def _version_settings(self, source: VersionDir) -> Settings:
+        """The server's settings with the version's directories and the model's own values
+        (NAME/serving.json), validated together (default_beam_size <= max_beam_size, ...)."""
+        values = {
+            **self.settings.model_dump(),
+            **model_overrides(source),
+            "model_dir": source.path,
+            "onnx_dir": source.onnx_dir,
+        }
+        try:
+            return Settings.model_validate(values)
+        except ValueError as e:  # pydantic's ValidationError
+            raise ModelLoadError(f"{source.path.parent / SERVING_FILE}: {e}") from None
 
     async def _load_mapped(self, source: VersionDir, st: Settings, metrics: ModelMetrics) -> ServedModel:
         loop = asyncio.get_running_loop()

@@ -1,14 +1,46 @@
 """The model repository on disk, in Triton's layout: `REPOSITORY/NAME/VERSION/`, each version a
 model directory (config.json, tokenizer.json, onnx/ with its manifest). VERSION is a positive
 integer; other entries are ignored, as Triton ignores them. A model directory given on its own
-(`--model-dir`) is a repository of one version, served under its manifest's name."""
+(`--model-dir`) is a repository of one version, served under its manifest's name.
+
+`NAME/serving.json`, when present, holds the model's own values of the per-model settings
+(`PER_MODEL`: its decode workers, batching, queue and request limits), as Triton's
+config.pbtxt does; the server's settings give the rest."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from service.errors import InvalidArgument, NotFound
+from service.errors import InvalidArgument, ModelLoadError, NotFound
+
+SERVING_FILE = "serving.json"
+PER_MODEL = frozenset(
+    {
+        "precision",
+        "graph",
+        "decode_workers",
+        "intra_op_threads",
+        "inter_op_threads",
+        "engine_process",
+        "share_sessions",
+        "continuous_batching",
+        "max_batch_sentences",
+        "max_batch_tokens",
+        "max_queue_delay_ms",
+        "admit_fraction",
+        "admit_delay_ms",
+        "compact_fraction",
+        "max_queue_size",
+        "max_texts_per_request",
+        "max_input_tokens",
+        "max_output_tokens",
+        "max_text_bytes",
+        "max_beam_size",
+        "default_beam_size",
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -64,3 +96,23 @@ def wanted(repository: dict[str, list[VersionDir]], names: list[str]) -> list[Ve
             )
         chosen.append(match[0])
     return chosen
+
+
+def model_overrides(source: VersionDir) -> dict:
+    """The model's own settings from NAME/serving.json (empty without one); ModelLoadError for a
+    file that is not a JSON object or names a setting that is not per model."""
+    path = source.path.parent / SERVING_FILE
+    if not path.is_file():
+        return {}
+    try:
+        values = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise ModelLoadError(f"{path}: not readable JSON: {e}") from e
+    if not isinstance(values, dict):
+        raise ModelLoadError(f"{path}: must hold a JSON object of settings")
+    foreign = sorted(set(values) - PER_MODEL)
+    if foreign:
+        raise ModelLoadError(
+            f"{path}: {', '.join(foreign)} cannot be set per model (per model: {', '.join(sorted(PER_MODEL))})"
+        )
+    return values
