@@ -5,7 +5,6 @@ import gzip
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -113,12 +112,11 @@ def test_evaluate_missing_source_side_names_the_models_language(tmp_path, tiny_m
     assert "nope.fr" in out.stderr
 
 
-def test_onnx_engine_takes_the_languages_from_the_export_manifest(tmp_path):
+def test_onnx_engine_takes_the_languages_from_the_export_manifest(tmp_path, tiny_onnx_dir):
     """--engine onnx reads the manifest (MODEL/onnx/manifest.json, or an export dir's own), not config.json."""
     from mtserve.evaluate import model_languages
 
-    shipped = Path(__file__).resolve().parents[2] / "models" / "de-en" / "1" / "onnx" / "manifest.json"
-    manifest = json.loads(shipped.read_text())
+    manifest = json.loads((tiny_onnx_dir / "manifest.json").read_text())
     manifest["src_lang"], manifest["tgt_lang"] = "fr", "en"
     (tmp_path / "onnx").mkdir()
     (tmp_path / "onnx" / "manifest.json").write_text(json.dumps(manifest))
