@@ -16,9 +16,9 @@ repository extension on the same port:
 
 Reported: every request's outcome (none may fail) and the version that answered it; how many
 requests were in flight on version 1 when its unload began and were answered by it afterwards;
-the server's resident memory with one version loaded (after a warm-up phase, so that the heap
-has reached the working set of the load), with two, and after the unload (each the median of
-samples over the last half of a phase); latency percentiles per phase; the load and unload
+the server's resident memory with one version loaded (after a warm-up of `--warmup-s`, so
+that the heap has reached the working set of the load), with two, and after the unload (each
+the median of samples over the last half of a phase); latency percentiles per phase; the load and unload
 times. One JSON object on stdout (and `--json FILE`); the exit status is 0 when no request
 failed and the memory after the unload is within `--max-rss-ratio` (1.10) of the one-version
 figure.
@@ -143,6 +143,7 @@ def run(
     phase_s: float = 15.0,
     beam: int = 1,
     server_args: list[str] = (),
+    warmup_s: float | None = None,
 ) -> dict:
     with tempfile.TemporaryDirectory(prefix="mtserve-hot-swap-") as tmp:
         repository = make_repository(Path(tmp), Path(model_dir), onnx_dir, name)
@@ -173,7 +174,7 @@ def run(
         )
         try:
             wait_serving(address, 180, alive=lambda: proc.poll() is None)
-            return _scenario(proc, address, name, concurrency, phase_s, beam)
+            return _scenario(proc, address, name, concurrency, phase_s, beam, phase_s if warmup_s is None else warmup_s)
         except Exception:
             log.seek(0)
             sys.stderr.write(log.read()[-4000:])
@@ -185,12 +186,14 @@ def run(
             log.close()
 
 
-def _scenario(proc: subprocess.Popen, address: str, name: str, concurrency: int, phase_s: float, beam: int) -> dict:
+def _scenario(
+    proc: subprocess.Popen, address: str, name: str, concurrency: int, phase_s: float, beam: int, warmup_s: float
+) -> dict:
     channel = grpc.insecure_channel(address)
     repo = kpb_grpc.GRPCInferenceServiceStub(channel)
     load = Load(address, concurrency, name, beam)
     load.start()
-    time.sleep(phase_s)  # warm-up: the heap reaches the working set of this load
+    time.sleep(warmup_s)  # warm-up: the heap reaches the working set of this load
     t_one = time.monotonic()
     rss_one = _rss_phase(proc.pid, phase_s)
     t_load = time.monotonic()
@@ -217,6 +220,7 @@ def _scenario(proc: subprocess.Popen, address: str, name: str, concurrency: int,
         "concurrency": concurrency,
         "beam": beam,
         "phase_s": phase_s,
+        "warmup_s": warmup_s,
         "requests": len(records),
         "failed": len(failed),
         "failures": sorted({r[3] for r in failed})[:5],
@@ -252,6 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--name", default="de-en")
     p.add_argument("--concurrency", type=int, default=64)
     p.add_argument("--phase-s", type=float, default=15.0)
+    p.add_argument("--warmup-s", type=float, help="load before the first measurement (default: --phase-s)")
     p.add_argument("--beam", type=int, default=1)
     p.add_argument("--max-rss-ratio", type=float, default=1.10)
     p.add_argument("--json", help="also write the report here")
@@ -265,6 +270,7 @@ def main(argv: list[str] | None = None) -> int:
         args.phase_s,
         args.beam,
         args.server_args,
+        args.warmup_s,
     )
     report["passed"] = report["failed"] == 0 and report["rss_after_unload_over_one_version"] <= args.max_rss_ratio
     text = json.dumps(report)

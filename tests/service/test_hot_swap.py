@@ -13,7 +13,11 @@ from tests.conftest import SHIPPED_MODEL
 
 
 def test_hot_swap_under_load_loses_nothing_and_gives_the_memory_back(shipped_int8_export, record_property):
-    report = hot_swap.run(SHIPPED_MODEL, shipped_int8_export, "de-en", concurrency=32, phase_s=8.0, beam=1)
+    # The heap keeps growing for about 30 s of steady load (the allocator keeps freed blocks): the
+    # one-version figure is taken after 20 s, so that the comparison is of like with like.
+    report = hot_swap.run(
+        SHIPPED_MODEL, shipped_int8_export, "de-en", concurrency=32, phase_s=6.0, beam=1, warmup_s=20.0
+    )
     record_property(
         "figures",
         json.dumps(
