@@ -28,7 +28,7 @@ from benchmarks.ct2_convert import Ct2Translator
 from service.batching.jobs import EncodeJob, Sentence, settle
 from service.batching.queue import SentenceQueue
 from service.decoding.generator import Finished
-from service.errors import DeadlineExceeded, Internal, Unavailable
+from service.errors import Internal, Unavailable
 from service.metrics import ModelMetrics
 from service.settings import Settings
 
@@ -75,30 +75,13 @@ class Ct2Backend(SentenceQueue):
         """Pop the next call's sentences (lock held): the oldest live sentence's mode, at most
         `max_batch`, and only this worker's share of them when other workers are idle."""
         now = time.monotonic()
-        live = []
-        for s in self._queue:  # drop the cancelled and the expired first
-            if s.future.cancelled():
-                self.metrics.sentences.labels("cancelled").inc()
-            elif s.deadline is not None and now > s.deadline:
-                self.metrics.sentences.labels("deadline_exceeded").inc()
-                settle(s.future, error=DeadlineExceeded("deadline expired while queued"))
-            else:
-                live.append(s)
+        live = self._live(now)
         if not live:
-            self._queue = []
-            self.metrics.queue_depth.set(0)
             return []
         mode = live[0].mode
         same = [s for s in live if s.mode == mode]
         idle_workers = self.workers - self._running  # this one included
-        chosen = same[: min(self.max_batch, math.ceil(len(same) / idle_workers))]
-        taken = set(map(id, chosen))
-        self._queue = [s for s in live if id(s) not in taken]
-        self.metrics.queue_depth.set(len(self._queue))
-        for s in chosen:
-            self.metrics.queue_wait.observe(now - s.enqueued)
-            s.admitted = now
-        return chosen
+        return self._pop(same[: min(self.max_batch, math.ceil(len(same) / idle_workers))], now)
 
     def _worker(self) -> None:
         while True:

@@ -10,7 +10,7 @@ import threading
 import time
 
 from service.batching.jobs import Sentence, settle
-from service.errors import ResourceExhausted, Unavailable
+from service.errors import DeadlineExceeded, ResourceExhausted, Unavailable
 from service.metrics import ModelMetrics
 from service.settings import Settings
 
@@ -74,6 +74,32 @@ class SentenceQueue:
             settle(future, error=Unavailable(message))
         for t in self._threads:
             t.join(timeout)
+
+    def _live(self, now: float) -> list[Sentence]:
+        """Drop the cancelled and the expired sentences from the queue (lock held), each counted
+        and the expired answered DEADLINE_EXCEEDED; the rest, oldest first."""
+        live = []
+        for s in self._queue:
+            if s.future.cancelled():
+                self.metrics.sentences.labels("cancelled").inc()
+            elif s.deadline is not None and now > s.deadline:
+                self.metrics.sentences.labels("deadline_exceeded").inc()
+                settle(s.future, error=DeadlineExceeded("deadline expired while queued"))
+            else:
+                live.append(s)
+        self._queue = live
+        self.metrics.queue_depth.set(len(live))  # also when the dropped ones were the last
+        return live
+
+    def _pop(self, chosen: list[Sentence], now: float) -> list[Sentence]:
+        """Take `chosen` off the queue (lock held), with their queue wait recorded."""
+        taken = set(map(id, chosen))
+        self._queue = [s for s in self._queue if id(s) not in taken]
+        self.metrics.queue_depth.set(len(self._queue))
+        for s in chosen:
+            self.metrics.queue_wait.observe(now - s.enqueued)
+            s.admitted = now
+        return chosen
 
     def _take_queued(self) -> list[tuple[concurrent.futures.Future, str]]:
         """Empty the queues (lock held): each waiting future with the reason it fails."""

@@ -36,7 +36,7 @@ from service import tracing
 from service.batching.jobs import EncodeJob, Sentence, settle
 from service.batching.queue import SentenceQueue
 from service.decoding.generator import DecodeBatch, Finished
-from service.errors import DeadlineExceeded, Internal, ResourceExhausted, Unavailable
+from service.errors import Internal, ResourceExhausted, Unavailable
 from service.metrics import ModelMetrics
 from service.settings import Settings
 
@@ -84,17 +84,7 @@ class Scheduler(SentenceQueue):
     def _admit(self, running_rows: int, running_src_len: int) -> list[Sentence]:
         """Pop the sentences to join this worker's batches (called with the lock held)."""
         now = time.monotonic()
-        live = []
-        for s in self._queue:  # drop the expired and the cancelled first
-            if s.future.cancelled():
-                self.metrics.sentences.labels("cancelled").inc()
-            elif s.deadline is not None and now > s.deadline:
-                self.metrics.sentences.labels("deadline_exceeded").inc()
-                settle(s.future, error=DeadlineExceeded("deadline expired while queued"))
-            else:
-                live.append(s)
-        self._queue = live
-        self.metrics.queue_depth.set(len(live))  # also when the dropped ones were the last
+        live = self._live(now)
         if not live:
             return []
         st = self.settings
@@ -111,13 +101,7 @@ class Scheduler(SentenceQueue):
                     continue
             chosen.append(s)
             rows, longest = new_rows, new_longest
-        taken = set(map(id, chosen))
-        self._queue = [s for s in live if id(s) not in taken]
-        self.metrics.queue_depth.set(len(self._queue))
-        for s in chosen:
-            self.metrics.queue_wait.observe(now - s.enqueued)
-            s.admitted = now
-        return chosen
+        return self._pop(chosen, now)
 
     def _admission_due(self, running: int) -> bool:
         """Whether a worker with `running` sentences in its batches admits now (lock held)."""

@@ -99,17 +99,15 @@ class KServeServicer(pb_grpc.GRPCInferenceServiceServicer):
     def _model(self, name: str, version: str, name_field: str, version_field: str) -> tuple[ModelSpec, ServedModel]:
         """The KServe model `name` (a served model, or its encoder) at `version` (empty: the
         model's default version)."""
-        specs = {}
-        for s in self.models.all():
-            for spec in model_specs(s.name, s.engine.manifest).values():
-                specs[spec.name] = (spec, s.name)
-        if name not in specs:
-            raise NotFound(f"{name_field}: unknown model {name!r} (served: {', '.join(sorted(specs))})")
-        spec, base = specs[name]
+        base_of = {kserve: n for n, _ in self.models.served for kserve in model_names(n)}
+        if name not in base_of:
+            raise NotFound(f"{name_field}: unknown model {name!r} (served: {', '.join(sorted(base_of))})")
+        base = base_of[name]
         loaded = [s.version for s in self.models.versions(base)]
         if version and version not in loaded:
             raise NotFound(f"{version_field}: model {name!r} has no version {version!r} (served: {', '.join(loaded)})")
-        return spec, self.models.resolve(f"{base}:{version}" if version else base, name_field)
+        served = self.models.resolve(f"{base}:{version}" if version else base, name_field)
+        return model_specs(base, served.engine.manifest)[name], served
 
     # -- Triton extensions ----------------------------------------------------------------------
 
