@@ -36,6 +36,11 @@ class StepResult(NamedTuple):
     cross_attention: np.ndarray  # (R, S) the last layer's cross-attention, averaged over heads
 
 
+def _repeated(out: StepResult, K: int) -> StepResult:
+    """A step's results for one row per sentence, as if each row had run K times."""
+    return StepResult(*(np.repeat(a, K, axis=0) for a in out))
+
+
 class RowCache(ABC):
     """What `DecodeBatch` asks of a cache (see the module doc)."""
 
@@ -56,6 +61,12 @@ class RowCache(ABC):
     @abstractmethod
     def step(self, model, tokens, positions, cross_k, cross_v, src_mask, top_k: int) -> StepResult:
         """Run the decoder once for every row; `advance` must follow."""
+
+    @abstractmethod
+    def first_step(self, model, tokens, positions, cross_k, cross_v, src_mask, top_k: int) -> StepResult:
+        """`step` for a batch that has not decoded yet, with beams: a sentence's beams are identical
+        then (only the first is live), so the decoder runs one row per sentence and its results are
+        repeated over the beams; the first beam's entries are kept. `advance` must follow."""
 
     @abstractmethod
     def advance(self, rows: np.ndarray | None) -> None:
@@ -102,6 +113,14 @@ class ConcatCache(RowCache):
         out = model.step(tokens, positions, self.past_k, self.past_v, self.past_mask, cross_k, cross_v, src_mask, top_k)
         self._present = (out.present_k, out.present_v)
         return StepResult(out.top_log_probs, out.top_ids, out.eos_log_prob, out.cross_attention)
+
+    def first_step(self, model, tokens, positions, cross_k, cross_v, src_mask, top_k: int) -> StepResult:
+        K = len(self) // len(src_mask)
+        assert self.past_len == 0, "the first step is a batch's first"
+        pk, pv, pm = model.empty_past(len(src_mask))
+        out = model.step(tokens[::K], positions[::K], pk, pv, pm, cross_k, cross_v, src_mask, top_k)
+        self._present = ([np.repeat(k, K, axis=0) for k in out.present_k], [np.repeat(v, K, axis=0) for v in out.present_v])
+        return _repeated(StepResult(out.top_log_probs, out.top_ids, out.eos_log_prob, out.cross_attention), K)
 
     def advance(self, rows: np.ndarray | None) -> None:
         """The graph's present cache (past + this step) becomes the past, reordered by `rows`."""
@@ -225,6 +244,18 @@ class InPlaceCache(RowCache):
             out["cross_attention"].copy(),
         )
 
+    def first_step(self, model, tokens, positions, cross_k, cross_v, src_mask, top_k: int) -> StepResult:
+        K = self.beam
+        assert self.P == 0, "the first step is a batch's first"
+        # The first beams alone, in a cache of one slot; their entries go to slot 0 of their rows,
+        # the only rows of slot 0 that the indirection names after this step.
+        first = InPlaceCache.empty(model, len(self) // K, 1, capacity=1)
+        out = first.step(model, tokens[::K], positions[::K], cross_k, cross_v, src_mask, top_k)
+        for mine, theirs in zip(self.k + self.v, first.k + first.v):
+            mine[::K, :, 0] = theirs[:, :, 0]
+        self.mask[:, 0] = 1
+        return _repeated(out, K)
+
     def _bind(self, model, cross_k, cross_v, src_mask, top_k: int) -> BoundStep:
         R, K = len(self.mask), self.beam
         ins: dict[str, np.ndarray] = {
@@ -275,11 +306,24 @@ class InPlaceCache(RowCache):
         )
 
     def select(self, rows: np.ndarray) -> InPlaceCache:
-        """`rows` (whole sentences) in new buffers of the same capacity, without the slots that none
-        of them uses. A sentence's beams move together, so the indirection stays valid as it is."""
+        """`rows` (whole sentences), without the slots that none of them uses. A sentence's beams
+        move together, so the indirection stays valid as it is.
+
+        When every slot is still used (rows that started together: static batches, offline), the
+        kept rows move to the front of the same buffers, only their used slots copied, and the new
+        cache holds views of those: no allocation, nothing zeroed. This cache is not used after."""
         mask = self.mask[rows, : self.P]
         slots = np.flatnonzero(mask.any(axis=0)) if len(rows) else np.zeros(0, dtype=np.int64)
-        return self._packed([self], [rows], [slots], self.capacity - self.P + len(slots))
+        if len(slots) < self.P or len(rows) == 0:
+            return self._packed([self], [rows], [slots], self.capacity - self.P + len(slots))
+        m, P, K = len(rows), self.P, self.beam
+        for buf in self.k + self.v:
+            buf[:m, :, :P] = buf[rows, :, :P]  # the fancy index copies first: overlap is safe
+        self.mask[:m] = self.mask[rows]
+        self.indirection[: m // K] = self.indirection[rows[::K] // K]
+        return InPlaceCache(
+            [b[:m] for b in self.k], [b[:m] for b in self.v], self.mask[:m], self.indirection[: m // K], P
+        )
 
     @classmethod
     def concatenate(cls, caches: Sequence[InPlaceCache]) -> InPlaceCache:

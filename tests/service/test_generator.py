@@ -425,3 +425,62 @@ def test_beams_reorder_through_the_indirection_without_moving_the_cache(tiny_onn
         for x, y in zip(ka + va, kb + vb):
             np.testing.assert_allclose(x, y, atol=1e-5)
     assert reordered
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_a_batch_first_beam_step_runs_one_row_per_sentence(tiny_onnx, sources, beam, monkeypatch):
+    """Before the first step a sentence's beams are identical: the decoder runs its first row only,
+    and every later step runs all rows. Greedy batches have one row per sentence anyway."""
+    rows_per_call: list[int] = []
+    if tiny_onnx.graph == "fused":
+        bind = type(tiny_onnx).bind_step
+
+        def counting_bind(self, inputs, outputs):
+            bound = bind(self, inputs, outputs)
+            run = bound.run
+
+            def counted():
+                rows_per_call.append(len(inputs["tokens"]))
+                run()
+
+            bound.run = counted
+            return bound
+
+        monkeypatch.setattr(type(tiny_onnx), "bind_step", counting_bind)
+    else:
+        step = type(tiny_onnx).step
+
+        def counting_step(self, tokens, *args, **kw):
+            rows_per_call.append(len(tokens))
+            return step(self, tokens, *args, **kw)
+
+        monkeypatch.setattr(type(tiny_onnx), "step", counting_step)
+    batch = DecodeBatch.from_sources(tiny_onnx, sources[:5], list(range(5)), beam=beam)
+    for _ in range(3):
+        batch.step(tiny_onnx)
+    assert rows_per_call == [5, 5 * beam, 5 * beam]
+
+
+def test_filtering_a_static_batch_keeps_the_fused_cache_in_its_buffers(tiny_onnx_dir, sources):
+    """Rows that started together keep every slot in use: `filter` moves the kept rows to the front
+    of the same buffers instead of copying the cache into new ones, and decoding goes on as if the
+    dropped sentences had never been there."""
+    from service.runtime.onnx_model import OnnxSeq2Seq
+
+    model = OnnxSeq2Seq(tiny_onnx_dir, precision="fp32", graph="fused")
+    keep = [0, 2, 3]
+    want = generate(model, [sources[i] for i in keep], beam=4, batch_size=3)
+    batch = DecodeBatch.from_sources(model, sources[:4], list(range(4)), beam=4)
+    for _ in range(2):
+        batch.step(model)
+    buffers = [k.ctypes.data for k in batch.cache.k + batch.cache.v]
+    batch.filter(keep)
+    assert [k.ctypes.data for k in batch.cache.k + batch.cache.v] == buffers  # views of the same memory
+    assert len(batch.cache) == 12 and batch.past_len == 2
+    results: dict = {}
+    while len(batch):
+        for f in batch.step(model):
+            results[f.key] = f
+        batch.filter(batch.active_keys())
+    assert [results[i].tokens for i in keep] == [h.tokens for h in want]
+    assert [results[i].score for i in keep] == pytest.approx([h.score for h in want], abs=1e-5)
