@@ -119,7 +119,10 @@ class ConcatCache(RowCache):
         assert self.past_len == 0, "the first step is a batch's first"
         pk, pv, pm = model.empty_past(len(src_mask))
         out = model.step(tokens[::K], positions[::K], pk, pv, pm, cross_k, cross_v, src_mask, top_k)
-        self._present = ([np.repeat(k, K, axis=0) for k in out.present_k], [np.repeat(v, K, axis=0) for v in out.present_v])
+        self._present = (
+            [np.repeat(k, K, axis=0) for k in out.present_k],
+            [np.repeat(v, K, axis=0) for v in out.present_v],
+        )
         return _repeated(StepResult(out.top_log_probs, out.top_ids, out.eos_log_prob, out.cross_attention), K)
 
     def advance(self, rows: np.ndarray | None) -> None:
