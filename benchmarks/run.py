@@ -104,7 +104,11 @@ def plan(quick: bool) -> dict:
             "latency_n": 20,
             "online_requests": 100,
             "rounds": 2,
-            "offline_layouts": {"ct2": [(2, 32), (1, 32)], "ort": [(2, 32)], "torch": [(1, 64)]},
+            "offline_layouts": {
+                "ct2": [(2, 32), (1, 32), (2, 64)],
+                "ort": [(2, 32), (2, 64)],
+                "torch": [(1, 64)],
+            },
             "sweep": [
                 ["--decode-workers", "1", "--intra-op-threads", "2"],
                 ["--decode-workers", "2", "--intra-op-threads", "1", "--precision", "fp32"],
