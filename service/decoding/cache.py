@@ -252,12 +252,29 @@ class InPlaceCache(RowCache):
         assert self.P == 0, "the first step is a batch's first"
         # The first beams alone, in a cache of one slot; their entries go to slot 0 of their rows,
         # the only rows of slot 0 that the indirection names after this step.
-        first = InPlaceCache.empty(model, len(self) // K, 1, capacity=1)
-        out = first.step(model, tokens[::K], positions[::K], cross_k, cross_v, src_mask, top_k)
-        for mine, theirs in zip(self.k + self.v, first.k + first.v):
-            mine[::K, :, 0] = theirs[:, :, 0]
+        n, L = len(self) // K, len(self.k)
+        empty = np.zeros((n, model.n_heads, 1, model.d_k), dtype=np.float32)
+        feeds = {
+            "tokens": np.ascontiguousarray(tokens[::K, None]),
+            "positions": np.ascontiguousarray(positions[::K, None]),
+            "past_sequence_length": np.zeros(1, dtype=np.int32),
+            "self_mask": np.ones((n, 1), dtype=np.int32),
+            "src_mask": np.ascontiguousarray(src_mask, dtype=np.int32),
+            "top_k": np.array([top_k], dtype=np.int64),
+            "beam_width": np.ones(1, dtype=np.int32),
+            "cache_indirection": np.zeros((n, 1, 1), dtype=np.int32),
+        }
+        for i in range(L):
+            feeds[f"cache_key_{i}"] = feeds[f"cache_value_{i}"] = empty
+            feeds[f"cross_key_{i}"] = np.ascontiguousarray(cross_k[i], dtype=np.float32)
+            feeds[f"cross_value_{i}"] = np.ascontiguousarray(cross_v[i], dtype=np.float32)
+        present = [f"present_{kv}_{i}" for i in range(L) for kv in ("key", "value")]
+        out = model.run_fused(feeds, [*StepResult._fields, *present])
+        for i in range(L):
+            self.k[i][::K, :, 0] = out[4 + 2 * i][:, :, 0]
+            self.v[i][::K, :, 0] = out[5 + 2 * i][:, :, 0]
         self.mask[:, 0] = 1
-        return _repeated(out, K)
+        return _repeated(StepResult(*out[:4]), K)
 
     def _bind(self, model, cross_k, cross_v, src_mask, top_k: int) -> BoundStep:
         R, K = len(self.mask), self.beam

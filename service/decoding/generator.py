@@ -368,7 +368,8 @@ class DecodeBatch:
         # a sentence's 2K best candidates over K rows x V tokens are among its rows' 2K best).
         k_row = 1 if K == 1 else min(2 * K, model.vocab_size)
         # A batch's first step with beams runs one row per sentence (its beams are identical then).
-        first = K > 1 and self.cache.past_len == 0
+        # A lone sentence does not gain: its step of K rows costs about what the separate call adds.
+        first = K > 1 and self.cache.past_len == 0 and self.n_sentences > 1
         run = self.cache.first_step if first else self.cache.step
         out = run(model, self.tokens, self.positions, self.cross_k, self.cross_v, self.src_mask, k_row)
         top_lp, top_ids, att = out.top_log_probs, out.top_ids, out.cross_attention

@@ -277,6 +277,17 @@ class OnnxSeq2Seq:
         one_row = self.decoder_one_row is not None and len(inputs["tokens"]) == 1
         return BoundStep(self.decoder_one_row if one_row else self.decoder, inputs, outputs)
 
+    def run_fused(self, inputs: dict[str, np.ndarray], names: list[str]) -> list[np.ndarray]:
+        """One fused step without IO binding, ONNX Runtime allocating the outputs: for a batch's first
+        step (`past_sequence_length` 0), whose cache holds nothing to share, where binding buffers
+        would cost more than the step saves."""
+        if self.graph != "fused":
+            raise RuntimeError(f"run_fused runs the fused graph; this model runs the {self.graph} one")
+        session = self.decoder
+        if self.decoder_one_row is not None and len(inputs["tokens"]) == 1:
+            session = self.decoder_one_row
+        return session.run(names, inputs)
+
     def empty_past(self, batch: int) -> tuple[list[np.ndarray], list[np.ndarray], np.ndarray]:
         """A zero-length cache: per layer (batch, H, 0, d_k), and past_mask (batch, 0)."""
         z = np.zeros((batch, self.n_heads, 0, self.d_k), dtype=np.float32)

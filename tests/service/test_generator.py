@@ -429,8 +429,9 @@ def test_beams_reorder_through_the_indirection_without_moving_the_cache(tiny_onn
 
 @pytest.mark.parametrize("beam", [1, 4])
 def test_a_batch_first_beam_step_runs_one_row_per_sentence(tiny_onnx, sources, beam, monkeypatch):
-    """Before the first step a sentence's beams are identical: the decoder runs its first row only,
-    and every later step runs all rows. Greedy batches have one row per sentence anyway."""
+    """Before the first step a sentence's beams are identical: in a batch of several sentences the
+    decoder runs each one's first row only, and every later step runs all rows. Greedy batches have
+    one row per sentence anyway."""
     rows_per_call: list[int] = []
     if tiny_onnx.graph == "fused":
         bind = type(tiny_onnx).bind_step
@@ -446,7 +447,14 @@ def test_a_batch_first_beam_step_runs_one_row_per_sentence(tiny_onnx, sources, b
             bound.run = counted
             return bound
 
+        run_fused = type(tiny_onnx).run_fused
+
+        def counting_run(self, inputs, names):
+            rows_per_call.append(len(inputs["tokens"]))
+            return run_fused(self, inputs, names)
+
         monkeypatch.setattr(type(tiny_onnx), "bind_step", counting_bind)
+        monkeypatch.setattr(type(tiny_onnx), "run_fused", counting_run)
     else:
         step = type(tiny_onnx).step
 
@@ -459,6 +467,11 @@ def test_a_batch_first_beam_step_runs_one_row_per_sentence(tiny_onnx, sources, b
     for _ in range(3):
         batch.step(tiny_onnx)
     assert rows_per_call == [5, 5 * beam, 5 * beam]
+    # a lone sentence runs its K rows from the start: one row would save less than the extra call costs
+    rows_per_call.clear()
+    lone = DecodeBatch.from_sources(tiny_onnx, sources[:1], [0], beam=beam)
+    lone.step(tiny_onnx)
+    assert rows_per_call == [beam]
 
 
 def test_filtering_a_static_batch_keeps_the_fused_cache_in_its_buffers(tiny_onnx_dir, sources):
