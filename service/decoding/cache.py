@@ -181,6 +181,26 @@ def stack_padded(arrays: Sequence[np.ndarray], axis_len: int) -> np.ndarray:
     return out
 
 
+def _fused_inputs(tokens, positions, mask, indirection, keys, values, cross_k, cross_v, src_mask, top_k: int):
+    """The fused step's inputs (`contract.graphs.fused_decoder_io`) at slot 0; the caller writes the
+    step's slot into `past_sequence_length` when it runs later steps on the same arrays."""
+    ins: dict[str, np.ndarray] = {
+        "tokens": tokens,
+        "positions": positions,
+        "past_sequence_length": np.zeros(1, dtype=np.int32),
+        "self_mask": mask,
+        "src_mask": np.ascontiguousarray(src_mask, dtype=np.int32),
+        "top_k": np.array([top_k], dtype=np.int64),
+        "beam_width": np.array([indirection.shape[1]], dtype=np.int32),
+        "cache_indirection": indirection,
+    }
+    for i, (k, v) in enumerate(zip(keys, values)):
+        ins[f"cache_key_{i}"], ins[f"cache_value_{i}"] = k, v
+        ins[f"cross_key_{i}"] = np.ascontiguousarray(cross_k[i], dtype=np.float32)
+        ins[f"cross_value_{i}"] = np.ascontiguousarray(cross_v[i], dtype=np.float32)
+    return ins
+
+
 class InPlaceCache(RowCache):
     """Per layer key and value buffers (R, H, M, d_k), mask (R, M) int32 (1: the row's own slot),
     indirection (n, K, M) int32, and P, the slot the next step writes (slots 0..P-1 are used)."""
@@ -253,21 +273,10 @@ class InPlaceCache(RowCache):
         # The first beams alone, in a cache of one slot; their entries go to slot 0 of their rows,
         # the only rows of slot 0 that the indirection names after this step.
         n, L = len(self) // K, len(self.k)
-        empty = np.zeros((n, model.n_heads, 1, model.d_k), dtype=np.float32)
-        feeds = {
-            "tokens": np.ascontiguousarray(tokens[::K, None]),
-            "positions": np.ascontiguousarray(positions[::K, None]),
-            "past_sequence_length": np.zeros(1, dtype=np.int32),
-            "self_mask": np.ones((n, 1), dtype=np.int32),
-            "src_mask": np.ascontiguousarray(src_mask, dtype=np.int32),
-            "top_k": np.array([top_k], dtype=np.int64),
-            "beam_width": np.ones(1, dtype=np.int32),
-            "cache_indirection": np.zeros((n, 1, 1), dtype=np.int32),
-        }
-        for i in range(L):
-            feeds[f"cache_key_{i}"] = feeds[f"cache_value_{i}"] = empty
-            feeds[f"cross_key_{i}"] = np.ascontiguousarray(cross_k[i], dtype=np.float32)
-            feeds[f"cross_value_{i}"] = np.ascontiguousarray(cross_v[i], dtype=np.float32)
+        empty = [np.zeros((n, model.n_heads, 1, model.d_k), dtype=np.float32)] * L
+        tokens, positions = np.ascontiguousarray(tokens[::K, None]), np.ascontiguousarray(positions[::K, None])
+        one_slot, one_beam = np.ones((n, 1), dtype=np.int32), np.zeros((n, 1, 1), dtype=np.int32)
+        feeds = _fused_inputs(tokens, positions, one_slot, one_beam, empty, empty, cross_k, cross_v, src_mask, top_k)
         present = [f"present_{kv}_{i}" for i in range(L) for kv in ("key", "value")]
         out = model.run_fused(feeds, [*StepResult._fields, *present])
         for i in range(L):
@@ -277,17 +286,11 @@ class InPlaceCache(RowCache):
         return _repeated(StepResult(*out[:4]), K)
 
     def _bind(self, model, cross_k, cross_v, src_mask, top_k: int) -> BoundStep:
-        R, K = len(self.mask), self.beam
-        ins: dict[str, np.ndarray] = {
-            "tokens": np.zeros((R, 1), dtype=np.int64),
-            "positions": np.zeros((R, 1), dtype=np.int64),
-            "past_sequence_length": np.zeros(1, dtype=np.int32),
-            "self_mask": self.mask,
-            "src_mask": np.ascontiguousarray(src_mask, dtype=np.int32),
-            "top_k": np.array([top_k], dtype=np.int64),
-            "beam_width": np.array([K], dtype=np.int32),
-            "cache_indirection": self.indirection,
-        }
+        R = len(self.mask)
+        tokens, positions = np.zeros((R, 1), dtype=np.int64), np.zeros((R, 1), dtype=np.int64)
+        ins = _fused_inputs(
+            tokens, positions, self.mask, self.indirection, self.k, self.v, cross_k, cross_v, src_mask, top_k
+        )
         outs: dict[str, np.ndarray] = {
             "top_log_probs": np.empty((R, top_k), dtype=np.float32),
             "top_ids": np.empty((R, top_k), dtype=np.int64),
@@ -295,10 +298,7 @@ class InPlaceCache(RowCache):
             "cross_attention": np.empty((R, src_mask.shape[1]), dtype=np.float32),
         }
         for i in range(len(self.k)):
-            ins[f"cache_key_{i}"], ins[f"cache_value_{i}"] = self.k[i], self.v[i]
-            outs[f"present_key_{i}"], outs[f"present_value_{i}"] = self.k[i], self.v[i]  # the same buffers
-            ins[f"cross_key_{i}"] = np.ascontiguousarray(cross_k[i], dtype=np.float32)
-            ins[f"cross_value_{i}"] = np.ascontiguousarray(cross_v[i], dtype=np.float32)
+            outs[f"present_key_{i}"], outs[f"present_value_{i}"] = self.k[i], self.v[i]  # the inputs' buffers
         self._inputs, self._outputs = ins, outs
         self._bound, self._bound_for = model.bind_step(ins, outs), (cross_k[0], top_k)
         return self._bound

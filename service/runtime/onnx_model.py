@@ -274,8 +274,7 @@ class OnnxSeq2Seq:
         bind a cache buffer as both its input and its present output, and the step writes it in place."""
         if self.graph != "fused":
             raise RuntimeError(f"bind_step runs the fused graph; this model runs the {self.graph} one")
-        one_row = self.decoder_one_row is not None and len(inputs["tokens"]) == 1
-        return BoundStep(self.decoder_one_row if one_row else self.decoder, inputs, outputs)
+        return BoundStep(self._step_session(len(inputs["tokens"])), inputs, outputs)
 
     def run_fused(self, inputs: dict[str, np.ndarray], names: list[str]) -> list[np.ndarray]:
         """One fused step without IO binding, ONNX Runtime allocating the outputs: for a batch's first
@@ -283,10 +282,11 @@ class OnnxSeq2Seq:
         would cost more than the step saves."""
         if self.graph != "fused":
             raise RuntimeError(f"run_fused runs the fused graph; this model runs the {self.graph} one")
-        session = self.decoder
-        if self.decoder_one_row is not None and len(inputs["tokens"]) == 1:
-            session = self.decoder_one_row
-        return session.run(names, inputs)
+        return self._step_session(len(inputs["tokens"])).run(names, inputs)
+
+    def _step_session(self, rows: int) -> ort.InferenceSession:
+        """The fused step's session for `rows` rows: the one-row graph where the export has it."""
+        return self.decoder_one_row if self.decoder_one_row is not None and rows == 1 else self.decoder
 
     def empty_past(self, batch: int) -> tuple[list[np.ndarray], list[np.ndarray], np.ndarray]:
         """A zero-length cache: per layer (batch, H, 0, d_k), and past_mask (batch, 0)."""
