@@ -132,7 +132,7 @@ class Ct2Backend(SentenceQueue):
                 beam=beam,
                 length_penalty=lp,
                 batch_size=len(batch),
-                return_scores=True,
+                return_scores=any(s.want_scores for s in batch),  # as the requests ask, like mtserve
                 callback=callback,
             )
         except Exception as exc:
@@ -145,7 +145,7 @@ class Ct2Backend(SentenceQueue):
             if s.future.cancelled():
                 self.metrics.sentences.labels("cancelled").inc()
                 continue
-            log_prob = float(score or 0.0) * (len(ids) + 1) ** (lp if beam > 1 else 0.0)
+            log_prob = None if score is None else float(score) * (len(ids) + 1) ** (lp if beam > 1 else 0.0)
             self.metrics.sentences.labels("ok").inc()
             self.metrics.generated_tokens.inc(len(ids) + 1)
             settle(
@@ -153,7 +153,7 @@ class Ct2Backend(SentenceQueue):
                 result=Finished(
                     key=s.key,
                     tokens=ids,
-                    score=float(score or 0.0),
+                    score=None if score is None else float(score),
                     log_prob=log_prob,
                     alignment=None,
                     steps=len(ids) + 1,

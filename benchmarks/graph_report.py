@@ -45,7 +45,8 @@ def report(onnx_dir: Path, out_dir: Path) -> dict:
     for key, v in manifest.variants.items():
         if v.target != "cpu":
             continue
-        specs = {"decoder": v.decoder} | ({"decoder_one_row": v.decoder_one_row} if v.decoder_one_row else {})
+        fields = ("decoder", "decoder_one_row", "decoder_unscored", "decoder_one_row_unscored")
+        specs = {f: getattr(v, f) for f in fields if getattr(v, f) is not None}
         for part, spec in specs.items():
             src = onnx_dir / spec.file
             before = op_counts(src)

@@ -113,7 +113,10 @@ class Engine:
         def work(w: int) -> None:  # worker w takes chunks w, w + W, ... (long and short alike)
             for idx in chunks[w :: self.workers]:
                 for i, h in zip(
-                    idx, generate(self.models[w], [src[i] for i in idx], beam=beam, batch_size=self.batch_size)
+                    idx,
+                    generate(
+                        self.models[w], [src[i] for i in idx], beam=beam, batch_size=self.batch_size, want_scores=False
+                    ),
                 ):
                     out[i] = h.tokens
 

@@ -116,9 +116,13 @@ def decoder_io(dims: GraphDims) -> tuple[list[TensorSpec], list[TensorSpec]]:
 FUSED_LINEAR_KINDS = ("fp32", "int8", "nbits8")
 
 
-def fused_decoder_io(dims: GraphDims) -> tuple[list[TensorSpec], list[TensorSpec]]:
+def fused_decoder_io(dims: GraphDims, scored: bool = True) -> tuple[list[TensorSpec], list[TensorSpec]]:
     """The fused decoder step (export/fused.py): the same step as `decoder_io`'s over a
     preallocated cache of max_len slots that the graph updates in place.
+
+    `scored=False` is the step for greedy search when no sentence of the batch asks for its score:
+    it takes no top_k and returns top_ids (B, 1), each row's most likely token (the argmax of the
+    logits, the lower id on ties), without log-probabilities; the rest is the same.
 
     tokens (B, 1), positions (B, 1): each row's newest token and its position; past_sequence_length
     (1,) int32: the slot P this step writes, the same for every row; self_mask (B, max_len) int32:
@@ -150,16 +154,19 @@ def fused_decoder_io(dims: GraphDims) -> tuple[list[TensorSpec], list[TensorSpec
         ]
     inputs += [
         TensorSpec(name="src_mask", dtype="int32", shape=["sentences", "src_len"]),
-        TensorSpec(name="top_k", dtype="int64", shape=[1]),
+        *([TensorSpec(name="top_k", dtype="int64", shape=[1])] if scored else []),
         TensorSpec(name="beam_width", dtype="int32", shape=[1]),
         TensorSpec(name="cache_indirection", dtype="int32", shape=["sentences", "beam", "max_len"]),
     ]
-    outputs = [
-        TensorSpec(name="log_probs", dtype="float32", shape=["batch", dims.vocab_size]),
-        TensorSpec(name="top_log_probs", dtype="float32", shape=["batch", "top_k"]),
-        TensorSpec(name="top_ids", dtype="int64", shape=["batch", "top_k"]),
-        TensorSpec(name="eos_log_prob", dtype="float32", shape=["batch"]),
-    ]
+    if scored:
+        outputs = [
+            TensorSpec(name="log_probs", dtype="float32", shape=["batch", dims.vocab_size]),
+            TensorSpec(name="top_log_probs", dtype="float32", shape=["batch", "top_k"]),
+            TensorSpec(name="top_ids", dtype="int64", shape=["batch", "top_k"]),
+            TensorSpec(name="eos_log_prob", dtype="float32", shape=["batch"]),
+        ]
+    else:
+        outputs = [TensorSpec(name="top_ids", dtype="int64", shape=["batch", 1])]
     for i in range(L):
         outputs += [
             TensorSpec(name=f"present_key_{i}", dtype="float32", shape=cache),

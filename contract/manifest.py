@@ -124,6 +124,16 @@ class Variant(_Model):
     # The fused step again with MatMulNBits (8 bits), for batches of one row: faster there than
     # DynamicQuantizeMatMul, slower from 4 rows on (docs/performance.md). Same contract as `decoder`.
     decoder_one_row: GraphSpec | None = None
+    # The same steps ending with the argmax of the logits, without log-probabilities
+    # (`contract.graphs.fused_decoder_io(scored=False)`): greedy search when no sentence of the
+    # batch asks for its score. Exports before them lack them; the scored steps then run.
+    decoder_unscored: GraphSpec | None = None
+    decoder_one_row_unscored: GraphSpec | None = None
+
+    def decoders(self) -> list[GraphSpec]:
+        """Every decoder-step graph of the variant, in the order of the fields above."""
+        steps = (self.decoder, self.decoder_one_row, self.decoder_unscored, self.decoder_one_row_unscored)
+        return [g for g in steps if g is not None]
 
 
 class Manifest(_Model):
@@ -164,7 +174,7 @@ class Manifest(_Model):
 
     def files(self, precision: str | None = None, graph: str = "portable") -> list[FileSpec]:
         variants = self.variants.values() if precision is None else [self.variant(precision, graph)]
-        graphs = [g for v in variants for g in (v.encoder, v.decoder, v.decoder_one_row) if g is not None]
+        graphs = [g for v in variants for g in (v.encoder, *v.decoders()) if g is not None]
         unique = {g.file: g for g in graphs}  # fused variants share their encoder with the portable one
         return [self.tokenizer, *unique.values()]
 

@@ -128,20 +128,29 @@ def parity_check(model: Transformer, enc_path: Path, dec_path: Path, seed: int =
     return diffs
 
 
-def fused_parity_check(model: Transformer, dec_path: Path, seed: int = 0) -> dict[str, float]:
+def fused_parity_check(
+    model: Transformer, dec_path: Path, seed: int = 0, unscored_path: Path | None = None
+) -> dict[str, float]:
     """The fused decoder step against `Transformer.decode_step` on random states that exercise
     its contract: rows that joined at later slots (masked), junk in the slots past P and in the
     mask's unused columns, sentences of K beams whose histories come from other beams through
-    cache_indirection, and the first step (P = 0). Returns the max abs differences."""
+    cache_indirection, and the first step (P = 0). Returns the max abs differences.
+
+    With `unscored_path` (the same step built with `scored=False`), that graph runs on the same
+    states too: its top_ids must be the argmax of `dec_path`'s log-probabilities, and its caches and
+    cross-attention are compared with `dec_path`'s ("unscored")."""
     cfg = model.cfg
     H, dk, L = cfg.n_heads, cfg.d_k, cfg.n_decoder_layers
     so = ort.SessionOptions()
     so.log_severity_level = 3
     dec = ort.InferenceSession(str(dec_path), so, providers=["CPUExecutionProvider"])
     names = [o.name for o in dec.get_outputs()]
+    unscored = (
+        ort.InferenceSession(str(unscored_path), so, providers=["CPUExecutionProvider"]) if unscored_path else None
+    )
     g = torch.Generator().manual_seed(seed)
     rng = np.random.default_rng(seed)
-    diffs = {"log_probs": 0.0, "present_kv": 0.0, "cross_attention": 0.0}
+    diffs = {"log_probs": 0.0, "present_kv": 0.0, "cross_attention": 0.0} | ({"unscored": 0.0} if unscored else {})
     for n, K, P, M, S in ((4, 1, 0, 8, 7), (3, 1, 5, 12, 9), (2, 4, 6, 16, 9), (3, 2, 10, 11, 5)):
         B = n * K
         lengths = torch.randint(1, S + 1, (n,), generator=g)
@@ -202,4 +211,12 @@ def fused_parity_check(model: Transformer, dec_path: Path, seed: int = 0) -> dic
             out["eos_log_prob"], out["log_probs"][:, cfg.eos_id]
         ):
             raise RuntimeError(f"{dec_path.name}: top_k / eos_log_prob disagree with log_probs")
+        if unscored is not None:
+            feed.pop("top_k")
+            got = dict(zip([o.name for o in unscored.get_outputs()], unscored.run(None, feed)))
+            if not np.array_equal(got["top_ids"][:, 0], out["log_probs"].argmax(axis=1)):
+                raise RuntimeError(f"{unscored_path.name}: top_ids are not the argmax of {dec_path.name}'s log_probs")
+            for name, value in got.items():
+                if name != "top_ids":
+                    diffs["unscored"] = max(diffs["unscored"], float(np.abs(value - out[name]).max()))
     return diffs

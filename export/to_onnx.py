@@ -152,27 +152,39 @@ def _export_variant(
 
 
 def _export_fused_variant(model: Transformer, portable: Variant, work: Path, out: Path, check: bool) -> Variant:
-    """The fused decoder step of `portable`'s precision beside its graphs, sharing its encoder."""
+    """The fused decoder step of `portable`'s precision beside its graphs, sharing its encoder: the
+    step for every batch, for batches of one row where it has one, and each again unscored (greedy
+    search when no sentence asks for its score)."""
     cfg, precision = model.cfg, portable.precision
-    dec = work / f"decoder.fused.{precision}.onnx"
-    build_fused_decoder(model, dec, FUSED[precision])
     checks: dict[str, float] = {}
-    if check:
-        check_graph(dec, *fused_decoder_io(cfg))
-        checks = fused_parity_check(model, dec)
-        if precision == "fp32" and checks["log_probs"] > FP32_TOLERANCE:
-            raise RuntimeError(f"fused fp32 step differs from PyTorch: max |Δ log_probs| = {checks['log_probs']:.2e}")
-    dec.replace(out / dec.name)
-    inputs, outputs = fused_decoder_io(cfg)
-    one_row = None
-    if precision in FUSED_ONE_ROW:
-        path = work / f"decoder.fused.{precision}.one-row.onnx"
-        build_fused_decoder(model, path, FUSED_ONE_ROW[precision])
+
+    def build(suffix: str, linear_kind: str) -> tuple[GraphSpec, GraphSpec]:
+        """The step and its unscored twin, checked against PyTorch and each other."""
+        scored, unscored = (
+            work / f"decoder.fused.{precision}{suffix}.onnx",
+            work / f"decoder.fused.{precision}{suffix}.unscored.onnx",
+        )
+        build_fused_decoder(model, scored, linear_kind)
+        build_fused_decoder(model, unscored, linear_kind, scored=False)
         if check:
-            check_graph(path, inputs, outputs)
-            checks.update({f"one_row_{k}": v for k, v in fused_parity_check(model, path).items()})
-        path.replace(out / path.name)
-        one_row = GraphSpec(file=path.name, sha256=sha256_file(out / path.name), inputs=inputs, outputs=outputs)
+            check_graph(scored, *fused_decoder_io(cfg))
+            check_graph(unscored, *fused_decoder_io(cfg, scored=False))
+            prefix = "one_row_" if suffix else ""
+            checks.update(
+                {f"{prefix}{k}": v for k, v in fused_parity_check(model, scored, unscored_path=unscored).items()}
+            )
+        specs = []
+        for path, io in ((scored, fused_decoder_io(cfg)), (unscored, fused_decoder_io(cfg, scored=False))):
+            path.replace(out / path.name)
+            specs.append(GraphSpec(file=path.name, sha256=sha256_file(out / path.name), inputs=io[0], outputs=io[1]))
+        return specs[0], specs[1]
+
+    decoder, decoder_unscored = build("", FUSED[precision])
+    if check and precision == "fp32" and checks["log_probs"] > FP32_TOLERANCE:
+        raise RuntimeError(f"fused fp32 step differs from PyTorch: max |Δ log_probs| = {checks['log_probs']:.2e}")
+    one_row, one_row_unscored = (
+        build(".one-row", FUSED_ONE_ROW[precision]) if precision in FUSED_ONE_ROW else (None, None)
+    )
     return portable.model_copy(
         update={
             "graph": "fused",
@@ -182,8 +194,10 @@ def _export_fused_variant(model: Transformer, portable: Variant, work: Path, out
             "notes": f"{portable.notes}; decoder step fused: DecoderMaskedMultiHeadAttention over an in-place cache "
             "with cache_indirection, MultiHeadAttention for the cross-attention",
             "parity": {k: float(f"{v:.3g}") for k, v in checks.items()},
-            "decoder": GraphSpec(file=dec.name, sha256=sha256_file(out / dec.name), inputs=inputs, outputs=outputs),
+            "decoder": decoder,
+            "decoder_unscored": decoder_unscored,
             "decoder_one_row": one_row,
+            "decoder_one_row_unscored": one_row_unscored,
         }
     )
 

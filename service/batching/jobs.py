@@ -22,6 +22,7 @@ class Sentence:
     length_penalty: float
     max_len: int  # tokens it may emit, </s> included
     want_alignment: bool = False
+    want_scores: bool = True  # False: greedy search may skip the log-probabilities (score None)
     deadline: float | None = None  # time.monotonic() after which it is dropped if still queued
     on_tokens: Callable[[list[int]], None] | None = None  # streaming: called from a worker thread
     future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)

@@ -171,6 +171,7 @@ class Scheduler(SentenceQueue):
                     max_len_b=self.max_len_b,
                     max_lens=[s.max_len for s in group],
                     want_alignment=any(s.want_alignment for s in group),
+                    want_scores=[s.want_scores for s in group],
                 )
                 encoder_s = time.perf_counter() - t0
                 self.metrics.encoder_latency.observe(encoder_s)

@@ -30,15 +30,24 @@ from service.runtime.onnx_model import BoundStep
 class StepResult(NamedTuple):
     """One decoder step's results for R rows."""
 
-    top_log_probs: np.ndarray  # (R, k) the best log-probabilities of each row, best first
+    top_log_probs: np.ndarray | None  # (R, k) the best log-probabilities of each row, best first
     top_ids: np.ndarray  # (R, k) int64, their token ids
-    eos_log_prob: np.ndarray  # (R,) log p(</s>), for rows forced to end
+    eos_log_prob: np.ndarray | None  # (R,) log p(</s>), for rows forced to end
     cross_attention: np.ndarray  # (R, S) the last layer's cross-attention, averaged over heads
 
 
 def _repeated(out: StepResult, K: int) -> StepResult:
     """A step's results for one row per sentence, as if each row had run K times."""
-    return StepResult(*(np.repeat(a, K, axis=0) for a in out))
+
+    def rep(a: np.ndarray | None) -> np.ndarray | None:
+        return None if a is None else np.repeat(a, K, axis=0)
+
+    return StepResult(
+        rep(out.top_log_probs),
+        np.repeat(out.top_ids, K, axis=0),
+        rep(out.eos_log_prob),
+        np.repeat(out.cross_attention, K, axis=0),
+    )
 
 
 class RowCache(ABC):
@@ -59,8 +68,10 @@ class RowCache(ABC):
         each row's own history in order, and which of the P entries are the row's own (R, P) bool."""
 
     @abstractmethod
-    def step(self, model, tokens, positions, cross_k, cross_v, src_mask, top_k: int) -> StepResult:
-        """Run the decoder once for every row; `advance` must follow."""
+    def step(self, model, tokens, positions, cross_k, cross_v, src_mask, top_k: int, scored: bool = True) -> StepResult:
+        """Run the decoder once for every row; `advance` must follow. `scored=False` (greedy
+        search, top_k 1, nobody asking for scores) lets the step skip the log-probabilities where
+        the model has a step without them: top_log_probs and eos_log_prob are then None."""
 
     @abstractmethod
     def first_step(self, model, tokens, positions, cross_k, cross_v, src_mask, top_k: int) -> StepResult:
@@ -109,7 +120,7 @@ class ConcatCache(RowCache):
     def entries(self) -> tuple[list[np.ndarray], list[np.ndarray], np.ndarray]:
         return self.past_k, self.past_v, self.past_mask > 0
 
-    def step(self, model, tokens, positions, cross_k, cross_v, src_mask, top_k: int) -> StepResult:
+    def step(self, model, tokens, positions, cross_k, cross_v, src_mask, top_k: int, scored: bool = True) -> StepResult:
         out = model.step(tokens, positions, self.past_k, self.past_v, self.past_mask, cross_k, cross_v, src_mask, top_k)
         self._present = (out.present_k, out.present_v)
         return StepResult(out.top_log_probs, out.top_ids, out.eos_log_prob, out.cross_attention)
@@ -210,7 +221,7 @@ class InPlaceCache(RowCache):
         # The IO binding of these buffers and the step's inputs, made at the first step and again when
         # the batch's sources (after a filter or a concatenation) or k change.
         self._bound: BoundStep | None = None
-        self._bound_for: tuple[np.ndarray, int] | None = None
+        self._bound_for: tuple[np.ndarray, int, bool] | None = None
         self._inputs: dict[str, np.ndarray] = {}
         self._outputs: dict[str, np.ndarray] = {}
 
@@ -241,17 +252,18 @@ class InPlaceCache(RowCache):
     def beam(self) -> int:
         return int(self.indirection.shape[1])
 
-    def step(self, model, tokens, positions, cross_k, cross_v, src_mask, top_k: int) -> StepResult:
+    def step(self, model, tokens, positions, cross_k, cross_v, src_mask, top_k: int, scored: bool = True) -> StepResult:
         if self.P >= self.capacity:
             self._grow(max(2 * self.capacity, self.P + 1))
+        scored = scored or not model.unscored_steps
         bound = self._bound
         if (
             bound is None
             or self._bound_for is None
             or self._bound_for[0] is not cross_k[0]
-            or self._bound_for[1] != top_k
+            or self._bound_for[1:] != (top_k, scored)
         ):
-            bound = self._bind(model, cross_k, cross_v, src_mask, top_k)
+            bound = self._bind(model, cross_k, cross_v, src_mask, top_k, scored)
         ins = self._inputs
         ins["tokens"][:, 0] = tokens
         ins["positions"][:, 0] = positions
@@ -261,9 +273,9 @@ class InPlaceCache(RowCache):
         out = self._outputs
         # The output buffers are the next step's too: the search keeps what it needs as copies.
         return StepResult(
-            out["top_log_probs"].copy(),
+            out["top_log_probs"].copy() if scored else None,
             out["top_ids"].copy(),
-            out["eos_log_prob"].copy(),
+            out["eos_log_prob"].copy() if scored else None,
             out["cross_attention"].copy(),
         )
 
@@ -285,22 +297,25 @@ class InPlaceCache(RowCache):
         self.mask[:, 0] = 1
         return _repeated(StepResult(*out[:4]), K)
 
-    def _bind(self, model, cross_k, cross_v, src_mask, top_k: int) -> BoundStep:
+    def _bind(self, model, cross_k, cross_v, src_mask, top_k: int, scored: bool) -> BoundStep:
         R = len(self.mask)
         tokens, positions = np.zeros((R, 1), dtype=np.int64), np.zeros((R, 1), dtype=np.int64)
         ins = _fused_inputs(
             tokens, positions, self.mask, self.indirection, self.k, self.v, cross_k, cross_v, src_mask, top_k
         )
         outs: dict[str, np.ndarray] = {
-            "top_log_probs": np.empty((R, top_k), dtype=np.float32),
             "top_ids": np.empty((R, top_k), dtype=np.int64),
-            "eos_log_prob": np.empty(R, dtype=np.float32),
             "cross_attention": np.empty((R, src_mask.shape[1]), dtype=np.float32),
         }
+        if scored:
+            outs["top_log_probs"] = np.empty((R, top_k), dtype=np.float32)
+            outs["eos_log_prob"] = np.empty(R, dtype=np.float32)
+        else:
+            del ins["top_k"]  # the unscored step returns the argmax alone
         for i in range(len(self.k)):
             outs[f"present_key_{i}"], outs[f"present_value_{i}"] = self.k[i], self.v[i]  # the inputs' buffers
         self._inputs, self._outputs = ins, outs
-        self._bound, self._bound_for = model.bind_step(ins, outs), (cross_k[0], top_k)
+        self._bound, self._bound_for = model.bind_step(ins, outs, scored), (cross_k[0], top_k, scored)
         return self._bound
 
     def advance(self, rows: np.ndarray | None) -> None:

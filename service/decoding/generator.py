@@ -55,8 +55,8 @@ def max_output_len(src_len: int, a: float, b: int, max_positions: int) -> int:
 @dataclass
 class Hypothesis:
     tokens: list[int]  # emitted ids without the final </s>
-    score: float  # length-normalised log-probability (greedy: plain sum)
-    log_prob: float  # sum of log-probabilities, </s> included
+    score: float | None  # length-normalised log-probability (greedy: plain sum; None: not asked for)
+    log_prob: float | None  # sum of log-probabilities, </s> included
     alignment: np.ndarray | None = None  # (len(tokens) + 1, src_len) when asked for
 
 
@@ -66,8 +66,8 @@ class Finished:
 
     key: Hashable
     tokens: list[int]  # emitted ids without the final </s>
-    score: float
-    log_prob: float
+    score: float | None  # None for a greedy sentence that did not ask for it (`want_scores`)
+    log_prob: float | None
     alignment: np.ndarray | None  # float32 (len(tokens) + 1, src_len): one row per emitted token and
     #                               the final </s>, the last decoder layer's cross-attention over
     #                               the source tokens (</s> included), averaged over heads
@@ -235,6 +235,8 @@ class DecodeBatch:
     max_len: np.ndarray = _per("sentence", _zeros(0, dtype=np.int64))  # tokens it may emit, </s> included
     length_penalty: np.ndarray = _per("sentence", _zeros(0, dtype=np.float64))
     want_alignment: np.ndarray = _per("sentence", _zeros(0, dtype=bool))
+    # Greedy search skips the log-probabilities while no live sentence asks for its score.
+    want_scores: np.ndarray = _per("sentence", _zeros(0, dtype=bool))
     src_lens: np.ndarray = _per("sentence", _zeros(0, dtype=np.int64))  # real source length, </s> included
     done: np.ndarray = _per("sentence", _zeros(0, dtype=bool))
     steps: np.ndarray = _per("sentence", _zeros(0, dtype=np.int64))  # decoder steps taken
@@ -270,6 +272,7 @@ class DecodeBatch:
         max_len_b: int = 10,
         want_alignment: bool | Sequence[bool] = False,
         max_lens: Sequence[int] | None = None,
+        want_scores: bool | Sequence[bool] = True,
     ) -> DecodeBatch:
         """Run the encoder over `src_ids_lists` (each ending with </s>) and set up their decoding.
         `keys` identify the sentences (unique, hashable); `max_lens` overrides the length rule per
@@ -297,6 +300,7 @@ class DecodeBatch:
         self.max_len = np.array(rule, dtype=np.int64)
         self.length_penalty = np.array(_as_list(length_penalty, n, "length_penalty"), dtype=np.float64)
         self.want_alignment = np.array(_as_list(want_alignment, n, "want_alignment"), dtype=bool)
+        self.want_scores = np.array(_as_list(want_scores, n, "want_scores"), dtype=bool)
         self.src_lens = lens
         self.done = np.zeros(n, dtype=bool)
         self.steps = np.zeros(n, dtype=np.int64)
@@ -370,18 +374,26 @@ class DecodeBatch:
         # A batch's first step with beams runs one row per sentence (its beams are identical then).
         # A lone sentence does not gain: its step of K rows costs about what the separate call adds.
         first = K > 1 and self.cache.past_len == 0 and self.n_sentences > 1
-        run = self.cache.first_step if first else self.cache.step
-        out = run(model, self.tokens, self.positions, self.cross_k, self.cross_v, self.src_mask, k_row)
+        step_args = (model, self.tokens, self.positions, self.cross_k, self.cross_v, self.src_mask, k_row)
+        if first:
+            out = self.cache.first_step(*step_args)
+        else:
+            # Greedy search ranks by the logits alone (no log-softmax) while nobody wants a score.
+            out = self.cache.step(*step_args, scored=K > 1 or bool(self.want_scores[live_before].any()))
         top_lp, top_ids, att = out.top_log_probs, out.top_ids, out.cross_attention
         force = self.positions >= np.repeat(self.max_len, K) - 1  # (R,) last allowed step: </s> only
         if force.any():
-            top_lp, top_ids = top_lp.copy(), top_ids.copy()
-            top_lp[force] = NEG_INF
-            top_lp[force, 0] = out.eos_log_prob[force]
+            top_ids = top_ids.copy()
             top_ids[force] = self.pad_id
             top_ids[force, 0] = self.eos_id
+            if top_lp is not None and out.eos_log_prob is not None:
+                top_lp = top_lp.copy()
+                top_lp[force] = NEG_INF
+                top_lp[force, 0] = out.eos_log_prob[force]
         if K == 1:
-            finished, rows = self._greedy(top_lp[:, 0], top_ids[:, 0], att), None
+            finished, rows = self._greedy(None if top_lp is None else top_lp[:, 0], top_ids[:, 0], att), None
+        elif top_lp is None:
+            raise RuntimeError("beam search needs the step's log-probabilities")
         elif self.n_sentences == 1:
             finished, rows = self._beam_one(top_lp, top_ids, att, force)
         else:
@@ -393,10 +405,12 @@ class DecodeBatch:
         self.steps += live_before
         return finished
 
-    def _greedy(self, best: np.ndarray, nxt: np.ndarray, att: np.ndarray) -> list[Finished]:
-        """best, nxt: (R,) each row's best log-probability and token."""
+    def _greedy(self, best: np.ndarray | None, nxt: np.ndarray, att: np.ndarray) -> list[Finished]:
+        """best, nxt: (R,) each row's best log-probability (None: not computed, as no live row
+        wants its score) and token."""
         live = ~self.done
-        self.scores = self.scores + np.where(live, best, np.float32(0))  # float32 (best is)
+        if best is not None:
+            self.scores = self.scores + np.where(live, best, np.float32(0))  # float32 (best is)
         finished = []
         eos, pad = self.eos_id, self.pad_id
         nxt_list = nxt.tolist()
@@ -409,7 +423,7 @@ class DecodeBatch:
                 toks, atts = _walk(self.hist[r])
                 keep = [j for j, t in enumerate(toks) if t != pad]  # the reference drops pad ids
                 alignment = _alignment([atts[j] for j in keep], self.src_lens[r]) if self.want_alignment[r] else None
-                score = float(self.scores[r])
+                score = float(self.scores[r]) if self.want_scores[r] else None
                 finished.append(
                     Finished(
                         self.keys[r],
@@ -632,9 +646,11 @@ def generate(
     max_len_b: int = 10,
     batch_size: int = 64,
     want_alignment: bool = False,
+    want_scores: bool = True,
 ) -> list[Hypothesis]:
     """Translate source id lists (each ending with </s>) offline: sorted by length into batches of
-    at most `batch_size` sentences; results in input order."""
+    at most `batch_size` sentences; results in input order. `want_scores=False`: greedy
+    hypotheses come without scores (None), which spares the step its log-softmax."""
     order = sorted(range(len(src_ids_lists)), key=lambda i: len(src_ids_lists[i]))
     out: dict[Hashable, Hypothesis] = {}
     for start in range(0, len(order), batch_size):
@@ -648,6 +664,7 @@ def generate(
             max_len_a=max_len_a,
             max_len_b=max_len_b,
             want_alignment=want_alignment,
+            want_scores=want_scores,
         )
         while len(batch):
             for f in batch.step(model):

@@ -52,6 +52,7 @@ class OnnxTranslator:
             max_len_a=max_len_a,
             max_len_b=max_len_b,
             batch_size=batch_size,
+            want_scores=False,  # tokens only: greedy search skips the log-softmax
         )
         return [h.tokens for h in hyps]
 

@@ -44,7 +44,7 @@ class Alignment:
 @dataclass
 class TranslationResult:
     text: str
-    score: float
+    score: float | None  # None unless return_scores (greedy search then skips the log-softmax)
     tokens: list[str]
     token_ids: list[int]
     input_tokens: int
@@ -232,6 +232,7 @@ class Engine:
                     cap, max_output_len(len(s), gen.max_len_a, gen.max_len_b, self.manifest.dims.max_positions)
                 ),
                 want_alignment=opts.return_alignment,
+                want_scores=opts.return_scores,
                 deadline=deadline,
             )
             for s in src
@@ -254,7 +255,7 @@ class Engine:
         tokens = self._token_strings(ids) if opts.return_tokens or opts.return_alignment else []
         result = TranslationResult(
             text=self.tokenizer.decode(ids, skip_special_tokens=True).strip(),
-            score=float(finished.score),
+            score=None if finished.score is None else float(finished.score),
             tokens=tokens,
             token_ids=ids,
             input_tokens=len(src),

@@ -25,7 +25,7 @@ def _options(msg: pb.TranslationOptions) -> TranslateOptions:
 
 def translation_pb(r: TranslationResult, opts: TranslateOptions) -> pb.Translation:
     msg = pb.Translation(text=r.text, input_tokens=r.input_tokens, output_tokens=r.output_tokens)
-    if opts.return_scores:
+    if opts.return_scores and r.score is not None:  # asked for, the search computed it
         msg.score = r.score
     if opts.return_tokens:
         msg.tokens.extend(r.tokens)

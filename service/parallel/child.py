@@ -123,6 +123,7 @@ class Child:
                 length_penalty=spec.length_penalty,
                 max_len=spec.max_len,
                 want_alignment=spec.want_alignment,
+                want_scores=spec.want_scores,
                 deadline=spec.deadline,
                 key=spec.key,
             )

@@ -38,6 +38,7 @@ class SentenceSpec:
     length_penalty: float
     max_len: int
     want_alignment: bool
+    want_scores: bool
     deadline: float | None  # time.monotonic() (one clock for every process on the machine)
     stream: bool  # the caller wants a Tokens message at each decoder step
 

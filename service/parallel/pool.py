@@ -257,6 +257,7 @@ class EngineProcess:
                     length_penalty=s.length_penalty,
                     max_len=s.max_len,
                     want_alignment=s.want_alignment,
+                    want_scores=s.want_scores,
                     deadline=s.deadline,
                     stream=s.on_tokens is not None,
                 )

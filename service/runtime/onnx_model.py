@@ -131,12 +131,16 @@ class OnnxSeq2Seq:
         providers = [PROVIDERS[self.provider]] + (["CPUExecutionProvider"] if self.provider == "cuda" else [])
         self.encoder = ort.InferenceSession(str(self.dir / variant.encoder.file), so, providers=providers)
         self.decoder = ort.InferenceSession(str(self.dir / variant.decoder.file), so, providers=providers)
-        # The fused step for batches of one row (a lone greedy request), where it is faster.
-        self.decoder_one_row = (
-            ort.InferenceSession(str(self.dir / variant.decoder_one_row.file), so, providers=providers)
-            if self.graph == "fused" and variant.decoder_one_row is not None
-            else None
-        )
+
+        def fused(spec) -> ort.InferenceSession | None:
+            fused = self.graph == "fused" and spec is not None
+            return ort.InferenceSession(str(self.dir / spec.file), so, providers=providers) if fused else None
+
+        # The fused step for batches of one row (a lone greedy request), where it is faster; and
+        # both again ending with the argmax alone, for greedy batches that want no scores.
+        self.decoder_one_row = fused(variant.decoder_one_row)
+        self.decoder_unscored = fused(variant.decoder_unscored)
+        self.decoder_one_row_unscored = fused(variant.decoder_one_row_unscored)
         if self.provider == "cuda" and PROVIDERS["cuda"] not in self.decoder.get_providers():
             # Listed by onnxruntime-gpu, but the session could not start it (no driver, wrong
             # CUDA or cuDNN): onnxruntime fell back to the CPU. Say so, or refuse when strict.
@@ -178,10 +182,16 @@ class OnnxSeq2Seq:
                 )
 
     def _check_io(self, variant) -> None:
-        checks = [(self.encoder, variant.encoder, "encoder"), (self.decoder, variant.decoder, "decoder")]
-        if self.decoder_one_row is not None and variant.decoder_one_row is not None:
-            checks.append((self.decoder_one_row, variant.decoder_one_row, "one-row decoder"))
+        checks = [
+            (self.encoder, variant.encoder, "encoder"),
+            (self.decoder, variant.decoder, "decoder"),
+            (self.decoder_one_row, variant.decoder_one_row, "one-row decoder"),
+            (self.decoder_unscored, variant.decoder_unscored, "unscored decoder"),
+            (self.decoder_one_row_unscored, variant.decoder_one_row_unscored, "unscored one-row decoder"),
+        ]
         for session, spec, what in checks:
+            if session is None:
+                continue
             got_in = [i.name for i in session.get_inputs()]
             got_out = [o.name for o in session.get_outputs()]
             if sorted(got_in) != sorted(t.name for t in spec.inputs) or sorted(got_out) != sorted(
@@ -269,12 +279,21 @@ class OnnxSeq2Seq:
             log_probs=out[4 + 2 * L] if log_probs else None,
         )
 
-    def bind_step(self, inputs: dict[str, np.ndarray], outputs: dict[str, np.ndarray]) -> BoundStep:
+    @property
+    def unscored_steps(self) -> bool:
+        """Whether greedy batches that want no scores have a step of their own (`bind_step(scored=False)`)."""
+        return self.decoder_unscored is not None
+
+    def bind_step(
+        self, inputs: dict[str, np.ndarray], outputs: dict[str, np.ndarray], scored: bool = True
+    ) -> BoundStep:
         """The fused decoder step bound to a batch's buffers (`contract.graphs.fused_decoder_io`):
-        bind a cache buffer as both its input and its present output, and the step writes it in place."""
+        bind a cache buffer as both its input and its present output, and the step writes it in place.
+        `scored=False`: the unscored step (`unscored_steps`), whose inputs lack top_k and whose only
+        search output is top_ids (B, 1)."""
         if self.graph != "fused":
             raise RuntimeError(f"bind_step runs the fused graph; this model runs the {self.graph} one")
-        return BoundStep(self._step_session(len(inputs["tokens"])), inputs, outputs)
+        return BoundStep(self._step_session(len(inputs["tokens"]), scored), inputs, outputs)
 
     def run_fused(self, inputs: dict[str, np.ndarray], names: list[str]) -> list[np.ndarray]:
         """One fused step without IO binding, ONNX Runtime allocating the outputs: for a batch's first
@@ -284,9 +303,14 @@ class OnnxSeq2Seq:
             raise RuntimeError(f"run_fused runs the fused graph; this model runs the {self.graph} one")
         return self._step_session(len(inputs["tokens"])).run(names, inputs)
 
-    def _step_session(self, rows: int) -> ort.InferenceSession:
+    def _step_session(self, rows: int, scored: bool = True) -> ort.InferenceSession:
         """The fused step's session for `rows` rows: the one-row graph where the export has it."""
-        return self.decoder_one_row if self.decoder_one_row is not None and rows == 1 else self.decoder
+        if scored:
+            return self.decoder_one_row if self.decoder_one_row is not None and rows == 1 else self.decoder
+        if self.decoder_unscored is None:
+            raise RuntimeError("this export has no unscored decoder step (see `unscored_steps`)")
+        one_row = self.decoder_one_row_unscored
+        return one_row if one_row is not None and rows == 1 else self.decoder_unscored
 
     def empty_past(self, batch: int) -> tuple[list[np.ndarray], list[np.ndarray], np.ndarray]:
         """A zero-length cache: per layer (batch, H, 0, d_k), and past_mask (batch, 0)."""

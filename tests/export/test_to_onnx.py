@@ -102,6 +102,16 @@ def test_manifest_lists_every_variant_with_its_contract(tiny_onnx_dir, tiny_mode
             assert v.decoder.file == f"decoder.fused.{p}.onnx" and v.target == "cpu"
             assert v.decoder.inputs == fused_decoder_io(cfg)[0] and v.decoder.outputs == fused_decoder_io(cfg)[1]
             assert v.encoder == m.variants[p].encoder
+            # greedy search's step without log-probabilities: no top_k in, the argmax alone out
+            unscored = v.decoder_unscored
+            assert unscored.file == f"decoder.fused.{p}.unscored.onnx"
+            assert (unscored.inputs, unscored.outputs) == fused_decoder_io(cfg, scored=False)
+            assert "top_k" not in [t.name for t in unscored.inputs]
+            assert [t.name for t in unscored.outputs][0] == "top_ids" and unscored.output("top_ids").shape == [
+                "batch",
+                1,
+            ]
+            assert v.parity["unscored"] == 0.0  # same kernels up to the logits: the same caches and attention
     dec = m.variants["fp32"].decoder
     assert dec.input("past_key_0").shape == ["batch", cfg.n_heads, "past_len", cfg.d_k]
     assert dec.input("cross_key_0").shape == ["sentences", cfg.n_heads, "src_len", cfg.d_k]
@@ -115,6 +125,8 @@ def test_manifest_lists_every_variant_with_its_contract(tiny_onnx_dir, tiny_mode
         "encoder.int8.onnx",
         "decoder.fused.int8.onnx",
         "decoder.fused.int8.one-row.onnx",
+        "decoder.fused.int8.unscored.onnx",
+        "decoder.fused.int8.one-row.unscored.onnx",
     }
     assert m.variants["fp32-fused"].parity["log_probs"] <= 1e-4
 
@@ -432,8 +444,11 @@ def test_cli_export_with_the_torchscript_fallback_keeps_variants_side_by_side(ti
     assert sorted(p.name for p in out.glob("*.onnx")) == [
         "decoder.fp32.onnx",
         "decoder.fused.fp32.onnx",
+        "decoder.fused.fp32.unscored.onnx",
         "decoder.fused.int8.one-row.onnx",
+        "decoder.fused.int8.one-row.unscored.onnx",
         "decoder.fused.int8.onnx",
+        "decoder.fused.int8.unscored.onnx",
         "decoder.int8.onnx",
         "encoder.fp32.onnx",
         "encoder.int8.onnx",

@@ -188,7 +188,15 @@ def test_translate_many_items_through_the_child(pair):
 
 def test_every_message_round_trips_through_pickle():
     spec = SentenceSpec(
-        key=3, src_ids=[4, 5, 2], beam=2, length_penalty=1.0, max_len=9, want_alignment=True, deadline=12.5, stream=True
+        key=3,
+        src_ids=[4, 5, 2],
+        beam=2,
+        length_penalty=1.0,
+        max_len=9,
+        want_alignment=True,
+        want_scores=True,
+        deadline=12.5,
+        stream=True,
     )
     finished = Finished(key=3, tokens=[7, 8], score=-0.5, log_prob=-1.5, alignment=np.ones((3, 3), np.float32), steps=3)
     samples = [
@@ -253,12 +261,25 @@ def test_the_child_answers_by_key():
     scheduler = FakeScheduler()
     child = Child(conn, scheduler, Metrics().for_model("m", "1"))
     spec = SentenceSpec(
-        key=7, src_ids=[4, 2], beam=1, length_penalty=1.0, max_len=5, want_alignment=False, deadline=None, stream=True
+        key=7,
+        src_ids=[4, 2],
+        beam=1,
+        length_penalty=1.0,
+        max_len=5,
+        want_alignment=False,
+        want_scores=False,
+        deadline=None,
+        stream=True,
     )
-    specs = [spec, dataclasses.replace(spec, key=8, stream=False), dataclasses.replace(spec, key=9, stream=False)]
+    specs = [
+        spec,
+        dataclasses.replace(spec, key=8, stream=False),
+        dataclasses.replace(spec, key=9, stream=False, want_scores=True),
+    ]
     assert child.handle(SubmitSentences(specs))
     ((_, sentences),) = scheduler.calls
     assert [s.key for s in sentences] == [7, 8, 9] and [s.on_tokens is None for s in sentences] == [False, True, True]
+    assert [s.want_scores for s in sentences] == [False, False, True]
     sentences[0].on_tokens([9])
     assert repr(parent.recv()) == repr(Tokens(7, [9]))
     sentences[1].future.set_exception(RuntimeError("boom"))

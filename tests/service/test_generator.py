@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 
-from service.decoding.cache import InPlaceCache, RowCache
+from service.decoding.cache import ConcatCache, InPlaceCache, RowCache
 from service.decoding.generator import (
     DecodeBatch,
     Finished,
@@ -436,8 +436,8 @@ def test_a_batch_first_beam_step_runs_one_row_per_sentence(tiny_onnx, sources, b
     if tiny_onnx.graph == "fused":
         bind = type(tiny_onnx).bind_step
 
-        def counting_bind(self, inputs, outputs):
-            bound = bind(self, inputs, outputs)
+        def counting_bind(self, inputs, outputs, *args):
+            bound = bind(self, inputs, outputs, *args)
             run = bound.run
 
             def counted():
@@ -497,3 +497,65 @@ def test_filtering_a_static_batch_keeps_the_fused_cache_in_its_buffers(tiny_onnx
         batch.filter(batch.active_keys())
     assert [results[i].tokens for i in keep] == [h.tokens for h in want]
     assert [results[i].score for i in keep] == pytest.approx([h.score for h in want], abs=1e-5)
+
+
+def _record_scored(monkeypatch, model) -> list[bool]:
+    """The `scored` flag of every decoder step the generator asks its cache for."""
+    asked: list[bool] = []
+    cls = InPlaceCache if model.graph == "fused" else ConcatCache
+    step = cls.step
+
+    def recording(self, *args, scored: bool = True):
+        asked.append(scored)
+        return step(self, *args, scored=scored)
+
+    monkeypatch.setattr(cls, "step", recording)
+    return asked
+
+
+@pytest.mark.parametrize("a,b", [(1.5, 10), (0.0, 3)])  # the second forces </s> at the third step
+def test_greedy_without_scores_decodes_the_same_tokens(tiny_onnx, sources, monkeypatch, a, b):
+    """Greedy search ranks by the logits alone while no sentence asks for its score (the fused
+    graph's unscored step: an ArgMax, no log-softmax). The tokens are those of the scored search,
+    the scores None; beam search always scores."""
+    want = generate(tiny_onnx, sources, beam=1, batch_size=16, max_len_a=a, max_len_b=b)
+    asked = _record_scored(monkeypatch, tiny_onnx)
+    got = generate(tiny_onnx, sources, beam=1, batch_size=16, max_len_a=a, max_len_b=b, want_scores=False)
+    assert [h.tokens for h in got] == [h.tokens for h in want]
+    assert all(h.score is None and h.log_prob is None for h in got)
+    assert asked and not any(asked)
+    asked.clear()
+    beams = generate(tiny_onnx, sources[:8], beam=3, batch_size=8, want_scores=False)
+    assert all(scored for scored in asked) and all(h.score is not None for h in beams)
+
+
+def test_a_greedy_batch_scores_its_steps_while_a_live_sentence_wants_its_score(tiny_onnx, sources, monkeypatch):
+    """Scores are per sentence: a batch's step is scored while any live sentence wants its score,
+    unscored once those have finished, and scored again when one joins; every score asked for is
+    the one of a scored decode, and the tokens are the same either way."""
+    want = generate(tiny_onnx, sources[:8], beam=1, batch_size=8)
+    first = min(range(4), key=lambda k: len(want[k].tokens))  # the sentence of the batch that ends first
+    asked = _record_scored(monkeypatch, tiny_onnx)
+    batch = DecodeBatch.from_sources(tiny_onnx, sources[:4], list(range(4)), want_scores=[k == first for k in range(4)])
+    results: dict = {}
+    while first not in results:
+        results |= {f.key: f for f in batch.step(tiny_onnx)}
+    assert all(asked) and len(asked) == len(want[first].tokens) + 1
+    batch.filter(batch.active_keys())
+    if len(batch):
+        results |= {f.key: f for f in batch.step(tiny_onnx)}
+        assert asked[-1] is False
+        if tiny_onnx.graph == "fused":
+            assert batch.cache._bound.session is tiny_onnx.decoder_unscored
+        batch.filter(batch.active_keys())
+    late = DecodeBatch.from_sources(tiny_onnx, sources[4:8], [4, 5, 6, 7], want_scores=[False, True, False, False])
+    batch = DecodeBatch.concatenate([batch, late])
+    asked.clear()
+    run_to_end(tiny_onnx, batch, results)
+    assert asked[0] is True
+    assert [results[k].tokens for k in range(8)] == [h.tokens for h in want]
+    for k in range(8):
+        if k in (first, 5):
+            assert results[k].score == pytest.approx(want[k].score, abs=1e-4)
+        else:
+            assert results[k].score is None

@@ -53,6 +53,24 @@ def test_translate_scores_tokens_and_alignment(client):
     assert plain.text == t.text and plain.score == 0 and not plain.tokens and not plain.HasField("alignment")
 
 
+def test_greedy_scores_come_when_asked_and_change_nothing_else(client):
+    """Greedy batches skip the log-softmax while no sentence in them asks for its score: requests
+    with and without scores, sent together so that they share batches, get the same texts."""
+    with ThreadPoolExecutor(8) as pool:
+        calls = [
+            pool.submit(client.translate, [s], beam_size=1, return_scores=i % 2 == 1)
+            for i, s in enumerate(SENTENCES * 4)
+        ]
+        got = [c.result()[0] for c in calls]
+    for i, t in enumerate(got):
+        assert t.text == got[i % len(SENTENCES)].text
+        if i % 2:
+            assert math.isfinite(t.score) and t.score < 0
+            assert t.score == pytest.approx(got[(i + len(SENTENCES)) % len(got)].score, abs=1e-4)
+        else:
+            assert t.score == 0  # not set
+
+
 def test_stream_arrives_in_order_and_ends_with_the_full_result(client):
     (expected,) = client.translate([SENTENCES[2]], beam_size=1, return_tokens=True)
     msgs = list(client.translate_stream(SENTENCES[2], beam_size=1, return_tokens=True))
