@@ -207,8 +207,11 @@ def fused_parity_check(
                 got = out[f"present_{name}_{i}"][:, :, P]
                 diffs["present_kv"] = max(diffs["present_kv"], float(np.abs(got - new_kv[i][j][:, :, 0].numpy()).max()))
         want_top = -np.sort(-out["log_probs"], axis=1)[:, : 2 * K]
-        if not np.array_equal(out["top_log_probs"], want_top) or not np.array_equal(
-            out["eos_log_prob"], out["log_probs"][:, cfg.eos_id]
+        want_ids = np.argsort(-out["log_probs"], axis=1, kind="stable")[:, : 2 * K]  # ties: the lower id first
+        if (
+            not np.array_equal(out["top_log_probs"], want_top)
+            or not np.array_equal(out["top_ids"], want_ids)
+            or not np.array_equal(out["eos_log_prob"], out["log_probs"][:, cfg.eos_id])
         ):
             raise RuntimeError(f"{dec_path.name}: top_k / eos_log_prob disagree with log_probs")
         if unscored is not None:

@@ -159,13 +159,14 @@ def _export_fused_variant(model: Transformer, portable: Variant, work: Path, out
     checks: dict[str, float] = {}
 
     def build(suffix: str, linear_kind: str) -> tuple[GraphSpec, GraphSpec]:
-        """The step and its unscored twin, checked against PyTorch and each other."""
+        """The step and its unscored twin, checked against PyTorch and each other. The one-row step
+        ranks in one pass: for a single row the two-pass ranking costs as much in more nodes."""
         scored, unscored = (
             work / f"decoder.fused.{precision}{suffix}.onnx",
             work / f"decoder.fused.{precision}{suffix}.unscored.onnx",
         )
-        build_fused_decoder(model, scored, linear_kind)
-        build_fused_decoder(model, unscored, linear_kind, scored=False)
+        build_fused_decoder(model, scored, linear_kind, blocks=not suffix)
+        build_fused_decoder(model, unscored, linear_kind, scored=False, blocks=not suffix)
         if check:
             check_graph(scored, *fused_decoder_io(cfg))
             check_graph(unscored, *fused_decoder_io(cfg, scored=False))

@@ -515,3 +515,49 @@ def test_a_version_dir_of_a_repository_exports_under_its_model_name(tiny_model_d
     manifest = export_model(version, tmp_path / "out", ["fp32"], check=False)
     assert manifest.name == "xx-yy"
     assert export_model(tiny_model_dir, tmp_path / "plain", ["fp32"], check=False).name == tiny_model_dir.name
+
+
+@pytest.mark.parametrize("V", [96, 500, 8000])
+def test_the_two_pass_ranking_equals_one_pass_ties_included(V):
+    """`block_top_k` and `block_argmax` (the fused step's ranking) against numpy's stable order, on
+    rows full of ties (small integers), for every k up to more than the number of blocks."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    from export.fused import GraphBuilder, block_argmax, block_top_k, rank_block
+
+    block = rank_block(V)
+    assert block and V % block == 0 and 16 <= block <= 64
+    rng = np.random.default_rng(V)
+    x = rng.integers(-3, 4, (6, V)).astype(np.float32)
+    x[0] = 1.0  # one row all ties
+    graphs = {}
+    for name in ("top_k", "argmax"):
+        b = GraphBuilder("fp32")
+        if name == "top_k":
+            block_top_k(b, "x", "k", V, block, "values", "ids")
+            ins = [
+                helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, V]),
+                helper.make_tensor_value_info("k", TensorProto.INT64, [1]),
+            ]
+            outs = [
+                helper.make_tensor_value_info("values", TensorProto.FLOAT, [None, None]),
+                helper.make_tensor_value_info("ids", TensorProto.INT64, [None, None]),
+            ]
+        else:
+            block_argmax(b, "x", V, block, "best")
+            ins = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, V])]
+            outs = [helper.make_tensor_value_info("best", TensorProto.INT64, [None, 1])]
+        model = helper.make_model(
+            helper.make_graph(b.nodes, name, ins, outs, b.inits), opset_imports=[helper.make_opsetid("", 18)]
+        )
+        model.ir_version = 9
+        onnx.checker.check_model(model, full_check=True)
+        graphs[name] = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    order = np.argsort(-x, axis=1, kind="stable")  # the lower id first among equals
+    (best,) = graphs["argmax"].run(None, {"x": x})
+    np.testing.assert_array_equal(best[:, 0], order[:, 0])
+    for k in sorted({1, 2, 3, V // block, V // block + 2, 2 * (V // block) + 1}):
+        values, ids = graphs["top_k"].run(None, {"x": x, "k": np.array([k], np.int64)})
+        np.testing.assert_array_equal(ids, order[:, :k], err_msg=f"k={k}")
+        np.testing.assert_array_equal(values, np.take_along_axis(x, order[:, :k], axis=1))
