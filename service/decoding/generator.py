@@ -381,7 +381,8 @@ class DecodeBatch:
             # Greedy search ranks by the logits alone (no log-softmax) while nobody wants a score.
             out = self.cache.step(*step_args, scored=K > 1 or bool(self.want_scores[live_before].any()))
         top_lp, top_ids, att = out.top_log_probs, out.top_ids, out.cross_attention
-        force = self.positions >= np.repeat(self.max_len, K) - 1  # (R,) last allowed step: </s> only
+        last = self.max_len - 1  # (R,) at the last allowed step only </s> may follow
+        force = self.positions >= (last if K == 1 else np.repeat(last, K))
         if force.any():
             top_ids = top_ids.copy()
             top_ids[force] = self.pad_id
@@ -401,7 +402,7 @@ class DecodeBatch:
         self.cache.advance(rows)
         # Rows of finished sentences may ride along until the next filter(): they stay at their
         # last position, which is within the position table (the next ones may not be).
-        self.positions = self.positions + np.repeat(~self.done, self.beam)
+        self.positions = self.positions + (~self.done if K == 1 else np.repeat(~self.done, K))
         self.steps += live_before
         return finished
 
@@ -413,11 +414,12 @@ class DecodeBatch:
             self.scores = self.scores + np.where(live, best, np.float32(0))  # float32 (best is)
         finished = []
         eos, pad = self.eos_id, self.pad_id
-        nxt_list = nxt.tolist()
+        nxt_list, want_alignment = nxt.tolist(), self.want_alignment.tolist()
+        hist, keys, emitted = self.hist, self.keys, self.last_emitted
         for r in np.flatnonzero(live).tolist():
             tok = nxt_list[r]
-            self.hist[r] = _node(tok, att[r] if self.want_alignment[r] else None, self.hist[r])
-            self.last_emitted[self.keys[r]] = [tok]
+            hist[r] = _node(tok, att[r] if want_alignment[r] else None, hist[r])
+            emitted[keys[r]] = [tok]
             if tok == eos:
                 self.done[r] = True
                 toks, atts = _walk(self.hist[r])
@@ -477,8 +479,8 @@ class DecodeBatch:
         rows = (base + new_src).reshape(-1)
         tok_flat = new_tok.reshape(-1)
         tok_list, rows_list = tok_flat.tolist(), rows.tolist()
-        want = np.repeat(self.want_alignment, K)
-        live_rows = np.repeat(live & ~stop, K)
+        want = np.repeat(self.want_alignment, K).tolist()
+        live_rows = np.repeat(live & ~stop, K).tolist()
         old = self.hist
         self.hist = [
             _node(tok_list[r], att[rows_list[r]] if want[r] else None, old[rows_list[r]]) if live_rows[r] else None

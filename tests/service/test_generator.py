@@ -559,3 +559,25 @@ def test_a_greedy_batch_scores_its_steps_while_a_live_sentence_wants_its_score(t
             assert results[k].score == pytest.approx(want[k].score, abs=1e-4)
         else:
             assert results[k].score is None
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_the_fused_cache_never_reads_a_slot_before_writing_it(tiny_onnx_dir, sources, beam, monkeypatch):
+    """`InPlaceCache.empty` leaves its buffers unzeroed: with NaN in every slot of a new cache (and
+    filters moving rows down the same buffers), the outputs are those of the zeroed buffers."""
+    from service.runtime.onnx_model import OnnxSeq2Seq
+
+    model = OnnxSeq2Seq(tiny_onnx_dir, precision="fp32", graph="fused")
+    want = generate(model, sources, beam=beam, batch_size=16)
+    empty = InPlaceCache.empty.__func__
+
+    def poisoned(cls, *args, **kw):
+        cache = empty(cls, *args, **kw)
+        for buf in cache.k + cache.v:
+            buf.fill(np.nan)
+        return cache
+
+    monkeypatch.setattr(InPlaceCache, "empty", classmethod(poisoned))
+    got = generate(model, sources, beam=beam, batch_size=16)
+    assert [h.tokens for h in got] == [h.tokens for h in want]
+    assert [h.score for h in got] == pytest.approx([h.score for h in want], abs=1e-5)
