@@ -39,10 +39,13 @@ import numpy as np
 from service.decoding.cache import ConcatCache, RowCache, new_cache, stack_padded
 
 NEG_INF = float("-inf")
-# The encoder runs over a batch's sources in length-sorted chunks of this many sentences: each chunk
-# is padded only to its own longest source. A mixed batch of 16 padded to its longest is 42% padding
-# (test_2016_flickr), and from 8 sentences on a larger encoder batch is no cheaper per sentence.
-ENCODE_CHUNK = 8
+# The encoder runs over a batch's sources in length-sorted chunks, each padded only to its own longest
+# source (a mixed batch of 16 padded to its longest is 42% padding, test_2016_flickr). A chunk takes
+# the next longer source while that adds at most this many padding tokens to it, about what one more
+# encoder call costs (25-30 µs a token, 0.4-0.5 ms a call), up to ENCODE_CHUNK sentences. Offline, in
+# sorted batches of 32, chunks of 16 cost 7% less than chunks of 8 (docs/performance.md).
+ENCODE_PAD_TOKENS = 16
+ENCODE_CHUNK = 32
 # Offline `generate` drops finished sentences from a batch once they are this share of it.
 COMPACT_FRACTION = 0.25
 
@@ -112,13 +115,30 @@ def _alignment(atts: list[np.ndarray | None], src_len: int) -> np.ndarray:
     return np.stack(cut).astype(np.float32, copy=False)
 
 
+def encoder_chunks(
+    lens: np.ndarray, chunk: int = ENCODE_CHUNK, pad_tokens: int = ENCODE_PAD_TOKENS
+) -> list[np.ndarray]:
+    """Rows by increasing length, cut where the next source would add more than `pad_tokens` padding
+    to its chunk, or at `chunk` rows."""
+    order = np.argsort(lens, kind="stable")
+    chunks, start, real = [], 0, 0
+    for i, r in enumerate(order.tolist()):
+        L = int(lens[r])
+        if i > start and (i - start == chunk or (i - start + 1) * L - (real + L) > pad_tokens):
+            chunks.append(order[start:i])
+            start, real = i, 0
+        real += L
+    chunks.append(order[start:])
+    return chunks
+
+
 def encode_sources(
-    model, src_ids_lists: Sequence[Sequence[int]], chunk: int = ENCODE_CHUNK
+    model, src_ids_lists: Sequence[Sequence[int]], chunk: int = ENCODE_CHUNK, pad_tokens: int = ENCODE_PAD_TOKENS
 ) -> tuple[np.ndarray, np.ndarray, list[np.ndarray], list[np.ndarray]]:
     """Run the encoder over sources of any lengths -> lens (n,), src_mask (n, S) int64 and per
     decoder layer the cross-attention keys and values (n, H, S, d_k), S the longest source, rows in
-    input order. Sorted by length and run in chunks of `chunk`, so that no chunk pays for another's
-    longest source; what lies past a source's end is hidden by src_mask."""
+    input order. Sorted by length and run in chunks (`encoder_chunks`), so that no chunk pays much
+    for another's longest source; what lies past a source's end is hidden by src_mask."""
     n = len(src_ids_lists)
     lens = np.array([len(s) for s in src_ids_lists], dtype=np.int64)
     S = int(lens.max())
@@ -132,14 +152,13 @@ def encode_sources(
         _, ck, cv = model.encode(ids, np.ascontiguousarray(mask[rows, :s_len]))
         return ck, cv
 
-    if n <= chunk:
+    chunks = encoder_chunks(lens, chunk, pad_tokens)
+    if len(chunks) == 1:
         ck, cv = run(list(range(n)))
         return lens, mask, list(ck), list(cv)
-    order = np.argsort(lens, kind="stable")
     ck_all: list[np.ndarray] = []
     cv_all: list[np.ndarray] = []
-    for start in range(0, n, chunk):
-        rows = order[start : start + chunk]
+    for rows in chunks:
         ck, cv = run(rows.tolist())
         if not ck_all:
             shape = (n, ck[0].shape[1], S, ck[0].shape[3])

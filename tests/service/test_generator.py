@@ -17,6 +17,7 @@ from service.decoding.generator import (
     Layout,
     _walk,
     encode_sources,
+    encoder_chunks,
     generate,
     layouts,
     max_output_len,
@@ -80,16 +81,28 @@ def test_beam_1_is_greedy_and_results_do_not_depend_on_batching(tiny_onnx, sourc
 
 def test_encoder_chunks_sorted_by_length_give_the_one_pass_result(tiny_onnx, sources):
     src = sources[:13]  # mixed lengths, not a multiple of the chunk
-    lens, mask, ck, cv = encode_sources(tiny_onnx, src, chunk=len(src))  # one pass, padded to the longest
-    c_lens, c_mask, c_ck, c_cv = encode_sources(tiny_onnx, src, chunk=3)
+    lens, mask, ck, cv = encode_sources(tiny_onnx, src, chunk=len(src), pad_tokens=10**9)  # one pass
+    c_lens, c_mask, c_ck, c_cv = encode_sources(tiny_onnx, src, chunk=3, pad_tokens=2)
     assert c_lens.tolist() == lens.tolist() == [len(s) for s in src]
     np.testing.assert_array_equal(c_mask, mask)
     for one, chunked in zip(ck + cv, c_ck + c_cv):
         assert chunked.shape == one.shape == (len(src), tiny_onnx.n_heads, max(lens), tiny_onnx.d_k)
         for r, n in enumerate(lens):
             np.testing.assert_allclose(chunked[r, :, :n], one[r, :, :n], atol=1e-5)  # the rest: src_mask 0
-    many = generate(tiny_onnx, src, beam=2, batch_size=13)  # from_sources encodes in chunks of 8
+    many = generate(tiny_onnx, src, beam=2, batch_size=13)  # from_sources encodes in chunks
     assert [h.tokens for h in many] == [generate(tiny_onnx, [s], beam=2)[0].tokens for s in src]
+
+
+def test_encoder_chunks_cut_where_padding_would_cost_more_than_a_call():
+    lens = np.array([9, 3, 3, 4, 20, 3, 4, 21, 9])
+    chunks = encoder_chunks(lens, chunk=4, pad_tokens=3)
+    assert sorted(np.concatenate(chunks).tolist()) == list(range(len(lens)))  # every row once
+    got = [lens[c].tolist() for c in chunks]
+    # 3,3,3,4 adds 3 padding tokens; the fourth row closes it (chunk=4); 9 after 4,4 would add 10
+    assert got == [[3, 3, 3, 4], [4], [9, 9], [20, 21]]
+    for c in chunks:
+        assert len(c) <= 4 and len(c) * lens[c].max() - lens[c].sum() <= 3
+    assert [len(c) for c in encoder_chunks(np.full(40, 7), chunk=32)] == [32, 8]  # no padding: up to `chunk`
 
 
 def run_to_end(model, batch: DecodeBatch, results: dict) -> None:
