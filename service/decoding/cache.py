@@ -326,7 +326,7 @@ class InPlaceCache(RowCache):
         P, K = self.P, self.beam
         if rows is not None and K > 1:
             n = len(rows) // K
-            parent = rows.reshape(n, K) - (np.arange(n) * K)[:, None]  # the parent beam of each beam
+            parent = (rows % K).reshape(n, K)  # the parent beam of each beam (rows[r] is in r's sentence)
             ind = self.indirection
             ind[:, :, :P] = ind[np.arange(n)[:, None], parent, :P]
             ind[:, :, P] = parent  # slot P was written in the parent's own row

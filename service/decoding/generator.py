@@ -272,6 +272,7 @@ class DecodeBatch:
     # row that joined late has padding before them); it selects and concatenates itself.
     cache: RowCache = _per("row", lambda: ConcatCache([], [], np.zeros((0, 0), dtype=np.float32)))
     positions: np.ndarray = _per("row", _zeros(0, dtype=np.int64))  # the position of the next input token
+    last_position: np.ndarray = _per("row", _zeros(0, dtype=np.int64))  # max_len - 1: only </s> may follow
     tokens: np.ndarray = _per("row", _zeros(0, dtype=np.int64))  # the next input token
     # float32; greedy: the sum of log-probabilities, beam: the beam's cumulative score
     scores: np.ndarray = _per("row", _zeros(0, dtype=np.float32))
@@ -327,6 +328,7 @@ class DecodeBatch:
         self.src_mask, self.cross_k, self.cross_v = mask, list(ck), list(cv)
         self.cache = new_cache(model, R, K, capacity=int(self.max_len.max()) + 1)
         self.positions = np.zeros(R, dtype=np.int64)
+        self.last_position = np.repeat(self.max_len - 1, K)
         self.tokens = np.full(R, model.bos_id, dtype=np.int64)
         scores = np.zeros((n, K), dtype=np.float32)
         scores[:, 1:] = NEG_INF  # all beams start identical: only the first one is live
@@ -400,8 +402,7 @@ class DecodeBatch:
             # Greedy search ranks by the logits alone (no log-softmax) while nobody wants a score.
             out = self.cache.step(*step_args, scored=K > 1 or bool(self.want_scores[live_before].any()))
         top_lp, top_ids, att = out.top_log_probs, out.top_ids, out.cross_attention
-        last = self.max_len - 1  # (R,) at the last allowed step only </s> may follow
-        force = self.positions >= (last if K == 1 else np.repeat(last, K))
+        force = self.positions >= self.last_position  # (R,) the last allowed step: </s> only
         if force.any():
             top_ids = top_ids.copy()
             top_ids[force] = self.pad_id
@@ -520,7 +521,7 @@ class DecodeBatch:
         eos, pad = self.eos_id, self.pad_id
         cand = (self.scores[:, None] + top_lp).reshape(-1).tolist()  # by (beam, rank), float32 values
         ids = top_ids.reshape(-1).tolist()
-        order = sorted(range(len(cand)), key=lambda j: -cand[j])[: 2 * K]  # the 2K best, best first
+        order = sorted(range(len(cand)), key=cand.__getitem__, reverse=True)[: 2 * K]  # the 2K best, stable
         live = not self.done[0]
         goes: list[tuple[float, int, int]] = []  # (score, beam, token) of the first K going on
         for rank, j in enumerate(order):
@@ -693,6 +694,8 @@ def generate(
             # Finished rows ride along until they are a quarter of the batch (or all of it): each
             # filter copies the cache, so it is done in bulk, as the server's scheduler does.
             active = batch.active_keys()
+            if not active:
+                break  # nothing left to decode: no need to empty the batch
             if len(active) <= (1 - COMPACT_FRACTION) * batch.n_sentences:
                 batch.filter(active)
     return [out[i] for i in range(len(src_ids_lists))]
