@@ -126,8 +126,13 @@ def agreement(tmodel, omodel, sources: list[list[int]], beam: int, batch_size: i
     got = generate(omodel, sources, beam=beam, batch_size=batch_size)
     t_onnx = time.perf_counter() - t0
     same = [r.tokens == g.tokens for r, g in zip(ref, got)]
+    unscored = {}
+    if beam == 1:  # greedy search as the server runs it when no score is asked for (the argmax step)
+        plain = generate(omodel, sources, beam=1, batch_size=batch_size, want_scores=False)
+        unscored = {"identical_without_scores": sum(r.tokens == g.tokens for r, g in zip(ref, plain))}
     return {
         "identical": int(sum(same)),
+        **unscored,
         "sentences": len(sources),
         "identical_ratio": round(sum(same) / max(len(same), 1), 4),
         "first_differences": [i for i, s in enumerate(same) if not s][:10],

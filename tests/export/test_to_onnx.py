@@ -502,7 +502,8 @@ def test_verify_prints_one_json_line_with_parity_numbers(tiny_model_dir, tiny_on
     assert result["onnx_dir"] == str(tiny_onnx_dir)  # reused, not re-exported
     assert result["max_abs_log_prob_diff"] <= 1e-4
     assert result["greedy"]["sentences"] == 30 and result["greedy"]["identical"] == 30
-    assert result["beam2"]["identical"] == 30
+    assert result["greedy"]["identical_without_scores"] == 30  # the unscored greedy step
+    assert result["beam2"]["identical"] == 30 and "identical_without_scores" not in result["beam2"]
 
 
 def test_a_version_dir_of_a_repository_exports_under_its_model_name(tiny_model_dir, tmp_path):
