@@ -106,7 +106,7 @@ def plan(quick: bool) -> dict:
             "rounds": 2,
             "offline_layouts": {
                 "ct2": [(2, 32), (1, 32), (2, 64)],
-                "ort": [(2, 32)],
+                "ort": [(2, 32), (2, 64)],
                 "torch": [(1, 64)],
             },
             "sweep": [

@@ -225,3 +225,20 @@ def test_the_last_line_carries_the_tracing_figures_when_they_were_measured():
     text = "\n".join(report_tracing(res))
     assert text.startswith("## Tracing") and "200.0 against 190.0 sent/s" in text and "overhead 5.0%" in text
     assert report_tracing({}) == []
+
+
+def test_offline_batches_split_evenly_over_the_workers():
+    """Both engines batch offline by `balanced_batch`: a multiple of the workers' count of batches of
+    nearly equal size, none over the layout's batch size."""
+    from benchmarks.offline import balanced_batch
+
+    assert balanced_batch(200, 64, 2) == 50  # not 64, 64, 64, 8: one worker 128 sentences, the other 72
+    assert balanced_batch(200, 32, 2) == 25
+    assert balanced_batch(1000, 32, 1) == 32
+    assert balanced_batch(5, 64, 2) == 3
+    for n, size, workers in [(200, 64, 2), (1000, 64, 2), (1000, 32, 2), (37, 8, 3), (1, 32, 2)]:
+        b = balanced_batch(n, size, workers)
+        batches = -(-n // b)
+        assert 1 <= b <= size
+        loads = [sum(min(b, n - i * b) for i in range(w, batches, workers)) for w in range(workers)]
+        assert max(loads) - min(loads) <= b, (n, size, workers, loads)
