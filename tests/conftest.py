@@ -174,8 +174,8 @@ class RunningServer:
                 before(len(tokens))
                 return _orig(tokens, *a, **kw)
 
-            def bind_step(inputs, outputs, _orig=model.bind_step):
-                bound = _orig(inputs, outputs)
+            def bind_step(inputs, outputs, *args, _orig=model.bind_step):
+                bound = _orig(inputs, outputs, *args)
                 run, rows = bound.run, len(inputs["tokens"])
 
                 def checked_run():
