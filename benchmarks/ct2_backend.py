@@ -73,7 +73,8 @@ class Ct2Backend(SentenceQueue):
 
     def _take(self) -> list[Sentence]:
         """Pop the next call's sentences (lock held): the oldest live sentence's mode, at most
-        `max_batch`, and only this worker's share of them when other workers are idle."""
+        `max_batch`, only this worker's share of them when other workers are idle, and at most its
+        share of all the sentences in flight (the rule of mtserve's scheduler for static batches)."""
         now = time.monotonic()
         live = self._live(now)
         if not live:
@@ -81,7 +82,8 @@ class Ct2Backend(SentenceQueue):
         mode = live[0].mode
         same = [s for s in live if s.mode == mode]
         idle_workers = self.workers - self._running  # this one included
-        return self._pop(same[: min(self.max_batch, math.ceil(len(same) / idle_workers))], now)
+        share = min(math.ceil(len(same) / idle_workers), math.ceil((self._busy + len(live)) / self.workers))
+        return self._pop(same[: min(self.max_batch, share)], now)
 
     def _worker(self) -> None:
         while True:

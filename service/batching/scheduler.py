@@ -88,6 +88,13 @@ class Scheduler(SentenceQueue):
         if not live:
             return []
         st = self.settings
+        cap = st.max_batch_sentences
+        if not running_rows and not st.continuous_batching:
+            # An idle worker starts a static batch with its share of the rows in flight, not all
+            # that wait: at c64 greedy one batch of 64 and one of the stragglers averaged 11-12
+            # rows a step, two batches of about 32 average 18 (docs/performance.md).
+            in_flight = self._busy_rows + sum(s.beam for s in live)
+            cap = min(cap, max(1, -(-in_flight // max(1, len(self.models)))))
         first = live[0]
         ranked = sorted(live[1:], key=lambda s: abs(len(s.src_ids) - len(first.src_ids)))
         chosen: list[Sentence] = []
@@ -95,8 +102,8 @@ class Scheduler(SentenceQueue):
         for s in [first, *ranked]:
             new_rows, new_longest = rows + s.beam, max(longest, len(s.src_ids))
             if chosen or running_rows:
-                if new_rows > st.max_batch_sentences or new_rows * new_longest > st.max_batch_tokens:
-                    if len(chosen) + running_rows >= st.max_batch_sentences:
+                if new_rows > cap or new_rows * new_longest > st.max_batch_tokens:
+                    if len(chosen) + running_rows >= cap:
                         break
                     continue
             chosen.append(s)

@@ -102,6 +102,30 @@ def test_admission_counts_beam_rows_and_padded_source_tokens():
     assert len(admit(tokens)) == 5  # 5 rows x 20 tokens = 100
 
 
+def test_an_idle_worker_starts_a_static_batch_with_its_share_of_the_rows_in_flight():
+    """With static batches, one idle worker taking all that waits leaves the other worker the
+    stragglers (c64 greedy: 11-12 rows a step); each takes its share of the rows in flight instead."""
+    sch = make_scheduler(continuous_batching=False)
+    sch.models = [object(), object()]  # two decode workers
+    sch.submit([sentence(10) for _ in range(64)])
+    assert len(admit(sch)) == 32  # 64 rows in flight over 2 workers
+    with sch._cond:
+        sch._busy_rows = 40  # the other worker's batch
+    assert len(admit(sch)) == 32  # (40 + 32 waiting) / 2 = 36 rows, and 32 wait
+    beams = make_scheduler(continuous_batching=False)
+    beams.models = [object(), object()]
+    beams.submit([sentence(10, beam=4) for _ in range(10)])
+    assert len(admit(beams)) == 5  # 40 rows in flight: 20 rows, 5 sentences of 4 beams
+    one = make_scheduler(continuous_batching=False)
+    one.models = [object()]
+    one.submit([sentence(10) for _ in range(64)])
+    assert len(admit(one)) == 64  # a lone worker takes up to max_batch_sentences
+    cont = make_scheduler(continuous_batching=True)
+    cont.models = [object(), object()]
+    cont.submit([sentence(10) for _ in range(64)])
+    assert len(admit(cont)) == 64  # continuous batching admits by its own rules
+
+
 def test_a_lone_sentence_is_admitted_even_beyond_the_limits():
     """The limits bound what joins a batch, they never starve a sentence: an idle worker takes
     the oldest sentence whatever its size (its length was validated at the API)."""
