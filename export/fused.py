@@ -24,6 +24,10 @@ reorder. Here, per decoder layer (pre-norm):
   faster for one row only (docs/performance.md has the table from 1 to 128 rows).
 - The self-attention mask is bound at full capacity (B, M) and sliced to (B, P + 1) in the graph,
   so that the host binds every input once per batch and writes into it between steps.
+- The search's ranking: LogSoftmax, then the k best of each row in two passes over blocks of the
+  vocabulary (`block_top_k`; ONNX Runtime's TopK keeps a heap over the whole row). The unscored
+  variant (`scored=False`, greedy search when nobody asks for a score) ends with the argmax of the
+  logits instead (`block_argmax`), as CTranslate2 skips its log-softmax then.
 
 Shapes: B rows = n sentences x K beams (a sentence's beams are consecutive rows), M cache slots,
 P = past_sequence_length (the slot this step writes), S source length, D d_model, H heads.

@@ -91,7 +91,7 @@ class Scheduler(SentenceQueue):
         cap = st.max_batch_sentences
         if not running_rows and not st.continuous_batching:
             # An idle worker starts a static batch with its share of the rows in flight, not all
-            # that wait: at c64 greedy one batch of 64 and one of the stragglers averaged 11-12
+            # that wait: at c64 greedy, one batch of 64 beside one of stragglers averages 11-12
             # rows a step, two batches of about 32 average 18 (docs/performance.md).
             in_flight = self._busy_rows + sum(s.beam for s in live)
             cap = min(cap, max(1, -(-in_flight // max(1, len(self.models)))))

@@ -229,7 +229,7 @@ class InPlaceCache(RowCache):
     def empty(cls, model, rows: int, beam: int, capacity: int) -> InPlaceCache:
         # Not zeroed: rows that start together write every slot before any step reads it (the
         # kernel reads slots up to P only, and a beam's slot through the indirection, which names
-        # only written rows); zeroing them was 1.5 ms a batch of 32 x 4 beams.
+        # only written rows); zeroing them costs 1.5 ms a batch of 32 x 4 beams.
         shape = (rows, model.n_heads, capacity, model.d_k)
         k = [np.empty(shape, dtype=np.float32) for _ in range(model.n_layers)]
         v = [np.empty(shape, dtype=np.float32) for _ in range(model.n_layers)]
