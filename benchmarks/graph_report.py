@@ -45,9 +45,7 @@ def report(onnx_dir: Path, out_dir: Path) -> dict:
     for key, v in manifest.variants.items():
         if v.target != "cpu":
             continue
-        fields = ("decoder", "decoder_one_row", "decoder_unscored", "decoder_one_row_unscored")
-        specs = {f: getattr(v, f) for f in fields if getattr(v, f) is not None}
-        for part, spec in specs.items():
+        for part, spec in v.decoder_steps().items():
             src = onnx_dir / spec.file
             before = op_counts(src)
             after = op_counts(optimised(src, out_dir / f"{Path(spec.file).stem}.ort.onnx"))

@@ -130,10 +130,10 @@ class Variant(_Model):
     decoder_unscored: GraphSpec | None = None
     decoder_one_row_unscored: GraphSpec | None = None
 
-    def decoders(self) -> list[GraphSpec]:
-        """Every decoder-step graph of the variant, in the order of the fields above."""
-        steps = (self.decoder, self.decoder_one_row, self.decoder_unscored, self.decoder_one_row_unscored)
-        return [g for g in steps if g is not None]
+    def decoder_steps(self) -> dict[str, GraphSpec]:
+        """Every decoder-step graph the variant has, by field name, in the order of the fields above."""
+        fields = ("decoder", "decoder_one_row", "decoder_unscored", "decoder_one_row_unscored")
+        return {f: getattr(self, f) for f in fields if getattr(self, f) is not None}
 
 
 class Manifest(_Model):
@@ -174,7 +174,7 @@ class Manifest(_Model):
 
     def files(self, precision: str | None = None, graph: str = "portable") -> list[FileSpec]:
         variants = self.variants.values() if precision is None else [self.variant(precision, graph)]
-        graphs = [g for v in variants for g in (v.encoder, *v.decoders()) if g is not None]
+        graphs = [g for v in variants for g in (v.encoder, *v.decoder_steps().values())]
         unique = {g.file: g for g in graphs}  # fused variants share their encoder with the portable one
         return [self.tokenizer, *unique.values()]
 

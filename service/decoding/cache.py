@@ -192,19 +192,21 @@ def stack_padded(arrays: Sequence[np.ndarray], axis_len: int) -> np.ndarray:
     return out
 
 
-def _fused_inputs(tokens, positions, mask, indirection, keys, values, cross_k, cross_v, src_mask, top_k: int):
+def _fused_inputs(tokens, positions, mask, indirection, keys, values, cross_k, cross_v, src_mask, top_k: int | None):
     """The fused step's inputs (`contract.graphs.fused_decoder_io`) at slot 0; the caller writes the
-    step's slot into `past_sequence_length` when it runs later steps on the same arrays."""
+    step's slot into `past_sequence_length` when it runs later steps on the same arrays. top_k None:
+    the unscored step's inputs, which have none."""
     ins: dict[str, np.ndarray] = {
         "tokens": tokens,
         "positions": positions,
         "past_sequence_length": np.zeros(1, dtype=np.int32),
         "self_mask": mask,
         "src_mask": np.ascontiguousarray(src_mask, dtype=np.int32),
-        "top_k": np.array([top_k], dtype=np.int64),
         "beam_width": np.array([indirection.shape[1]], dtype=np.int32),
         "cache_indirection": indirection,
     }
+    if top_k is not None:
+        ins["top_k"] = np.array([top_k], dtype=np.int64)
     for i, (k, v) in enumerate(zip(keys, values)):
         ins[f"cache_key_{i}"], ins[f"cache_value_{i}"] = k, v
         ins[f"cross_key_{i}"] = np.ascontiguousarray(cross_k[i], dtype=np.float32)
@@ -304,7 +306,16 @@ class InPlaceCache(RowCache):
         R = len(self.mask)
         tokens, positions = np.zeros((R, 1), dtype=np.int64), np.zeros((R, 1), dtype=np.int64)
         ins = _fused_inputs(
-            tokens, positions, self.mask, self.indirection, self.k, self.v, cross_k, cross_v, src_mask, top_k
+            tokens,
+            positions,
+            self.mask,
+            self.indirection,
+            self.k,
+            self.v,
+            cross_k,
+            cross_v,
+            src_mask,
+            top_k if scored else None,
         )
         outs: dict[str, np.ndarray] = {
             "top_ids": np.empty((R, top_k), dtype=np.int64),
@@ -313,8 +324,6 @@ class InPlaceCache(RowCache):
         if scored:
             outs["top_log_probs"] = np.empty((R, top_k), dtype=np.float32)
             outs["eos_log_prob"] = np.empty(R, dtype=np.float32)
-        else:
-            del ins["top_k"]  # the unscored step returns the argmax alone
         for i in range(len(self.k)):
             outs[f"present_key_{i}"], outs[f"present_value_{i}"] = self.k[i], self.v[i]  # the inputs' buffers
         self._inputs, self._outputs = ins, outs

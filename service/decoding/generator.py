@@ -272,7 +272,6 @@ class DecodeBatch:
     # row that joined late has padding before them); it selects and concatenates itself.
     cache: RowCache = _per("row", lambda: ConcatCache([], [], np.zeros((0, 0), dtype=np.float32)))
     positions: np.ndarray = _per("row", _zeros(0, dtype=np.int64))  # the position of the next input token
-    last_position: np.ndarray = _per("row", _zeros(0, dtype=np.int64))  # max_len - 1: only </s> may follow
     tokens: np.ndarray = _per("row", _zeros(0, dtype=np.int64))  # the next input token
     # float32; greedy: the sum of log-probabilities, beam: the beam's cumulative score
     scores: np.ndarray = _per("row", _zeros(0, dtype=np.float32))
@@ -328,7 +327,6 @@ class DecodeBatch:
         self.src_mask, self.cross_k, self.cross_v = mask, list(ck), list(cv)
         self.cache = new_cache(model, R, K, capacity=int(self.max_len.max()) + 1)
         self.positions = np.zeros(R, dtype=np.int64)
-        self.last_position = np.repeat(self.max_len - 1, K)
         self.tokens = np.full(R, model.bos_id, dtype=np.int64)
         scores = np.zeros((n, K), dtype=np.float32)
         scores[:, 1:] = NEG_INF  # all beams start identical: only the first one is live
@@ -402,7 +400,8 @@ class DecodeBatch:
             # Greedy search ranks by the logits alone (no log-softmax) while nobody wants a score.
             out = self.cache.step(*step_args, scored=K > 1 or bool(self.want_scores[live_before].any()))
         top_lp, top_ids, att = out.top_log_probs, out.top_ids, out.cross_attention
-        force = self.positions >= self.last_position  # (R,) the last allowed step: </s> only
+        last = self.max_len - 1  # (R,) at a sentence's last allowed step only </s> may follow
+        force = self.positions >= (last if K == 1 else np.repeat(last, K))
         if force.any():
             top_ids = top_ids.copy()
             top_ids[force] = self.pad_id

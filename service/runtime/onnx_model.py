@@ -182,15 +182,11 @@ class OnnxSeq2Seq:
                 )
 
     def _check_io(self, variant) -> None:
-        checks = [
-            (self.encoder, variant.encoder, "encoder"),
-            (self.decoder, variant.decoder, "decoder"),
-            (self.decoder_one_row, variant.decoder_one_row, "one-row decoder"),
-            (self.decoder_unscored, variant.decoder_unscored, "unscored decoder"),
-            (self.decoder_one_row_unscored, variant.decoder_one_row_unscored, "unscored one-row decoder"),
-        ]
+        # the decoder steps' sessions are attributes named as the manifest's fields
+        checks = [(self.encoder, variant.encoder, "encoder")]
+        checks += [(getattr(self, field), spec, field) for field, spec in variant.decoder_steps().items()]
         for session, spec, what in checks:
-            if session is None:
+            if session is None:  # a step of the fused graph while the portable one runs
                 continue
             got_in = [i.name for i in session.get_inputs()]
             got_out = [o.name for o in session.get_outputs()]
@@ -306,11 +302,12 @@ class OnnxSeq2Seq:
     def _step_session(self, rows: int, scored: bool = True) -> ort.InferenceSession:
         """The fused step's session for `rows` rows: the one-row graph where the export has it."""
         if scored:
-            return self.decoder_one_row if self.decoder_one_row is not None and rows == 1 else self.decoder
-        if self.decoder_unscored is None:
+            batched, one_row = self.decoder, self.decoder_one_row
+        else:
+            batched, one_row = self.decoder_unscored, self.decoder_one_row_unscored
+        if batched is None:
             raise RuntimeError("this export has no unscored decoder step (see `unscored_steps`)")
-        one_row = self.decoder_one_row_unscored
-        return one_row if one_row is not None and rows == 1 else self.decoder_unscored
+        return one_row if one_row is not None and rows == 1 else batched
 
     def empty_past(self, batch: int) -> tuple[list[np.ndarray], list[np.ndarray], np.ndarray]:
         """A zero-length cache: per layer (batch, H, 0, d_k), and past_mask (batch, 0)."""
