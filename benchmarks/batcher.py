@@ -33,6 +33,7 @@ from benchmarks.online import percentile, print_result
 from service.batching.scheduler import Scheduler, Sentence
 from service.decoding.generator import max_output_len
 from service.metrics import Metrics
+from service.runtime.gil import set_switch_interval
 from service.runtime.loading import load_models
 from service.runtime.memory import keep_freed_memory
 from service.settings import Settings
@@ -125,6 +126,7 @@ def run(
         max_queue_size=max(1024, 2 * concurrency),
         **(settings or {}),
     )
+    set_switch_interval(st.gil_switch_interval_ms)  # as `mtserve serve` does
     models = load_models(st)  # as the server loads them (shared session pair on the CPU by default)
     m, gen = models[0], models[0].manifest.generation
     limit = min(st.max_input_tokens, m.max_positions - 1)

@@ -72,10 +72,14 @@ class Engine:
             self.model = load_model(model_dir)
             self.workers = 1
         elif name.startswith("ort"):
+            from service.runtime.gil import set_switch_interval
             from service.runtime.memory import keep_freed_memory
             from service.runtime.onnx_model import OnnxSeq2Seq
+            from service.settings import Settings
 
             keep_freed_memory()  # as `mtserve serve` does
+            # As `mtserve serve` does: the workers hand the GIL to each other at every step.
+            set_switch_interval(Settings.model_fields["gil_switch_interval_ms"].default)
 
             self.models = [
                 OnnxSeq2Seq(model_dir, precision=name.split("-")[1], intra_op_threads=intra) for _ in range(workers)

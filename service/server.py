@@ -41,6 +41,7 @@ from service.metrics import Metrics, ModelMetrics
 from service.parallel.pool import EnginePool
 from service.repository.layout import SERVING_FILE, VersionDir, model_overrides, scan, wanted
 from service.repository.registry import ModelRegistry, ServedModel
+from service.runtime.gil import set_switch_interval
 from service.runtime.loading import load_models
 from service.runtime.memory import keep_freed_memory, mapped_allocations
 from service.runtime.onnx_model import choose_graph
@@ -358,6 +359,9 @@ class Server:
         log.info("drained; exiting")
 
     async def run(self) -> None:
+        """Serve until SIGTERM or SIGINT, then drain: the process's entry point (the settings
+        that are the process's own, such as the GIL's switch interval, are applied here)."""
+        set_switch_interval(self.settings.gil_switch_interval_ms)
         await self.start()
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()

@@ -64,6 +64,14 @@ class Settings(BaseSettings):
         "(its own GIL and sessions; a crash there fails only its requests and the child is "
         "restarted) instead of threads of the server process",
     )
+    gil_switch_interval_ms: float = Field(
+        1.0,
+        gt=0,
+        le=100,
+        description="how long a thread that wants Python's GIL waits before the holder must drop it "
+        "(sys.setswitchinterval; Python's default is 5 ms): decode workers take the GIL back after every "
+        "step, so a shorter wait keeps them busy while the event loop serves RPCs",
+    )
     share_sessions: bool = Field(
         True,
         description="CPU: decode workers share one ONNX Runtime session pair (the "

@@ -44,6 +44,7 @@ from service.parallel.messages import (
     Tokens,
     ToParent,
 )
+from service.runtime.gil import set_switch_interval
 from service.runtime.loading import load_models
 from service.runtime.memory import keep_freed_memory
 from service.settings import Settings
@@ -56,6 +57,7 @@ def child_main(conn: Connection, settings_json: str, log_level: str, labels: tup
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s[engine]: %(message)s")
     keep_freed_memory()
     settings = Settings.model_validate_json(settings_json)
+    set_switch_interval(settings.gil_switch_interval_ms)  # its decode worker and pipe reader share a GIL
     try:
         models = load_models(settings)
     except Exception as e:  # noqa: BLE001 - reported to the parent, which exits with it

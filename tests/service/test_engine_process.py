@@ -1,4 +1,4 @@
-"""The scheduler in a child process (engine_process, the default of `mtserve serve`): the same
+"""The scheduler in a child process (`engine_process`): the same
 answers as in-process, streaming, encode, TranslateMany, the child's metrics on the server's
 registry, cancellation, queue limits, draining, and a child that dies mid-request. Without a
 model: every message pickles, and each side of the pipe ignores a message it has no case for while

@@ -4,7 +4,9 @@ health, reflection and each INVALID_ARGUMENT case."""
 
 from __future__ import annotations
 
+import asyncio
 import math
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -16,6 +18,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 
 from service.client import Client, alignment_matrix
+from service.server import Server
+from service.settings import Settings
 
 SENTENCES = [
     "Ein Hund rennt durch den Schnee.",
@@ -193,6 +197,31 @@ def test_cpu_workers_share_one_session_pair_unless_told_not_to(make_server):
             answers[name] = list(pool.map(lambda t: c.translate([t], beam_size=2)[0].text, texts))
         assert sum(s.value for s in steps.collect()[0].samples if s.name.endswith("_count")) > 0
     assert answers["shared"] == answers["own"] and all(answers["shared"])
+
+
+def test_the_server_process_takes_its_gil_switch_interval_from_the_settings(monkeypatch, tiny_onnx_dir):
+    """`Server.run()`, the process's entry point, sets Python's switch interval from
+    gil_switch_interval_ms before it serves (a process-wide setting: `start()` alone, as the tests
+    use it, leaves it alone)."""
+
+    class Started(Exception):
+        pass
+
+    async def start(self):
+        raise Started
+
+    monkeypatch.setattr(Server, "start", start)
+    before = sys.getswitchinterval()
+    try:
+        sys.setswitchinterval(0.005)
+        settings = Settings(model_dir=tiny_onnx_dir.parent, onnx_dir=tiny_onnx_dir, gil_switch_interval_ms=0.7)
+        with pytest.raises(Started):
+            asyncio.run(Server(settings).run())
+        assert sys.getswitchinterval() == pytest.approx(0.0007)
+        with pytest.raises(ValueError, match="gil_switch_interval_ms"):
+            Settings(gil_switch_interval_ms=0)
+    finally:
+        sys.setswitchinterval(before)
 
 
 # ----------------------------------------------------------------------------- cancellation and deadlines
