@@ -192,7 +192,10 @@ class Engine:
             if not c:
                 raise InvalidArgument(name, "text is empty once whitespace, control and format characters are removed")
             clean.append(c)
-        ids = [e.ids for e in self.tokenizer.encode_batch(clean, add_special_tokens=False)]
+        # One text at a time on this thread: `encode_batch` hands even one text to the tokenizers'
+        # thread pool and blocks the event loop until a pool thread, competing with the decode
+        # workers for the cores, has run it (a tenth of the loop's time at c64, docs/performance.md).
+        ids = [self.tokenizer.encode(c, add_special_tokens=False).ids for c in clean]
         for i, s in enumerate(ids):
             if len(s) + 1 > limit:
                 name = f"{field}[{i}]" if field == "texts" else field
