@@ -136,24 +136,35 @@ def rank_block(vocab_size: int) -> int:
     return block if block >= 16 else 0
 
 
+def _blocks(g: GraphBuilder, x: str, V: int, block: int) -> tuple[str, str]:
+    """x (B, V) as (B, V / block, block), and each block's maximum (B, V / block)."""
+    xb = g.node(
+        "Reshape", [x, g.init("rank.blocks", np.array([0, V // block, block], np.int64))], ["rank.xb"], "rank.xb"
+    )
+    bmax = g.node(
+        "ReduceMax", [xb, g.init("rank.axis2", np.array([2], np.int64))], ["rank.bmax"], "rank.bmax", keepdims=0
+    )
+    return xb, bmax
+
+
+def _candidates(g: GraphBuilder, xb: str, chosen: str) -> str:
+    """The entries of the `chosen` blocks (B, kb) of xb, one row each: (B, kb * block)."""
+    at = g.node("Unsqueeze", [chosen, g.init("rank.last", np.array([-1], np.int64))], ["rank.at"], "rank.at")
+    cand = g.node("GatherND", [xb, at], ["rank.cb"], "rank.gather", batch_dims=1)  # (B, kb, block)
+    return g.node("Reshape", [cand, g.init("rank.flat", np.array([0, -1], np.int64))], ["rank.cand"], "rank.cand")
+
+
 def block_top_k(g: GraphBuilder, x: str, k: str, V: int, block: int, values: str, ids: str) -> None:
     """TopK of x (B, V) in two passes, the same result as one (ties: the lower id first): the best
     block maxima pick k blocks, which hold the k best entries, and TopK runs over those alone.
     ONNX Runtime's TopK keeps a heap per row over all V entries; ReduceMax over blocks is
     vectorised. Over (128, 8,000) with k 8: 475 against 945 µs (docs/performance.md)."""
-    nb = V // block
-    xb = g.node("Reshape", [x, g.init("rank.blocks", np.array([0, nb, block], np.int64))], ["rank.xb"], "rank.xb")
-    bmax = g.node(
-        "ReduceMax", [xb, g.init("rank.axis2", np.array([2], np.int64))], ["rank.bmax"], "rank.bmax", keepdims=0
-    )
-    kb = g.node("Min", [k, g.init("rank.nb", np.array([nb], np.int64))], ["rank.kb"], "rank.kb")
+    xb, bmax = _blocks(g, x, V, block)
+    kb = g.node("Min", [k, g.init("rank.nb", np.array([V // block], np.int64))], ["rank.kb"], "rank.kb")
     g.node("TopK", [bmax, kb], ["rank.bv", "rank.bi"], "rank.best_blocks", axis=-1)  # (B, kb)
     # the chosen blocks in id order, so that the candidates keep the vocabulary's order for ties
     g.node("TopK", ["rank.bi", kb], ["rank.bis", "rank.bj"], "rank.block_order", axis=-1, largest=0)
-    last = g.init("rank.last", np.array([-1], np.int64))
-    at = g.node("Unsqueeze", ["rank.bis", last], ["rank.at"], "rank.at")
-    cand = g.node("GatherND", [xb, at], ["rank.cb"], "rank.gather", batch_dims=1)  # (B, kb, block)
-    flat = g.node("Reshape", [cand, g.init("rank.flat", np.array([0, -1], np.int64))], ["rank.cand"], "rank.cand")
+    flat = _candidates(g, xb, "rank.bis")
     g.node("TopK", [flat, k], [values, "rank.ti"], "rank.top_k", axis=-1, largest=1, sorted=1)
     blk = g.init("rank.block", np.array([block], np.int64))
     which = g.node("Div", ["rank.ti", blk], ["rank.which"], "rank.which")
@@ -165,16 +176,9 @@ def block_top_k(g: GraphBuilder, x: str, k: str, V: int, block: int, values: str
 def block_argmax(g: GraphBuilder, x: str, V: int, block: int, ids: str) -> None:
     """ArgMax of x (B, V) keeping dims, in two passes with the same result (the first on ties): the
     block holding the maximum, then the maximum within it. Over (32, 8,000): 72 against 210 µs."""
-    nb = V // block
-    xb = g.node("Reshape", [x, g.init("rank.blocks", np.array([0, nb, block], np.int64))], ["rank.xb"], "rank.xb")
-    bmax = g.node(
-        "ReduceMax", [xb, g.init("rank.axis2", np.array([2], np.int64))], ["rank.bmax"], "rank.bmax", keepdims=0
-    )
+    xb, bmax = _blocks(g, x, V, block)
     bi = g.node("ArgMax", [bmax], ["rank.bi"], "rank.best_block", axis=-1, keepdims=1)  # (B, 1)
-    at = g.node("Unsqueeze", [bi, g.init("rank.last", np.array([-1], np.int64))], ["rank.at"], "rank.at")
-    cand = g.node("GatherND", [xb, at], ["rank.cb"], "rank.gather", batch_dims=1)  # (B, 1, block)
-    flat = g.node("Reshape", [cand, g.init("rank.flat", np.array([0, -1], np.int64))], ["rank.cand"], "rank.cand")
-    inner = g.node("ArgMax", [flat], ["rank.inner"], "rank.inner", axis=-1, keepdims=1)
+    inner = g.node("ArgMax", [_candidates(g, xb, bi)], ["rank.inner"], "rank.inner", axis=-1, keepdims=1)
     blk = g.init("rank.block", np.array([block], np.int64))
     g.node("Add", [g.node("Mul", [bi, blk], ["rank.base"], "rank.base"), inner], [ids], "rank.ids")
 

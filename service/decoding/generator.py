@@ -441,13 +441,13 @@ class DecodeBatch:
             emitted[keys[r]] = [tok]
             if tok == eos:
                 self.done[r] = True
-                toks, atts = _walk(self.hist[r])
+                toks, atts = _walk(hist[r])
                 keep = [j for j, t in enumerate(toks) if t != pad]  # the reference drops pad ids
-                alignment = _alignment([atts[j] for j in keep], self.src_lens[r]) if self.want_alignment[r] else None
+                alignment = _alignment([atts[j] for j in keep], self.src_lens[r]) if want_alignment[r] else None
                 score = float(self.scores[r]) if self.want_scores[r] else None
                 finished.append(
                     Finished(
-                        self.keys[r],
+                        keys[r],
                         [toks[j] for j in keep if toks[j] != eos],
                         score,
                         score,

@@ -13,15 +13,9 @@ docs/performance.md has the measurements.
 
 from __future__ import annotations
 
-import logging
 import sys
 
-log = logging.getLogger("mtserve.gil")
 
-
-def set_switch_interval(ms: float) -> float:
-    """Set the switch interval to `ms` milliseconds; returns the previous one in milliseconds."""
-    before = sys.getswitchinterval() * 1000.0
+def set_switch_interval(ms: float) -> None:
+    """Set the switch interval to `ms` milliseconds."""
     sys.setswitchinterval(ms / 1000.0)
-    log.debug("GIL switch interval %.3g ms (was %.3g ms)", ms, before)
-    return before
