@@ -8,12 +8,14 @@ One manifest per export dir lists every exported precision ("variant") side by s
       encoder.fp32.onnx  decoder.fp32.onnx
       encoder.int8.onnx  decoder.int8.onnx
       encoder.fp16.onnx  decoder.fp16.onnx
-                         decoder.fused.fp32.onnx  decoder.fused.int8.onnx
+      encoder.fused.fp32.onnx  decoder.fused.fp32.onnx   (and the decoder step's one-row and
+      encoder.fused.int8.onnx  decoder.fused.int8.onnx    unscored twins)
 
 Each precision has the portable graphs (the torch export, any execution provider) and, for the
-CPU precisions, a fused decoder step (`export/fused.py`, ONNX Runtime's contrib operators with an
-in-place cache) that shares the portable encoder. A variant's key is its precision for the
-portable graphs and `PRECISION-fused` for the fused one.
+CPU precisions, fused graphs (`export/fused.py`, ONNX Runtime's contrib operators; the decoder
+step with an in-place cache). A variant's key is its precision for the portable graphs and
+`PRECISION-fused` for the fused one. Exports of format 4 made before the fused encoder list the
+portable encoder in their fused variants; they serve as they are.
 
 The manifest records everything the serving path needs without torch or the model dir: the model's
 dims and special ids, generation defaults, each graph's input/output contract (names, dtypes and
@@ -175,7 +177,7 @@ class Manifest(_Model):
     def files(self, precision: str | None = None, graph: str = "portable") -> list[FileSpec]:
         variants = self.variants.values() if precision is None else [self.variant(precision, graph)]
         graphs = [g for v in variants for g in (v.encoder, *v.decoder_steps().values())]
-        unique = {g.file: g for g in graphs}  # fused variants share their encoder with the portable one
+        unique = {g.file: g for g in graphs}  # older fused variants share the portable encoder
         return [self.tokenizer, *unique.values()]
 
     def checksums(self, precision: str | None = None, graph: str = "portable") -> dict[str, str]:

@@ -1,8 +1,8 @@
-"""The fused decoder step: one step of `Transformer.decode_step` written straight from the weights
-with onnx.helper, on ONNX Runtime's com.microsoft contrib operators (the contract is
-`contract.graphs.fused_decoder_io`).
+"""The fused graphs: one step of `Transformer.decode_step`, and the encoder, written straight from
+the weights with onnx.helper on ONNX Runtime's com.microsoft contrib operators (the contracts are
+`contract.graphs.fused_decoder_io` and `contract.graphs.encoder_io`).
 
-Why a graph of its own rather than the torch export: the exported step has 144 nodes at int8
+Why graphs of their own rather than the torch export: the exported step has 144 nodes at int8
 (Reshape, Transpose, Concat around every attention), and at batch 1 ONNX Runtime's per-node
 cost is most of a step; its cache grows by a Concat every step and is copied on every beam
 reorder. Here, per decoder layer (pre-norm):
@@ -29,6 +29,12 @@ reorder. Here, per decoder layer (pre-norm):
   variant (`scored=False`, greedy search when nobody asks for a score) ends with the argmax of the
   logits instead (`block_argmax`), as CTranslate2 skips its log-softmax then.
 
+The encoder (`build_fused_encoder`) is the same pattern over the source: per layer Add+LayerNorm,
+one packed QKV MatMul, MultiHeadAttention with the key padding mask, out proj, Add+LayerNorm, the
+feed-forward; then every decoder layer's cross-attention keys and values from one MatMul over
+the memory, laid out (B, H, S, d_k) by one Transpose. The torch export spends 36 of its 103 int8
+nodes on Reshape and Transpose around unfused attention.
+
 Shapes: B rows = n sentences x K beams (a sentence's beams are consecutive rows), M cache slots,
 P = past_sequence_length (the slot this step writes), S source length, D d_model, H heads.
 """
@@ -36,6 +42,7 @@ P = past_sequence_length (the slot this step writes), S source length, D d_model
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -43,7 +50,7 @@ import onnx
 import torch
 from onnx import TensorProto, helper, numpy_helper
 
-from contract.graphs import FUSED_LINEAR_KINDS, fused_decoder_io
+from contract.graphs import FUSED_LINEAR_KINDS, encoder_io, fused_decoder_io
 from contract.manifest import TensorSpec
 from export.model import Transformer
 
@@ -297,16 +304,73 @@ def build_fused_decoder(
     )  # (n, K, S)
     g.node("Flatten", [mean], ["cross_attention"], "cross_rows", axis=2)  # (B, S)
 
-    inputs, outputs = fused_decoder_io(cfg, scored)
-    graph = helper.make_graph(
-        g.nodes,
-        "fused_decoder_step" if scored else "fused_decoder_step_unscored",
-        [_value_info(t) for t in inputs],
-        [_value_info(t) for t in outputs],
-        g.inits,
-    )
     # MultiHeadAttention's scores output has no type inference of its own
-    graph.value_info.append(helper.make_tensor_value_info("cross_scores", TensorProto.FLOAT, None))
+    scores_info = helper.make_tensor_value_info("cross_scores", TensorProto.FLOAT, None)
+    name = "fused_decoder_step" if scored else "fused_decoder_step_unscored"
+    return _save(g, name, fused_decoder_io(cfg, scored), path, [scores_info])
+
+
+def build_fused_encoder(model: Transformer, path: str | Path, linear_kind: str = "int8") -> onnx.ModelProto:
+    """Write the encoder of `model` with every decoder layer's cross-attention keys and values
+    (`contract.graphs.encoder_io`) to `path` and return it. Its int8 MatMuls quantise the same
+    activations per call as the torch export's do (the cross keys and values of all layers in one
+    call over the memory, whose scale is the memory's either way), so its outputs match that
+    graph's to float rounding."""
+    cfg = model.cfg
+    if not cfg.pre_norm:
+        raise ValueError("the fused encoder is written for pre-norm models")
+    D, H, L = cfg.d_model, cfg.n_heads, cfg.n_decoder_layers
+    g = GraphBuilder(linear_kind)
+
+    # token embedding (table pre-scaled by √d_model) + the first S positions' encodings: (B, S, D)
+    x = g.node("Gather", [g.init("embed", _np(model.embed.weight) * math.sqrt(D)), "src_ids"], ["x_tok"], "embed")
+    S = g.node("Shape", ["src_ids"], ["src_len"], "src_len", start=1, end=2)
+    zero, axis0 = g.init("zero", np.array([0], np.int64)), g.init("axis0", np.array([0], np.int64))
+    pe = g.node("Slice", [g.init("pe", _np(model.pe)), zero, S, axis0], ["x_pos"], "pos_embed")  # (S, D)
+    mask = g.node("Cast", ["src_mask"], ["key_mask"], "key_mask", to=TensorProto.INT32)  # (B, S), 1: a real token
+
+    y, resid = x, pe  # each layer adds its input to the residual stream, then normalises
+    for i, layer in enumerate(model.encoder_layers):
+        p = f"e{i}"
+        h, resid = g.add_norm(f"{p}.norm_attn", y, resid, layer.res_attn.norm)
+        qkv = g.module_linear(f"{p}.qkv", h, layer.self_attn.qkv_proj)  # (B, S, 3D)
+        q, k, v = f"{p}.q", f"{p}.k", f"{p}.v"  # the CPU kernel takes no packed QKV
+        g.node(
+            "Split", [qkv, g.init(f"{p}.split", np.array([D, D, D], np.int64))], [q, k, v], f"{p}.qkv_split", axis=-1
+        )
+        g.node("MultiHeadAttention", [q, k, v, "", mask], [f"{p}.attn"], f"{p}.attn", MS, num_heads=H)  # (B, S, D)
+        a = g.module_linear(f"{p}.out", f"{p}.attn", layer.self_attn.out_proj)
+        h, resid = g.add_norm(f"{p}.norm_ffn", a, resid, layer.res_ffn.norm)
+        f = g.node("Relu", [g.module_linear(f"{p}.w1", h, layer.ffn.w1)], [f"{p}.relu"], f"{p}.relu")
+        y = g.module_linear(f"{p}.w2", f, layer.ffn.w2)
+    s = g.node("Add", [y, resid], ["final.sum"], "final.add")
+    norm = model.encoder_norm
+    nw, nb = g.init("final.g", _np(norm.weight)), g.init("final.b", _np(norm.bias))
+    memory = g.node("LayerNormalization", [s, nw, nb], ["memory"], "final", axis=-1, epsilon=float(norm.eps))
+
+    # every decoder layer's keys and values: one MatMul (B, S, 2LD) -> (2L, B, H, S, d_k) -> 2L outputs
+    kv_w = np.concatenate([_np(d.cross_attn.kv_proj.weight).T for d in model.decoder_layers], axis=1)
+    kv_b = np.concatenate([_np(d.cross_attn.kv_proj.bias) for d in model.decoder_layers])
+    kv = g.linear("cross_kv", memory, kv_w, kv_b)
+    heads = g.init("kv_heads", np.array([0, 0, 2 * L, H, cfg.d_k], np.int64))
+    kv = g.node("Reshape", [kv, heads], ["cross_kv.heads"], "cross_kv.heads")  # (B, S, 2L, H, d_k)
+    kv = g.node("Transpose", [kv], ["cross_kv.t"], "cross_kv.t", perm=[2, 0, 3, 1, 4])  # (2L, B, H, S, d_k)
+    for i in range(L):
+        for j, name in enumerate((f"cross_key_{i}", f"cross_value_{i}")):
+            g.node("Gather", [kv, g.init(f"{name}.at", np.array(2 * i + j, np.int64))], [name], name, axis=0)
+    return _save(g, "fused_encoder", encoder_io(cfg), path)
+
+
+def _save(
+    g: GraphBuilder,
+    name: str,
+    io: tuple[list[TensorSpec], list[TensorSpec]],
+    path: str | Path,
+    value_info: Sequence[onnx.ValueInfoProto] = (),
+) -> onnx.ModelProto:
+    """The graph of `g`'s nodes with the contract's inputs and outputs, checked and saved."""
+    graph = helper.make_graph(g.nodes, name, [_value_info(t) for t in io[0]], [_value_info(t) for t in io[1]], g.inits)
+    graph.value_info.extend(value_info)
     model_proto = helper.make_model(
         graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid(MS, 1)], producer_name="mtserve.export"
     )

@@ -43,8 +43,8 @@ from contract.manifest import (
     write_manifest,
 )
 from export.checkpoint import CONFIG, TOKENIZER, WEIGHTS, load_model
-from export.checks import FP32_TOLERANCE, check_graph, fused_parity_check, parity_check
-from export.fused import build_fused_decoder
+from export.checks import FP32_TOLERANCE, check_graph, encoder_parity_check, fused_parity_check, parity_check
+from export.fused import build_fused_decoder, build_fused_encoder
 from export.graphs import EXPORTERS, OPSET, export_raw
 from export.model import ModelConfig, Transformer
 from export.precision import VARIANT_RECIPES, build_variant, variant_level
@@ -152,7 +152,7 @@ def _export_variant(
 
 
 def _export_fused_variant(model: Transformer, portable: Variant, work: Path, out: Path, check: bool) -> Variant:
-    """The fused decoder step of `portable`'s precision beside its graphs, sharing its encoder: the
+    """The fused graphs of `portable`'s precision beside its graphs: the encoder, and the decoder
     step for every batch, for batches of one row where it has one, and each again unscored (greedy
     search when no sentence asks for its score)."""
     cfg, precision = model.cfg, portable.precision
@@ -183,18 +183,34 @@ def _export_fused_variant(model: Transformer, portable: Variant, work: Path, out
     decoder, decoder_unscored = build("", FUSED[precision])
     if check and precision == "fp32" and checks["log_probs"] > FP32_TOLERANCE:
         raise RuntimeError(f"fused fp32 step differs from PyTorch: max |Δ log_probs| = {checks['log_probs']:.2e}")
+    encoder = work / f"encoder.fused.{precision}.onnx"
+    build_fused_encoder(model, encoder, FUSED[precision])
+    if check:
+        check_graph(encoder, *encoder_io(cfg))
+        enc_checks = encoder_parity_check(model, encoder, out / portable.encoder.file)
+        if precision == "fp32" and enc_checks["encoder_memory"] > FP32_TOLERANCE:
+            raise RuntimeError(f"fused fp32 encoder differs from PyTorch: {enc_checks}")
+        checks.update(enc_checks)
+    encoder.replace(out / encoder.name)
     one_row, one_row_unscored = (
         build(".one-row", FUSED_ONE_ROW[precision]) if precision in FUSED_ONE_ROW else (None, None)
     )
     return portable.model_copy(
         update={
             "graph": "fused",
-            "exporter": "export.fused.build_fused_decoder (onnx.helper, com.microsoft contrib operators)",
+            "exporter": "export.fused.build_fused_encoder and build_fused_decoder (onnx.helper, com.microsoft "
+            "contrib operators)",
             "optimization": "none baked in (written fused; ORT's own passes find nothing more to fuse)",
             "target": "cpu",
-            "notes": f"{portable.notes}; decoder step fused: DecoderMaskedMultiHeadAttention over an in-place cache "
-            "with cache_indirection, MultiHeadAttention for the cross-attention",
+            "notes": f"{portable.notes}; encoder and decoder step fused: MultiHeadAttention for the encoder and "
+            "the cross-attention, DecoderMaskedMultiHeadAttention over an in-place cache with cache_indirection",
             "parity": {k: float(f"{v:.3g}") for k, v in checks.items()},
+            "encoder": GraphSpec(
+                file=encoder.name,
+                sha256=sha256_file(out / encoder.name),
+                inputs=encoder_io(cfg)[0],
+                outputs=encoder_io(cfg)[1],
+            ),
             "decoder": decoder,
             "decoder_unscored": decoder_unscored,
             "decoder_one_row": one_row,
