@@ -234,6 +234,37 @@ def test_one_sentence_at_a_time_equals_the_reference(tiny_onnx, tiny_model, sour
     np.testing.assert_allclose([h.score for h in got], [h.score for h in ref], atol=1e-4)
 
 
+@pytest.mark.parametrize("a,b", [(1.5, 10), (0.0, 3)])  # the second forces </s> at the third step
+@pytest.mark.parametrize("want_scores", [True, False])
+def test_a_lone_greedy_sentence_steps_as_a_batched_one(tiny_onnx, sources, a, b, want_scores):
+    """A batch of one greedy sentence takes the scalar step (`_greedy_one`), as a lone request does:
+    the tokens, scores, alignment, step counts and streamed tokens of the batched step."""
+    src = sources[:10]
+    kw = {"max_len_a": a, "max_len_b": b, "want_alignment": True, "want_scores": want_scores}
+    batched = DecodeBatch.from_sources(tiny_onnx, src, list(range(len(src))), **kw)
+    want: dict = {}
+    streamed: dict = {k: [] for k in range(len(src))}
+    while batched.active_keys():  # finished rows ride along: no filter
+        want |= {f.key: f for f in batched.step(tiny_onnx)}
+        for k, t in batched.last_tokens().items():
+            streamed[k] += t
+    for k, s in enumerate(src):
+        lone = DecodeBatch.from_sources(tiny_onnx, [s], [k], **kw)
+        got: list[Finished] = []
+        tokens: list[int] = []
+        while not got:
+            got = lone.step(tiny_onnx)
+            tokens += lone.last_tokens().get(k, [])
+        w = want[k]
+        assert (got[0].tokens, got[0].steps, tokens) == (w.tokens, w.steps, streamed[k])
+        assert tokens[-1] == lone.eos_id and lone.done.tolist() == [True] and int(lone.positions[0]) == w.steps - 1
+        if want_scores:
+            assert got[0].score == pytest.approx(w.score, abs=1e-5) and got[0].log_prob == got[0].score
+        else:
+            assert got[0].score is None and w.score is None
+        np.testing.assert_allclose(got[0].alignment, w.alignment, atol=1e-5)
+
+
 def _one_sentence_state(K: int, S: int, want_alignment: bool, rng) -> DecodeBatch:
     b = DecodeBatch(K, eos_id=2, pad_id=0)
     b.keys = ["s"]
