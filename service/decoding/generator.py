@@ -386,8 +386,8 @@ class DecodeBatch:
         if len(self) == 0:
             return []
         K = self.beam
-        if K == 1 and self.n_sentences == 1:
-            return self._greedy_one(model)
+        if self.n_sentences == 1:  # a lone request: Python scalars where numpy's cost per call dominates
+            return self._greedy_one(model) if K == 1 else self._beam_lone(model)
         live_before = ~self.done
         # The graph ranks the vocabulary: the best token of a row (greedy), or its 2K best (beam:
         # a sentence's 2K best candidates over K rows x V tokens are among its rows' 2K best).
@@ -416,8 +416,6 @@ class DecodeBatch:
             finished, rows = self._greedy(None if top_lp is None else top_lp[:, 0], top_ids[:, 0], att), None
         elif top_lp is None:
             raise RuntimeError("beam search needs the step's log-probabilities")
-        elif self.n_sentences == 1:
-            finished, rows = self._beam_one(top_lp, top_ids, att, force)
         else:
             finished, rows = self._beam(top_lp, top_ids, att, force)
         self.cache.advance(rows)
@@ -488,6 +486,27 @@ class DecodeBatch:
         self.tokens[0] = tok
         self.cache.advance(None)
         self.positions[0] += not self.done[0]
+        self.steps[0] += live
+        return finished
+
+    def _beam_lone(self, model) -> list[Finished]:
+        """`step` for a batch of one beam-search sentence: the same step and results, its
+        bookkeeping on Python scalars and in place (its K rows share one position), the selection in
+        `_beam_one`."""
+        K = self.beam
+        live = not self.done[0]
+        k_row = min(2 * K, model.vocab_size)
+        out = self.cache.step(model, self.tokens, self.positions, self.cross_k, self.cross_v, self.src_mask, k_row)
+        top_lp, top_ids = out.top_log_probs, out.top_ids
+        if top_lp is None or out.eos_log_prob is None:
+            raise RuntimeError("beam search needs the step's log-probabilities")
+        forced = int(self.positions[0]) >= int(self.max_len[0]) - 1  # only </s> may follow the last step
+        if forced:
+            top_ids, top_lp = np.full_like(top_ids, self.pad_id), np.full_like(top_lp, NEG_INF)
+            top_ids[:, 0], top_lp[:, 0] = self.eos_id, out.eos_log_prob
+        finished, rows = self._beam_one(top_lp, top_ids, out.cross_attention, np.full(K, forced))
+        self.cache.advance(rows)
+        self.positions += not self.done[0]
         self.steps[0] += live
         return finished
 
