@@ -1,11 +1,12 @@
-"""What ONNX Runtime makes of each decoder graph of an export: nodes by operator as shipped and
-after ORT's own graph optimisations on a CPU session (ORT_ENABLE_ALL), whose optimised model is
-saved beside the report, so that the fusions that fired can be read off the difference.
+"""What ONNX Runtime makes of each CPU graph of an export (encoders and decoder steps): nodes by
+operator as shipped and after ORT's own graph optimisations on a CPU session (ORT_ENABLE_ALL),
+whose optimised model is saved beside the report, so that the fusions that fired can be read off
+the difference.
 
     python benchmarks/graph_report.py --onnx-dir models/de-en/1/onnx --out /tmp/graph-report
 
-Prints one JSON line: for every variant's decoder graph, the node count and the operators before
-and after, and which operators appeared or disappeared (the fusions).
+Prints one JSON line: for every variant's graphs, the node count and the operators before and
+after, and which operators appeared or disappeared (the fusions).
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ def report(onnx_dir: Path, out_dir: Path) -> dict:
     for key, v in manifest.variants.items():
         if v.target != "cpu":
             continue
-        for part, spec in v.decoder_steps().items():
+        for part, spec in {"encoder": v.encoder, **v.decoder_steps()}.items():
             src = onnx_dir / spec.file
             before = op_counts(src)
             after = op_counts(optimised(src, out_dir / f"{Path(spec.file).stem}.ort.onnx"))

@@ -32,8 +32,8 @@ reorder. Here, per decoder layer (pre-norm):
 The encoder (`build_fused_encoder`) is the same pattern over the source: per layer Add+LayerNorm,
 one packed QKV MatMul, MultiHeadAttention with the key padding mask, out proj, Add+LayerNorm, the
 feed-forward; then every decoder layer's cross-attention keys and values from one MatMul over
-the memory, laid out (B, H, S, d_k) by one Transpose. The torch export spends 36 of its 103 int8
-nodes on Reshape and Transpose around unfused attention.
+the memory, laid out (B, H, S, d_k) by one Transpose: 48 nodes at int8, where the torch export
+spends 36 of its 103 on Reshape and Transpose around unfused attention.
 
 Shapes: B rows = n sentences x K beams (a sentence's beams are consecutive rows), M cache slots,
 P = past_sequence_length (the slot this step writes), S source length, D d_model, H heads.
