@@ -127,7 +127,7 @@ STARTUP_PROBLEMS = {  # problem -> what the one error line must say
     "missing_dir": "manifest.json",
     "corrupt_graph": "checksum",  # a truncated graph: the manifest's checksum catches it
     "corrupt_graph_checksum_ok": "INVALID_PROTOBUF",  # truncated, manifest updated: ONNX Runtime catches it
-    "manifest_checksum_mismatch": "checksum mismatch for",  # one flipped byte in the encoder
+    "manifest_checksum_mismatch": "checksum mismatch for",  # one flipped byte in the served encoder
     "wrong_tokenizer": "wrong tokenizer",  # another tokenizer, manifest updated to match it
     "cuda_strict": "CUDA execution provider requested but not available",
     "bad_setting": "max_batch_sentences",
@@ -150,7 +150,7 @@ def test_startup_errors_exit_non_zero_with_one_clear_line(tiny_onnx_dir, tmp_pat
             _rewrite_checksum(broken, graph)
         proc, _ = start(broken)
     elif problem == "manifest_checksum_mismatch":
-        graph = next(broken.glob("encoder.int8*.onnx"))
+        graph = broken / "encoder.fused.int8.onnx"  # the default precision's (fused) encoder
         data = bytearray(graph.read_bytes())
         data[len(data) // 2] ^= 0xFF
         graph.write_bytes(bytes(data))
