@@ -129,11 +129,32 @@ class GraphBuilder:
     def module_linear(self, name: str, x: str, lin: torch.nn.Linear) -> str:
         return self.linear(name, x, _np(lin.weight).T, _np(lin.bias) if lin.bias is not None else None)
 
-    def add_norm(self, name: str, x: str, residual: str, norm: torch.nn.LayerNorm) -> tuple[str, str]:
-        """(LayerNorm(x + residual), x + residual): the next sublayer's input and the residual stream."""
+    def add_norm(
+        self, name: str, x: str, residual: str, norm: torch.nn.LayerNorm, out: str | None = None
+    ) -> tuple[str, str]:
+        """(LayerNorm(x + residual), x + residual): the next sublayer's input (named `out`, by
+        default NAME.y) and the residual stream."""
         s = self.node("Add", [x, residual], [f"{name}.sum"], f"{name}.add")
         g, b = self.init(f"{name}.g", _np(norm.weight)), self.init(f"{name}.b", _np(norm.bias))
-        return self.node("LayerNormalization", [s, g, b], [f"{name}.y"], name, axis=-1, epsilon=float(norm.eps)), s
+        y = out or f"{name}.y"
+        return self.node("LayerNormalization", [s, g, b], [y], name, axis=-1, epsilon=float(norm.eps)), s
+
+    def packed_qkv(self, name: str, x: str, qkv_proj: torch.nn.Linear) -> tuple[str, str, str]:
+        """q, k, v, each (B, T, D), from one packed MatMul and a Split: ONNX Runtime's CPU attention
+        kernels take no packed QKV ("Tensor size (3072) != new size (1024)")."""
+        qkv = self.module_linear(f"{name}.qkv", x, qkv_proj)  # (B, T, 3D)
+        D = qkv_proj.out_features // 3
+        split = self.init(f"{name}.split", np.array([D, D, D], np.int64))
+        q, k, v = f"{name}.q", f"{name}.k", f"{name}.v"
+        self.node("Split", [qkv, split], [q, k, v], f"{name}.qkv_split", axis=-1)
+        return q, k, v
+
+    def feed_forward(self, name: str, x: str, residual: str, layer: torch.nn.Module) -> tuple[str, str]:
+        """A layer's last sublayer, W2(Relu(W1(LayerNorm(x + residual)))) from its `res_ffn` and
+        `ffn`, and the residual stream x + residual."""
+        h, resid = self.add_norm(f"{name}.norm_ffn", x, residual, layer.res_ffn.norm)
+        f = self.node("Relu", [self.module_linear(f"{name}.w1", h, layer.ffn.w1)], [f"{name}.relu"], f"{name}.relu")
+        return self.module_linear(f"{name}.w2", f, layer.ffn.w2), resid
 
 
 def rank_block(vocab_size: int) -> int:
@@ -223,12 +244,8 @@ def build_fused_decoder(
     for i, layer in enumerate(model.decoder_layers):
         p = f"l{i}"
         h, resid = g.add_norm(f"{p}.norm_self", y, resid, layer.res_self.norm)
-        # self-attention over the in-place cache; packed QKV split in three (the CPU kernel
-        # refuses a packed query: "Tensor size (3072) != new size (1024)")
-        qkv = g.module_linear(f"{p}.qkv", h, layer.self_attn.qkv_proj)  # (B, 1, 3D)
-        split = g.init(f"{p}.split", np.array([D, D, D], np.int64))
-        q, k, v = f"{p}.q", f"{p}.k", f"{p}.v"
-        g.node("Split", [qkv, split], [q, k, v], f"{p}.qkv_split", axis=-1)
+        # self-attention over the in-place cache
+        q, k, v = g.packed_qkv(p, h, layer.self_attn.qkv_proj)  # (B, 1, D) each
         g.node(
             "DecoderMaskedMultiHeadAttention",
             [
@@ -267,16 +284,10 @@ def build_fused_decoder(
         )
         c = g.node("Reshape", [f"{p}.cross", rows], [f"{p}.cross_rows"], f"{p}.cross_rows")  # (B, 1, D)
         a = g.module_linear(f"{p}.cross_out", c, layer.cross_attn.out_proj)
-        # feed-forward
-        h, resid = g.add_norm(f"{p}.norm_ffn", a, resid, layer.res_ffn.norm)
-        f = g.node("Relu", [g.module_linear(f"{p}.w1", h, layer.ffn.w1)], [f"{p}.relu"], f"{p}.relu")
-        y = g.module_linear(f"{p}.w2", f, layer.ffn.w2)
+        y, resid = g.feed_forward(p, a, resid, layer)
 
     # output projection (its own copy of the tied embedding, so that it is quantised too) and search
-    s = g.node("Add", [y, resid], ["final.sum"], "final.add")
-    norm = model.decoder_norm
-    nw, nb = g.init("final.g", _np(norm.weight)), g.init("final.b", _np(norm.bias))
-    h = g.node("LayerNormalization", [s, nw, nb], ["final.y"], "final", axis=-1, epsilon=float(norm.eps))
+    h, _ = g.add_norm("final", y, resid, model.decoder_norm)
     h = g.node("Reshape", [h, g.init("flat_shape", np.array([-1, D], np.int64))], ["hidden"], "hidden")  # (B, D)
     out_w = model.generator.weight if model.generator is not None else model.embed.weight  # (V, D)
     logits = g.linear("logits", h, _np(out_w).T, None)  # (B, V)
@@ -333,20 +344,11 @@ def build_fused_encoder(model: Transformer, path: str | Path, linear_kind: str =
     for i, layer in enumerate(model.encoder_layers):
         p = f"e{i}"
         h, resid = g.add_norm(f"{p}.norm_attn", y, resid, layer.res_attn.norm)
-        qkv = g.module_linear(f"{p}.qkv", h, layer.self_attn.qkv_proj)  # (B, S, 3D)
-        q, k, v = f"{p}.q", f"{p}.k", f"{p}.v"  # the CPU kernel takes no packed QKV
-        g.node(
-            "Split", [qkv, g.init(f"{p}.split", np.array([D, D, D], np.int64))], [q, k, v], f"{p}.qkv_split", axis=-1
-        )
+        q, k, v = g.packed_qkv(p, h, layer.self_attn.qkv_proj)  # (B, S, D) each
         g.node("MultiHeadAttention", [q, k, v, "", mask], [f"{p}.attn"], f"{p}.attn", MS, num_heads=H)  # (B, S, D)
         a = g.module_linear(f"{p}.out", f"{p}.attn", layer.self_attn.out_proj)
-        h, resid = g.add_norm(f"{p}.norm_ffn", a, resid, layer.res_ffn.norm)
-        f = g.node("Relu", [g.module_linear(f"{p}.w1", h, layer.ffn.w1)], [f"{p}.relu"], f"{p}.relu")
-        y = g.module_linear(f"{p}.w2", f, layer.ffn.w2)
-    s = g.node("Add", [y, resid], ["final.sum"], "final.add")
-    norm = model.encoder_norm
-    nw, nb = g.init("final.g", _np(norm.weight)), g.init("final.b", _np(norm.bias))
-    memory = g.node("LayerNormalization", [s, nw, nb], ["memory"], "final", axis=-1, epsilon=float(norm.eps))
+        y, resid = g.feed_forward(p, a, resid, layer)
+    memory, _ = g.add_norm("final", y, resid, model.encoder_norm, out="memory")
 
     # every decoder layer's keys and values: one MatMul (B, S, 2LD) -> (2L, B, H, S, d_k) -> 2L outputs
     kv_w = np.concatenate([_np(d.cross_attn.kv_proj.weight).T for d in model.decoder_layers], axis=1)
