@@ -175,6 +175,18 @@ class ConcatCache(RowCache):
         )
 
 
+def row_moves(rows: np.ndarray) -> list[tuple[int, int, int]]:
+    """How to bring the ascending `rows` of an array to its front in place: (dst, src, n) slices to
+    copy in order. Rows already in place stay; each run of consecutive rows behind the first gap
+    moves down as one slice (onto lower addresses: numpy copies overlapping slices safely)."""
+    moved = np.flatnonzero(rows != np.arange(len(rows)))
+    if not len(moved):
+        return []
+    at = int(moved[0])
+    breaks = (np.flatnonzero(np.diff(rows[at:]) != 1) + 1).tolist()
+    return [(at + a, int(rows[at + a]), b - a) for a, b in zip([0, *breaks], [*breaks, len(rows) - at])]
+
+
 def stack_padded(arrays: Sequence[np.ndarray], axis_len: int) -> np.ndarray:
     """The arrays' first axes (rows or sentences) one after the other, each padded with zeros to
     `axis_len` along axis 1 (masks: (N, T)) or axis 2 (keys and values: (N, H, T, d_k))."""
@@ -364,16 +376,9 @@ class InPlaceCache(RowCache):
         if len(slots) < self.P or len(rows) == 0:
             return self._packed([self], [rows], [slots], self.capacity - self.P + len(slots))
         m, P, K = len(rows), self.P, self.beam
-        # Rows already in place stay; each run of consecutive kept rows behind a gap moves down
-        # as one slice (onto lower addresses: numpy copies overlapping slices safely).
-        moved = np.flatnonzero(rows != np.arange(m))
-        if len(moved):
-            at = moved[0]
-            breaks = np.flatnonzero(np.diff(rows[at:]) != 1) + 1
-            for start, end in zip([0, *breaks.tolist()], [*breaks.tolist(), m - at]):
-                dst, src, n = at + start, int(rows[at + start]), end - start
-                for buf in self.k + self.v:
-                    buf[dst : dst + n, :, :P] = buf[src : src + n, :, :P]
+        for dst, src, n in row_moves(rows):
+            for buf in self.k + self.v:
+                buf[dst : dst + n, :, :P] = buf[src : src + n, :, :P]
         self.mask[:m] = self.mask[rows]
         self.indirection[: m // K] = self.indirection[rows[::K] // K]
         return InPlaceCache(

@@ -36,7 +36,7 @@ from typing import Any, Literal, TypeAlias
 
 import numpy as np
 
-from service.decoding.cache import ConcatCache, RowCache, new_cache, stack_padded
+from service.decoding.cache import ConcatCache, RowCache, new_cache, row_moves, stack_padded
 
 NEG_INF = float("-inf")
 # The encoder runs over a batch's sources in length-sorted chunks, each padded only to its own longest
@@ -642,6 +642,16 @@ class DecodeBatch:
                 return a[(at,) + (slice(None),) * (_pad_axis(a) - 1) + (slice(None, S),)]
             return a[at]
 
+        def take_layer(a: np.ndarray, at: np.ndarray, padded: str | None) -> np.ndarray:
+            """A layer's keys or values of the kept sentences. While the source axis keeps its
+            length, the kept rows move to the front of the same array, as the fused cache's do:
+            only those behind the first gap are copied, and nothing is allocated."""
+            if padded == "source" and a.shape[_pad_axis(a)] != S:
+                return take(a, at, padded)
+            for dst, src, n in row_moves(at):
+                a[dst : dst + n] = a[src : src + n]
+            return a[: len(at)]
+
         picks = {"sentence": (sent, idx), "row": (rows, rows.tolist())}
         for name, layout in layouts(type(self)):
             if layout.axis == "batch":
@@ -649,7 +659,7 @@ class DecodeBatch:
             value = getattr(self, name)
             at, at_list = picks[layout.axis]
             if layout.layers:
-                setattr(self, name, [take(a, at, layout.padded) for a in value])
+                setattr(self, name, [take_layer(a, at, layout.padded) for a in value])
             elif isinstance(value, np.ndarray):
                 setattr(self, name, take(value, at, layout.padded))
             elif isinstance(value, list):

@@ -524,19 +524,24 @@ def test_a_batch_first_beam_step_runs_one_row_per_sentence(tiny_onnx, sources, b
 
 def test_filtering_a_static_batch_keeps_the_fused_cache_in_its_buffers(tiny_onnx_dir, sources):
     """Rows that started together keep every slot in use: `filter` moves the kept rows to the front
-    of the same buffers instead of copying the cache into new ones, and decoding goes on as if the
-    dropped sentences had never been there."""
+    of the same buffers instead of copying the cache into new ones (the encoder's keys and values
+    too, while the longest source stays), and decoding goes on as if the dropped sentences had
+    never been there."""
     from service.runtime.onnx_model import OnnxSeq2Seq
 
     model = OnnxSeq2Seq(tiny_onnx_dir, precision="fp32", graph="fused")
-    keep = [0, 2, 3]
+    longest = max(range(4), key=lambda i: len(sources[i]))
+    keep = [i for i in range(4) if i != (longest + 1) % 4]  # the source axis keeps its length
     want = generate(model, [sources[i] for i in keep], beam=4, batch_size=3)
     batch = DecodeBatch.from_sources(model, sources[:4], list(range(4)), beam=4)
     for _ in range(2):
         batch.step(model)
     buffers = [k.ctypes.data for k in batch.cache.k + batch.cache.v]
+    cross = [a.ctypes.data for a in batch.cross_k + batch.cross_v]
     batch.filter(keep)
     assert [k.ctypes.data for k in batch.cache.k + batch.cache.v] == buffers  # views of the same memory
+    assert [a.ctypes.data for a in batch.cross_k + batch.cross_v] == cross
+    assert all(a.flags.c_contiguous and len(a) == 3 for a in batch.cross_k + batch.cross_v)
     assert len(batch.cache) == 12 and batch.past_len == 2
     results: dict = {}
     while len(batch):
