@@ -36,7 +36,7 @@ from typing import Any, Literal, TypeAlias
 
 import numpy as np
 
-from service.decoding.cache import ConcatCache, RowCache, new_cache, row_moves, stack_padded
+from service.decoding.cache import ConcatCache, RowCache, StepResult, new_cache, row_moves, stack_padded
 
 NEG_INF = float("-inf")
 # The encoder runs over a batch's sources in length-sorted chunks, each padded only to its own longest
@@ -386,15 +386,15 @@ class DecodeBatch:
         if len(self) == 0:
             return []
         K = self.beam
-        if self.n_sentences == 1:  # a lone request: Python scalars where numpy's cost per call dominates
-            return self._greedy_one(model) if K == 1 else self._beam_lone(model)
-        live_before = ~self.done
         # The graph ranks the vocabulary: the best token of a row (greedy), or its 2K best (beam:
         # a sentence's 2K best candidates over K rows x V tokens are among its rows' 2K best).
         k_row = 1 if K == 1 else min(2 * K, model.vocab_size)
+        if self.n_sentences == 1:
+            return self._lone_step(model, k_row)
+        live_before = ~self.done
         # A batch's first step with beams runs one row per sentence (its beams are identical then).
         # A lone sentence does not gain: its step of K rows costs about what the separate call adds.
-        first = K > 1 and self.cache.past_len == 0 and self.n_sentences > 1
+        first = K > 1 and self.cache.past_len == 0
         step_args = (model, self.tokens, self.positions, self.cross_k, self.cross_v, self.src_mask, k_row)
         if first:
             out = self.cache.first_step(*step_args)
@@ -455,25 +455,34 @@ class DecodeBatch:
         toks = [toks[j] for j in keep if toks[j] != eos]
         return Finished(self.keys[r], toks, score, score, alignment, int(self.steps[r]) + 1)
 
-    def _greedy_one(self, model) -> list[Finished]:
-        """`step` for a batch of one greedy sentence (a lone request): the same step and results,
-        its bookkeeping on Python scalars and in place, where numpy's cost per call on arrays of
-        one element was most of a step's host time (about 70 µs around a 230 µs decoder call)."""
-        live = not self.done[0]
-        out = self.cache.step(
-            model,
-            self.tokens,
-            self.positions,
-            self.cross_k,
-            self.cross_v,
-            self.src_mask,
-            1,
-            scored=live and bool(self.want_scores[0]),
-        )
-        tok = int(out.top_ids[0, 0])
+    def _lone_step(self, model, k_row: int) -> list[Finished]:
+        """`step` for a batch of one sentence (a lone request): the same step and results, its
+        bookkeeping on Python scalars and in place (the sentence's K rows share one position),
+        where numpy's cost per call on arrays of one element was most of a step's host time (about
+        70 µs around a 230 µs greedy decoder call). Beam search selects in `_beam_one`."""
+        K, live = self.beam, not self.done[0]
+        scored = K > 1 or (live and bool(self.want_scores[0]))
+        step_args = (model, self.tokens, self.positions, self.cross_k, self.cross_v, self.src_mask, k_row)
+        out = self.cache.step(*step_args, scored=scored)
         forced = int(self.positions[0]) >= int(self.max_len[0]) - 1  # only </s> may follow the last step
-        if forced:
-            tok = self.eos_id
+        if K == 1:
+            finished, rows = self._greedy_lone(out, forced, live), None
+        else:
+            top_lp, top_ids = out.top_log_probs, out.top_ids
+            if top_lp is None or out.eos_log_prob is None:
+                raise RuntimeError("beam search needs the step's log-probabilities")
+            if forced:
+                top_ids, top_lp = np.full_like(top_ids, self.pad_id), np.full_like(top_lp, NEG_INF)
+                top_ids[:, 0], top_lp[:, 0] = self.eos_id, out.eos_log_prob
+            finished, rows = self._beam_one(top_lp, top_ids, out.cross_attention, np.full(K, forced))
+        self.cache.advance(rows)
+        self.positions += not self.done[0]
+        self.steps[0] += live
+        return finished
+
+    def _greedy_lone(self, out: StepResult, forced: bool, live: bool) -> list[Finished]:
+        """`_greedy` for a batch of one sentence, on Python scalars."""
+        tok = self.eos_id if forced else int(out.top_ids[0, 0])
         finished = []
         if live:
             if out.top_log_probs is not None:
@@ -484,30 +493,6 @@ class DecodeBatch:
             if tok == self.eos_id:
                 finished.append(self._greedy_finished(0))
         self.tokens[0] = tok
-        self.cache.advance(None)
-        self.positions[0] += not self.done[0]
-        self.steps[0] += live
-        return finished
-
-    def _beam_lone(self, model) -> list[Finished]:
-        """`step` for a batch of one beam-search sentence: the same step and results, its
-        bookkeeping on Python scalars and in place (its K rows share one position), the selection in
-        `_beam_one`."""
-        K = self.beam
-        live = not self.done[0]
-        k_row = min(2 * K, model.vocab_size)
-        out = self.cache.step(model, self.tokens, self.positions, self.cross_k, self.cross_v, self.src_mask, k_row)
-        top_lp, top_ids = out.top_log_probs, out.top_ids
-        if top_lp is None or out.eos_log_prob is None:
-            raise RuntimeError("beam search needs the step's log-probabilities")
-        forced = int(self.positions[0]) >= int(self.max_len[0]) - 1  # only </s> may follow the last step
-        if forced:
-            top_ids, top_lp = np.full_like(top_ids, self.pad_id), np.full_like(top_lp, NEG_INF)
-            top_ids[:, 0], top_lp[:, 0] = self.eos_id, out.eos_log_prob
-        finished, rows = self._beam_one(top_lp, top_ids, out.cross_attention, np.full(K, forced))
-        self.cache.advance(rows)
-        self.positions += not self.done[0]
-        self.steps[0] += live
         return finished
 
     def _beam(

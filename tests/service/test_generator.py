@@ -237,7 +237,7 @@ def test_one_sentence_at_a_time_equals_the_reference(tiny_onnx, tiny_model, sour
 @pytest.mark.parametrize("a,b", [(1.5, 10), (0.0, 3)])  # the second forces </s> at the third step
 @pytest.mark.parametrize("beam,want_scores", [(1, True), (1, False), (3, True)])
 def test_a_lone_sentence_steps_as_a_batched_one(tiny_onnx, sources, a, b, beam, want_scores):
-    """A batch of one sentence takes the scalar steps (`_greedy_one`, `_beam_lone`), as a lone
+    """A batch of one sentence takes the scalar step (`DecodeBatch._lone_step`), as a lone
     request does: the tokens, scores, alignment, step counts and streamed tokens of the batched step."""
     src = sources[:10]
     kw = {"beam": beam, "max_len_a": a, "max_len_b": b, "want_alignment": True, "want_scores": want_scores}
