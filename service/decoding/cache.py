@@ -176,15 +176,30 @@ class ConcatCache(RowCache):
 
 
 def row_moves(rows: np.ndarray) -> list[tuple[int, int, int]]:
-    """How to bring the ascending `rows` of an array to its front in place: (dst, src, n) slices to
-    copy in order. Rows already in place stay; each run of consecutive rows behind the first gap
-    moves down as one slice (onto lower addresses: numpy copies overlapping slices safely)."""
+    """How to bring `rows` of an array to its front in place, row j of the result from row
+    rows[j]: (dst, src, n) slices to copy in order. Rows already in place stay; each run of rows
+    that move together (consecutive sources to consecutive places) is one slice. Either every
+    source lies behind the new end (`fill_order`: nothing overlaps) or `rows` ascend, so that rows
+    move down onto lower addresses (numpy copies overlapping slices safely)."""
     moved = np.flatnonzero(rows != np.arange(len(rows)))
     if not len(moved):
         return []
-    at = int(moved[0])
-    breaks = (np.flatnonzero(np.diff(rows[at:]) != 1) + 1).tolist()
-    return [(at + a, int(rows[at + a]), b - a) for a, b in zip([0, *breaks], [*breaks, len(rows) - at])]
+    src = rows[moved]
+    breaks = (np.flatnonzero((np.diff(moved) != 1) | (np.diff(src) != 1)) + 1).tolist()
+    return [(int(moved[a]), int(src[a]), b - a) for a, b in zip([0, *breaks], [*breaks, len(moved)])]
+
+
+def fill_order(kept: Sequence[int]) -> list[int]:
+    """The order in which the ascending indices `kept` take the first len(kept) places, moving as
+    few as possible: an index that is already within them stays, and those behind fill the gaps
+    the others left, in order. A filter then copies one row for each dropped one within the new
+    length, where keeping the order would move every row behind the first gap."""
+    m = len(kept)
+    order = list(range(m))
+    gaps = sorted(set(order).difference(kept))
+    for gap, i in zip(gaps, kept[m - len(gaps) :]):
+        order[gap] = i
+    return order
 
 
 def stack_padded(arrays: Sequence[np.ndarray], axis_len: int) -> np.ndarray:
@@ -369,8 +384,9 @@ class InPlaceCache(RowCache):
         move together, so the indirection stays valid as it is.
 
         When every slot is still used (rows that started together: static batches, offline), the
-        kept rows move to the front of the same buffers, only their used slots copied, and the new
-        cache holds views of those: no allocation, nothing zeroed. This cache is not used after."""
+        kept rows move to the front of the same buffers (`row_moves`: only rows out of place, only
+        their used slots), and the new cache holds views of those: no allocation, nothing zeroed.
+        This cache is not used after."""
         mask = self.mask[rows, : self.P]
         slots = np.flatnonzero(mask.any(axis=0)) if len(rows) else np.zeros(0, dtype=np.int64)
         if len(slots) < self.P or len(rows) == 0:

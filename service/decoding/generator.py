@@ -36,7 +36,7 @@ from typing import Any, Literal, TypeAlias
 
 import numpy as np
 
-from service.decoding.cache import ConcatCache, RowCache, StepResult, new_cache, row_moves, stack_padded
+from service.decoding.cache import ConcatCache, RowCache, StepResult, fill_order, new_cache, row_moves, stack_padded
 
 NEG_INF = float("-inf")
 # The encoder runs over a batch's sources in length-sorted chunks, each padded only to its own longest
@@ -178,12 +178,13 @@ class Layout:
     axis: "batch" (one value for the whole batch; batches concatenate only when theirs agree),
     "sentence" or "row" (a numpy array or list indexed by sentence or row along its first axis, for
     a sentence a dict keyed by the sentence's key, or for rows a `RowCache`, which selects and
-    concatenates itself). padded: "source", an axis (1 of a mask (N, S), 2 of keys or values
-    (N, H, S, d_k)) that runs to the batch's longest source: `concatenate` pads it with zeros,
-    `filter` drops what no kept sentence uses. layers: a list of such arrays, one per decoder layer."""
+    concatenates itself). padded: an axis that `concatenate` pads with zeros to the longest of the
+    batches': "source" (1 of a mask (N, S), 2 of keys or values (N, H, S, d_k)) runs to the
+    batch's longest source, and `filter` drops what no kept sentence uses; "output" (1 of (R, T))
+    has room for a row's longest output. layers: a list of such arrays, one per decoder layer."""
 
     axis: Literal["batch", "sentence", "row"]
-    padded: Literal["source"] | None = None
+    padded: Literal["source", "output"] | None = None
     layers: bool = False
 
 
@@ -194,7 +195,7 @@ def _batch_wide() -> Any:
 def _per(
     axis: Literal["sentence", "row"],
     empty: Callable[[], Any],
-    padded: Literal["source"] | None = None,
+    padded: Literal["source", "output"] | None = None,
     layers: bool = False,
 ) -> Any:
     """A field indexed by sentence or row; `empty()` makes its value for no sentences."""
@@ -226,6 +227,11 @@ def layouts(cls: type) -> tuple[tuple[str, Layout], ...]:
 def _pad_axis(a: np.ndarray) -> int:
     """The axis that runs to the longest source: 1 of a mask (N, S), 2 of keys or values (N, H, S, d_k)."""
     return 1 if a.ndim == 2 else 2
+
+
+def _out_width(beam: int, max_len: np.ndarray) -> int:
+    """Columns of a batch's `out_ids`: its sentences' longest output (greedy), none (beam search)."""
+    return int(max_len.max()) if beam == 1 and len(max_len) else 0
 
 
 def _as_list(value, n: int, name: str) -> list:
@@ -275,7 +281,11 @@ class DecodeBatch:
     tokens: np.ndarray = _per("row", _zeros(0, dtype=np.int64))  # the next input token
     # float32; greedy: the sum of log-probabilities, beam: the beam's cumulative score
     scores: np.ndarray = _per("row", _zeros(0, dtype=np.float32))
-    hist: list[_Node | None] = _per("row", list)  # the output so far
+    # The output so far: beam search's linked nodes (token, attention row, parent); greedy search
+    # keeps its tokens in `out_ids` instead (column t: the token emitted at position t), written
+    # for all rows in one call a step, and here only the attention rows of those that want them.
+    hist: list[_Node | None] = _per("row", list)
+    out_ids: np.ndarray = _per("row", _zeros(0, 0, dtype=np.int64), padded="output")  # (R, T) greedy
 
     # -- construction ---------------------------------------------------------
 
@@ -332,6 +342,7 @@ class DecodeBatch:
         scores[:, 1:] = NEG_INF  # all beams start identical: only the first one is live
         self.scores = scores.reshape(-1)
         self.hist = [None] * R
+        self.out_ids = np.zeros((R, _out_width(K, self.max_len)), dtype=np.int64)
         return self
 
     def _empty_state(self, model) -> None:
@@ -429,28 +440,29 @@ class DecodeBatch:
         """best, nxt: (R,) each row's best log-probability (None: not computed, as no live row
         wants its score) and token."""
         live = ~self.done
+        rows = np.flatnonzero(live)
         if best is not None:
             self.scores = self.scores + np.where(live, best, np.float32(0))  # float32 (best is)
-        finished = []
-        eos = self.eos_id
-        nxt_list, want_alignment = nxt.tolist(), self.want_alignment.tolist()
-        hist, keys, emitted = self.hist, self.keys, self.last_emitted
-        for r in np.flatnonzero(live).tolist():
-            tok = nxt_list[r]
-            hist[r] = _node(tok, att[r] if want_alignment[r] else None, hist[r])
-            emitted[keys[r]] = [tok]
-            if tok == eos:
-                finished.append(self._greedy_finished(r))
+        self.out_ids[rows, self.positions[rows]] = nxt[rows]
+        if self.want_alignment.any():
+            hist = self.hist
+            for r in np.flatnonzero(live & self.want_alignment).tolist():
+                hist[r] = _node(int(nxt[r]), att[r], hist[r])
+        rows_list, keys = rows.tolist(), self.keys
+        self.last_emitted = {keys[r]: [t] for r, t in zip(rows_list, nxt[rows].tolist())}
         self.tokens = nxt.astype(np.int64, copy=False)
-        return finished
+        return [self._greedy_finished(r) for r in np.flatnonzero(live & (nxt == self.eos_id)).tolist()]
 
     def _greedy_finished(self, r: int) -> Finished:
         """Greedy sentence r (row r) ended with </s> at this step."""
         self.done[r] = True
         eos, pad = self.eos_id, self.pad_id
-        toks, atts = _walk(self.hist[r])
+        toks = self.out_ids[r, : int(self.positions[r]) + 1].tolist()  # </s> last
         keep = [j for j, t in enumerate(toks) if t != pad]  # the reference drops pad ids
-        alignment = _alignment([atts[j] for j in keep], self.src_lens[r]) if self.want_alignment[r] else None
+        alignment = None
+        if self.want_alignment[r]:
+            atts = _walk(self.hist[r])[1]
+            alignment = _alignment([atts[j] for j in keep], self.src_lens[r])
         score = float(self.scores[r]) if self.want_scores[r] else None
         toks = [toks[j] for j in keep if toks[j] != eos]
         return Finished(self.keys[r], toks, score, score, alignment, int(self.steps[r]) + 1)
@@ -488,7 +500,9 @@ class DecodeBatch:
             if out.top_log_probs is not None:
                 best = out.eos_log_prob[0] if forced and out.eos_log_prob is not None else out.top_log_probs[0, 0]
                 self.scores = self.scores + best  # float32, as `_greedy` adds
-            self.hist[0] = _node(tok, out.cross_attention[0] if self.want_alignment[0] else None, self.hist[0])
+            self.out_ids[0, self.positions[0]] = tok
+            if self.want_alignment[0]:
+                self.hist[0] = _node(tok, out.cross_attention[0], self.hist[0])
             self.last_emitted[self.keys[0]] = [tok]
             if tok == self.eos_id:
                 finished.append(self._greedy_finished(0))
@@ -609,28 +623,33 @@ class DecodeBatch:
     # -- batch surgery --------------------------------------------------------
 
     def filter(self, keep_keys) -> DecodeBatch:
-        """Keep only the sentences in `keep_keys` (others finished or were cancelled), in batch
-        order, in place; then drop source columns and cache entries no kept row uses. Returns self."""
+        """Keep only the sentences in `keep_keys` (others finished or were cancelled), in place;
+        then drop source columns and cache entries no kept row uses. Returns self. The kept
+        sentences keep their places, except those behind the new end, which fill the gaps in
+        batch order (`fill_order`): the keys, caches and the encoder's keys and values then move
+        one sentence per dropped one, not every sentence behind the first gap."""
         keep = set(keep_keys)
         idx = [i for i, k in enumerate(self.keys) if k in keep]
         if len(idx) == self.n_sentences:
             return self
+        idx = fill_order(idx)
         K = self.beam
         sent = np.array(idx, dtype=np.int64)
         rows = (sent[:, None] * K + np.arange(K)[None, :]).reshape(-1)
-        # The source axis shrinks to the kept sentences' longest source; the cache drops the
-        # entries that no kept row uses by itself.
+        # The source axis shrinks to the kept sentences' longest source, the output axis to their
+        # longest output (`_out_width`); the cache drops the entries that no kept row uses by itself.
         S = int(self.src_lens[sent].max()) if len(idx) else 0
+        cut = {"source": S, "output": _out_width(K, self.max_len[sent])}
 
         def take(a: np.ndarray, at: np.ndarray, padded: str | None) -> np.ndarray:
-            if padded == "source":
-                return a[(at,) + (slice(None),) * (_pad_axis(a) - 1) + (slice(None, S),)]
+            if padded is not None:
+                return a[(at,) + (slice(None),) * (_pad_axis(a) - 1) + (slice(None, cut[padded]),)]
             return a[at]
 
         def take_layer(a: np.ndarray, at: np.ndarray, padded: str | None) -> np.ndarray:
             """A layer's keys or values of the kept sentences. While the source axis keeps its
             length, the kept rows move to the front of the same array, as the fused cache's do:
-            only those behind the first gap are copied, and nothing is allocated."""
+            only those that fill a gap are copied, and nothing is allocated."""
             if padded == "source" and a.shape[_pad_axis(a)] != S:
                 return take(a, at, padded)
             for dst, src, n in row_moves(at):
@@ -675,7 +694,10 @@ class DecodeBatch:
         keys = [k for b in present for k in b.keys]
         if len(set(keys)) != len(keys):
             raise ValueError("duplicate keys across batches")
-        longest = {"source": max(b.src_len for b in present)}
+        longest = {
+            "source": max(b.src_len for b in present),
+            "output": _out_width(first.beam, np.concatenate([b.max_len for b in present])),
+        }
 
         def stack(arrays: list[np.ndarray], padded: str | None) -> np.ndarray:
             """The first axes of all batches' arrays (rows, or sentences) one after the other; a

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 
-from service.decoding.cache import ConcatCache, InPlaceCache, RowCache
+from service.decoding.cache import ConcatCache, InPlaceCache, RowCache, fill_order, row_moves
 from service.decoding.generator import (
     DecodeBatch,
     Finished,
@@ -329,9 +329,10 @@ def test_the_one_sentence_beam_step_selects_as_the_batched_one(K, want_alignment
 
 def assert_fields_fit(batch: DecodeBatch, n_layers: int) -> None:
     """Every declared per-sentence and per-row field has one entry per sentence or row, and every
-    padded axis runs to the batch's longest source; the cache has every row, `past_len` entries each."""
+    padded axis runs to the batch's longest source or output (greedy: its longest `max_len`,
+    beams: none); the cache has every row, `past_len` entries each."""
     n, R = batch.n_sentences, len(batch)
-    longest = {"source": batch.src_len}
+    longest = {"source": batch.src_len, "output": int(batch.max_len.max()) if batch.beam == 1 and n else 0}
     for name, layout in layouts(type(batch)):
         if layout.axis == "batch":
             continue
@@ -550,6 +551,59 @@ def test_filtering_a_static_batch_keeps_the_fused_cache_in_its_buffers(tiny_onnx
         batch.filter(batch.active_keys())
     assert [results[i].tokens for i in keep] == [h.tokens for h in want]
     assert [results[i].score for i in keep] == pytest.approx([h.score for h in want], abs=1e-5)
+
+
+@pytest.mark.parametrize(
+    "kept,order",
+    [
+        ([0, 1, 2], [0, 1, 2]),  # nothing dropped: nothing moves
+        ([0, 2, 3, 4, 5], [0, 5, 2, 3, 4]),  # one gap, filled by the last
+        ([1, 3, 5, 6], [5, 1, 6, 3]),  # gaps at 0 and 2, filled in order
+        ([1, 4, 5, 6], [4, 1, 5, 6]),  # the one just behind the new end fills a gap too
+        ([3, 4], [3, 4]),  # every kept one lies behind the new end
+        ([], []),
+    ],
+)
+def test_fill_order_moves_one_sentence_per_gap(kept, order):
+    assert fill_order(kept) == order
+    rows = np.array(order, dtype=np.int64)
+    a = np.arange(10) * 10
+    for dst, src, n in row_moves(rows):
+        a[dst : dst + n] = a[src : src + n]
+    assert a[: len(order)].tolist() == [10 * i for i in order]
+    assert sum(n for _, _, n in row_moves(rows)) == sum(i != j for j, i in enumerate(order))
+
+
+def test_row_moves_groups_runs_and_keeps_rows_in_place():
+    assert row_moves(np.array([0, 1, 2])) == []
+    assert row_moves(np.array([0, 8, 9, 3, 6, 7])) == [(1, 8, 2), (4, 6, 2)]
+    assert row_moves(np.array([0, 2, 3, 5])) == [(1, 2, 2), (3, 5, 1)]  # ascending: down, in order
+    a = np.arange(6)
+    for dst, src, n in row_moves(np.array([0, 2, 3, 5])):
+        a[dst : dst + n] = a[src : src + n]
+    assert a[:4].tolist() == [0, 2, 3, 5]
+
+
+@pytest.mark.parametrize("beam", [1, 2])
+def test_filter_fills_the_gaps_from_the_end_and_decodes_on(tiny_onnx, sources, beam):
+    """`filter` keeps each sentence where it is unless it lies behind the new end; those fill the
+    gaps. Every field follows (keys, the encoder's keys and values, the cache), and decoding goes
+    on to the results of a batch that never held the dropped sentences."""
+    kept = [0, 2, 3, 4, 5]
+    want = dict(zip(kept, generate(tiny_onnx, [sources[i] for i in kept], beam=beam)))
+    batch = DecodeBatch.from_sources(tiny_onnx, sources[:6], list(range(6)), beam=beam)
+    results: dict = {}
+    for _ in range(2):
+        results |= {f.key: f for f in batch.step(tiny_onnx)}
+    cross = {k: batch.cross_k[0][i, :, : len(sources[k])].copy() for i, k in enumerate(batch.keys)}
+    batch.filter([0, 2, 3, 4, 5])
+    assert batch.keys == [0, 5, 2, 3, 4]
+    for i, k in enumerate(batch.keys):
+        np.testing.assert_array_equal(batch.cross_k[0][i, :, : len(sources[k])], cross[k])
+    results: dict = {}
+    run_to_end(tiny_onnx, batch, results)
+    assert {k: results[k].tokens for k in want} == {k: h.tokens for k, h in want.items()}
+    assert [results[k].score for k in want] == pytest.approx([h.score for h in want.values()], abs=1e-5)
 
 
 def _record_scored(monkeypatch, model) -> list[bool]:
