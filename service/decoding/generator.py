@@ -80,8 +80,10 @@ class Finished:
         return Hypothesis(self.tokens, self.score, self.log_prob, self.alignment)
 
 
-# A row's output so far is a linked list of immutable nodes (token, attention row or None, parent,
-# length), so that reordering beams costs one reference per row, not a copy of its history.
+# Under beam search a row's output so far is a linked list of immutable nodes (token, attention row
+# or None, parent, length), so that reordering beams costs one reference per row, not a copy of its
+# history. Greedy rows never reorder: their tokens go to `DecodeBatch.out_ids`, and nodes carry
+# only the attention rows of those that want their alignment.
 _Node: TypeAlias = "tuple[int, np.ndarray | None, _Node | None, int]"
 # A hypothesis that ended with </s> while its sentence still decodes: (length-normalised score,
 # sum of log-probabilities, its output without the </s>, the </s> step's attention row or None).
