@@ -445,13 +445,14 @@ class DecodeBatch:
         rows = np.flatnonzero(live)
         if best is not None:
             self.scores = self.scores + np.where(live, best, np.float32(0))  # float32 (best is)
-        self.out_ids[rows, self.positions[rows]] = nxt[rows]
+        emitted = nxt[rows]
+        self.out_ids[rows, self.positions[rows]] = emitted
         if self.want_alignment.any():
             hist = self.hist
             for r in np.flatnonzero(live & self.want_alignment).tolist():
                 hist[r] = _node(int(nxt[r]), att[r], hist[r])
-        rows_list, keys = rows.tolist(), self.keys
-        self.last_emitted = {keys[r]: [t] for r, t in zip(rows_list, nxt[rows].tolist())}
+        keys = self.keys
+        self.last_emitted = {keys[r]: [t] for r, t in zip(rows.tolist(), emitted.tolist())}
         self.tokens = nxt.astype(np.int64, copy=False)
         return [self._greedy_finished(r) for r in np.flatnonzero(live & (nxt == self.eos_id)).tolist()]
 
