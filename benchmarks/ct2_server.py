@@ -5,7 +5,7 @@ the same gRPC front, Engine, limits, health, metrics and drain on SIGTERM as `mt
         [--ct2-dir /tmp/de-en-ct2] [--compute-type int8] [--decode-workers 2 --intra-op-threads 1] \\
         [--ct2-batch-size 32]
 
-Every `mtserve serve` flag is accepted. The tokenizer and the manifest come from the ONNX export
+Every `mtserve serve` flag is accepted, `--replicas` too. The tokenizer and the manifest come from the ONNX export
 (`--onnx-dir`, default MODEL_DIR/onnx), the weights from MODEL_DIR converted by
 benchmarks/ct2_convert.py (into `--ct2-dir` when it holds no model yet, else a temporary
 directory). Thread layout: `--decode-workers` translator replicas (CTranslate2's `inter_threads`,
@@ -17,7 +17,7 @@ one worker thread each) of `--intra-op-threads` threads; the default 2 x 1 is th
 from __future__ import annotations
 
 import argparse
-import asyncio
+import functools
 import logging
 import sys
 import tempfile
@@ -29,36 +29,39 @@ sys.path.insert(0, str(REPO))
 from contract.manifest import Manifest
 from service.errors import ModelLoadError, StartupError
 from service.metrics import ModelMetrics
-from service.runtime.memory import keep_freed_memory
-from service.server import Server, add_arguments, settings_from_args
+from service.replicas import serve
+from service.server import BackendFactory, Server, add_arguments, settings_from_args
 from service.settings import Settings
 
 log = logging.getLogger("mtserve.ct2_server")
 
 
-def backend_factory(ct2_dir: Path, compute_type: str, batch_size: int = 0):
+def backend_factory(ct2_dir: Path, compute_type: str, batch_size: int = 0) -> BackendFactory:
     """A `service.server.BackendFactory`: a Ct2Backend over the converted model in `ct2_dir`,
-    `settings.decode_workers` replicas of `settings.intra_op_threads` threads."""
+    `settings.decode_workers` replicas of `settings.intra_op_threads` threads. A partial of a
+    module-level function, so that it crosses to the server's replica processes (`--replicas`)."""
+    return functools.partial(_ct2_backend, ct2_dir, compute_type, batch_size)
 
-    def make(settings: Settings, metrics: ModelMetrics, manifest: Manifest):
-        from benchmarks.ct2_backend import Ct2Backend
-        from benchmarks.ct2_convert import Ct2Translator
 
-        ct2 = Ct2Translator(
-            ct2_dir,
-            settings.model_dir,
-            compute_type=compute_type,
-            inter_threads=settings.decode_workers,
-            intra_threads=settings.intra_op_threads,
+def _ct2_backend(
+    ct2_dir: Path, compute_type: str, batch_size: int, settings: Settings, metrics: ModelMetrics, manifest: Manifest
+):
+    from benchmarks.ct2_backend import Ct2Backend
+    from benchmarks.ct2_convert import Ct2Translator
+
+    ct2 = Ct2Translator(
+        ct2_dir,
+        settings.model_dir,
+        compute_type=compute_type,
+        inter_threads=settings.decode_workers,
+        intra_threads=settings.intra_op_threads,
+    )
+    if len(ct2.tokens) != manifest.dims.vocab_size or ct2.eos_id != manifest.special_ids.eos_id:
+        raise ModelLoadError(
+            f"{settings.model_dir} ({len(ct2.tokens)} tokens, </s> {ct2.eos_id}) is not the model of the export "
+            f"at {settings.graphs_dir} ({manifest.dims.vocab_size} tokens, </s> {manifest.special_ids.eos_id})"
         )
-        if len(ct2.tokens) != manifest.dims.vocab_size or ct2.eos_id != manifest.special_ids.eos_id:
-            raise ModelLoadError(
-                f"{settings.model_dir} ({len(ct2.tokens)} tokens, </s> {ct2.eos_id}) is not the model of the export "
-                f"at {settings.graphs_dir} ({manifest.dims.vocab_size} tokens, </s> {manifest.special_ids.eos_id})"
-            )
-        return Ct2Backend(ct2, settings, metrics, max_batch=batch_size or None)
-
-    return make
+    return Ct2Backend(ct2, settings, metrics, max_batch=batch_size or None)
 
 
 def converted(model_dir: Path, ct2_dir: str | None) -> tuple[Path, tempfile.TemporaryDirectory | None]:
@@ -86,11 +89,10 @@ def main(argv: list[str] | None = None) -> None:
     except ValueError as e:
         sys.exit(f"ct2_server: invalid settings: {e}")
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    keep_freed_memory()
     ct2_dir, tmp = converted(settings.model_dir, args.ct2_dir)
     try:
-        server = Server(settings, backend_factory=backend_factory(ct2_dir, args.compute_type, args.ct2_batch_size))
-        asyncio.run(server.run())
+        factory = backend_factory(ct2_dir, args.compute_type, args.ct2_batch_size)
+        serve(settings, functools.partial(Server, backend_factory=factory))
     except StartupError as e:
         log.error("cannot start: %s", e)
         sys.exit(2)

@@ -3,7 +3,8 @@ generator at fixed concurrency levels, single-sentence Translate requests cyclin
 test sentences.
 
     python benchmarks/online.py --concurrency 1,8,32,64,128 --beam 4 [--continuous-batching]
-        [--api many --streams 1] [--server-arg=--decode-workers=1 ...] [--backend ct2] [--json out.json]
+        [--api many --streams 1] [--connections 8] [--server-arg=--replicas=2 ...] [--backend ct2]
+        [--json out.json]
 
 `--api unary` (the default) sends each sentence as its own Translate call; `--api many` sends the
 same single-sentence requests as items of `--streams` long-lived TranslateMany streams (the
@@ -180,21 +181,26 @@ async def _load(
     duration: float | None = None,
     api: str = "unary",
     streams: int = 1,
+    connections: int = 1,
 ) -> dict:
-    opts = [("grpc.max_receive_message_length", 16 * 1024 * 1024)]
-    async with grpc.aio.insecure_channel(address, options=opts) as ch:
-        stub = pb_grpc.TranslationServiceStub(ch)
+    # A subchannel pool of each channel's own: channels with the same arguments would otherwise share
+    # one connection, and a server's replicas (SO_REUSEPORT) are spread by connection.
+    opts = [("grpc.max_receive_message_length", 16 * 1024 * 1024), ("grpc.use_local_subchannel_pool", 1)]
+    channels = [grpc.aio.insecure_channel(address, options=opts) for _ in range(max(1, min(connections, concurrency)))]
+    try:
+        stubs = [pb_grpc.TranslationServiceStub(ch) for ch in channels]
         options = pb.TranslationOptions(beam_size=beam)
-        many = [ManyStream(stub) for _ in range(min(streams, concurrency))] if api == "many" else []
+        n_streams = min(streams, concurrency) if api == "many" else 0
+        many = [ManyStream(stubs[k % len(stubs)]) for k in range(n_streams)]
 
-        async def one(i: int):
+        async def one(i: int, w: int):
             req = pb.TranslateRequest(texts=[texts[i % len(texts)]], options=options)
             t = time.perf_counter()
             try:
                 if many:
                     code, translation = await many[i % len(many)].translate(str(i), req, timeout)
                     return i, time.perf_counter() - t, code, translation
-                resp = await stub.Translate(req, timeout=timeout)
+                resp = await stubs[w % len(stubs)].Translate(req, timeout=timeout)
                 return i, time.perf_counter() - t, "OK", resp.translations[0]
             except grpc.aio.AioRpcError as e:
                 return i, time.perf_counter() - t, e.code().name, None
@@ -203,13 +209,13 @@ async def _load(
             counter = iter(range(start, start + count))
             results = []
 
-            async def worker():
+            async def worker(w: int):  # a closed-loop client on connection w % connections
                 for i in counter:
-                    results.append(await one(i))
+                    results.append(await one(i, w))
                     if until is not None and time.perf_counter() > until:
                         break
 
-            await asyncio.gather(*(worker() for _ in range(concurrency)))
+            await asyncio.gather(*(worker(w) for w in range(concurrency)))
             return results
 
         await drive(0, 2 * concurrency)  # warm-up: connections, batches at this concurrency
@@ -218,6 +224,9 @@ async def _load(
         seconds = time.perf_counter() - t0
         for m in many:
             await m.close()
+    finally:
+        for ch in channels:
+            await ch.close()
     return {"results": results, "seconds": seconds}
 
 
@@ -232,12 +241,16 @@ def run_level(
     duration: float | None = None,
     api: str = "unary",
     streams: int = 1,
+    connections: int = 1,
 ) -> dict:
     """`n_requests` single-sentence requests, `concurrency` at a time (or fewer when `duration`
-    seconds pass first), as Translate calls or as items of `streams` TranslateMany streams."""
+    seconds pass first), as Translate calls or as items of `streams` TranslateMany streams, over
+    `connections` client connections (at most one per concurrent request)."""
     import sacrebleu
 
-    out = asyncio.run(_load(address, texts, concurrency, n_requests, beam, timeout, duration, api, streams))
+    out = asyncio.run(
+        _load(address, texts, concurrency, n_requests, beam, timeout, duration, api, streams, connections)
+    )
     results, seconds = out["results"], out["seconds"]
     ok = [r for r in results if r[2] == "OK"]
     lat = sorted(r[1] for r in ok)
@@ -252,6 +265,7 @@ def run_level(
         "concurrency": concurrency,
         "beam": beam,
         "api": api,
+        "connections": max(1, min(connections, concurrency)),
         "requests": len(results),
         "ok": len(ok),
         "errors": dict(errors),
@@ -272,12 +286,27 @@ def requests_for(concurrency: int, base: int, rounds: int = 4) -> int:
 
 
 def process_cpu_s(pid: int | None = None) -> float:
-    """CPU seconds (user + system) used so far by process `pid` (None: this one), all threads."""
+    """CPU seconds (user + system) used so far by process `pid` (None: this one), all threads, and
+    by its live child processes (a server's replicas or engine processes)."""
     if pid is None:
         t = os.times()
         return t.user + t.system
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except FileNotFoundError:  # it exited meanwhile
+        return 0.0
+    own = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return own + sum(process_cpu_s(child) for child in _children(pid))
+
+
+def _children(pid: int) -> list[int]:
+    kids: list[int] = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            kids += [int(k) for k in (task / "children").read_text().split()]
+        except FileNotFoundError:
+            continue
+    return kids
 
 
 def run(
@@ -293,13 +322,22 @@ def run(
     api: str = "unary",
     streams: int = 1,
     backend: str = "ort",
+    connections: int = 1,
 ) -> dict:
     with Server(model_dir, list(server_args), backend=backend) as srv:
         rows = []
         for c in levels:
             cpu0, t0 = (process_cpu_s(srv.pid), process_cpu_s()), time.perf_counter()
             row = run_level(
-                srv.address, texts, refs, c, requests_for(c, base_requests, rounds), beam, api=api, streams=streams
+                srv.address,
+                texts,
+                refs,
+                c,
+                requests_for(c, base_requests, rounds),
+                beam,
+                api=api,
+                streams=streams,
+                connections=connections,
             )
             # CPU used during the level (warm-up included) by the server and by this load generator,
             # in cores: both share the machine.
@@ -317,6 +355,7 @@ def run(
         "server_args": list(server_args),
         "api": api,
         "streams": streams,
+        "connections": connections,
         "backend": backend,
         "levels": rows,
         "server_exit": rc,
@@ -345,6 +384,12 @@ def main() -> None:
         help="unary: a Translate call per sentence; many: items of TranslateMany streams",
     )
     p.add_argument("--streams", type=int, default=1, help="TranslateMany streams the concurrency is split over")
+    p.add_argument(
+        "--connections",
+        type=int,
+        default=1,
+        help="client connections the concurrency is spread over (a server's replicas are spread by connection)",
+    )
     p.add_argument("--server-arg", action="append", default=[], help="extra `mtserve serve` flag (repeatable)")
     p.add_argument(
         "--backend",
@@ -368,6 +413,7 @@ def main() -> None:
         api=args.api,
         streams=args.streams,
         backend=args.backend,
+        connections=args.connections,
     )
     print_result(result, args.json)
 

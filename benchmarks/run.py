@@ -17,8 +17,8 @@
    between an offline engine and the service into batching and RPC.
 3. A sweep of the serving thread layout (decode workers x intra-op threads, inter-op threads,
    precision) at concurrency 64 and 1.
-4. The headline ratios in interleaved pairs: CTranslate2 int8 offline right next to the server's
-   default layout at concurrency 64 and 1, on the same sentences, several times per beam; in the
+4. The headline ratios in interleaved pairs: CTranslate2 int8 offline right next to the server
+   (a replica per core, one decode worker each: `served_layout`) at concurrency 64 and 1, on the same sentences, several times per beam; in the
    same pairs, the ORT int8 engine offline (service.decoding.generator, best layout) and the same
    server decoding with CTranslate2 int8 (benchmarks/ct2_server.py: mtserve's gRPC front, Engine
    and limits on a CTranslate2 backend at its best offline layout) at concurrency 64 and 1.
@@ -30,7 +30,7 @@ docs/benchmarks.md and docs/benchmarks.png for a full run, benchmarks/results/qu
 quick one (`--docs` sends a quick run's to docs/ too). The last line printed is one JSON object
 with the headline ratios:
 
-  service_over_ct2_int8     service throughput at concurrency 64 (default layout), one Translate
+  service_over_ct2_int8     service throughput at concurrency 64 (a replica per core), one Translate
                             call per sentence / CTranslate2 int8 offline throughput (its best
                             layout), same beam: the median ratio of the interleaved pairs
   latency_c1_over_ct2       service p50 latency at concurrency 1 / CTranslate2 int8's
@@ -85,6 +85,15 @@ from benchmarks import tracing_overhead
 RESULTS = REPO / "benchmarks" / "results"
 LEVELS = [1, 8, 32, 64, 128]
 MANY_LEVELS = [1, 64]  # TranslateMany: one stream carrying the same single-sentence requests
+# Client connections of every online run (one per request at lower concurrency): a server's replicas
+# (`--replicas`) are spread by connection, and one process serves 8 connections as fast as one.
+CONNECTIONS = 8
+
+
+def served_layout(threads: int) -> list[str]:
+    """The server's layout in the pairs: a replica per core with one decode worker each (the
+    fastest measured at concurrency 64: docs/performance.md), or the default on one core."""
+    return ["--replicas", str(threads), "--decode-workers", "1"] if threads > 1 else []
 
 
 def log(msg: str) -> None:
@@ -112,6 +121,7 @@ def plan(quick: bool) -> dict:
             "sweep": [
                 ["--decode-workers", "1", "--intra-op-threads", "2"],
                 ["--decode-workers", "2", "--intra-op-threads", "1", "--precision", "fp32"],
+                ["--replicas", "2", "--decode-workers", "1"],
             ],
             "sweep_levels": [1, 64],
             "profile_seconds": 8,
@@ -144,6 +154,7 @@ def plan(quick: bool) -> dict:
                 ["--decode-workers", "2", "--intra-op-threads", "1"],
                 ["--decode-workers", "4", "--intra-op-threads", "1"],
                 ["--decode-workers", "2", "--intra-op-threads", "1", "--inter-op-threads", "2"],
+                ["--replicas", "2", "--decode-workers", "1"],
             )
         ],
         "sweep_levels": [1, 64],
@@ -268,7 +279,16 @@ def run_online(p: dict, model: str, texts, refs) -> dict:
             args = ["--continuous-batching" if cb else "--no-continuous-batching"]
             log(f"online: beam {beam}, continuous batching {'on' if cb else 'off'} (default layout)")
             r = online_mod.run(
-                model, texts, refs, LEVELS, beam, p["online_requests"], args, log=log, rounds=p["rounds"]
+                model,
+                texts,
+                refs,
+                LEVELS,
+                beam,
+                p["online_requests"],
+                args,
+                log=log,
+                rounds=p["rounds"],
+                connections=CONNECTIONS,
             )
             r.update({"beam": beam, "continuous_batching": cb})
             out["runs"].append(r)
@@ -331,7 +351,16 @@ def run_sweep(p: dict, model: str, texts, refs, beam: int) -> list[dict]:
     for args in p["sweep"]:
         log(f"sweep: {' '.join(args)} (beam {beam})")
         r = online_mod.run(
-            model, texts, refs, p["sweep_levels"], beam, p["online_requests"], args, log=log, rounds=p["rounds"]
+            model,
+            texts,
+            refs,
+            p["sweep_levels"],
+            beam,
+            p["online_requests"],
+            args,
+            log=log,
+            rounds=p["rounds"],
+            connections=CONNECTIONS,
         )
         r["beam"] = beam
         rows.append(r)
@@ -381,7 +410,13 @@ def _server_part(p: dict, address: str, texts, refs, beam: int, prefix: str) -> 
     {PREFIX_c64_sentences_per_s, PREFIX_c1_p50_ms}, or {"error": ...}."""
     n = p["pair_sentences"]
     c64 = online_mod.run_level(
-        address, texts[:n], refs[:n], 64, online_mod.requests_for(64, p["pair_requests"], p["rounds"]), beam
+        address,
+        texts[:n],
+        refs[:n],
+        64,
+        online_mod.requests_for(64, p["pair_requests"], p["rounds"]),
+        beam,
+        connections=CONNECTIONS,
     )
     c1 = online_mod.run_level(address, texts, refs, 1, p["latency_n"], beam)
     if c64["errors"] or c1["errors"]:
@@ -409,7 +444,7 @@ def run_pairs(
       single-sentence latency with 1 thread, as the issue defines it),
     - the ORT int8 engine offline (`service.decoding.generator` over the sentences, its best layout
       likewise; single-sentence latency with 1 thread),
-    - the server's default layout (`mtserve serve`) at concurrency 64 and 1,
+    - the server (`mtserve serve`, a replica per core: `served_layout`) at concurrency 64 and 1,
     - the same server decoding with CTranslate2 int8 (benchmarks/ct2_server.py: CTranslate2's best
       offline layout and batch size) at concurrency 64 and 1, under the same load generator.
     Either order keeps each ratio's two parts next to each other. On a machine whose speed drifts
@@ -432,8 +467,8 @@ def run_pairs(
             intra = max(1, threads // workers)
             log(
                 f"pairs: beam {beam}, CT2 int8 {workers}x{intra} batch {batch} offline and served, ORT int8 engine "
-                f"{ort_workers}x{max(1, threads // ort_workers)} batch {ort_batch} offline (single: 1x1), the server's "
-                f"default layout, {p['pairs']} pairs"
+                f"{ort_workers}x{max(1, threads // ort_workers)} batch {ort_batch} offline (single: 1x1), the server "
+                f"{' '.join(served_layout(threads)) or 'default layout'}, {p['pairs']} pairs, {CONNECTIONS} connections"
             )
             ct2_cmd = _offline_cmd(p, model, threads, "ct2-int8", beam, workers, batch) + data + ["--ct2-dir", ct2_dir]
             ort_cmd = _offline_cmd(p, model, threads, "ort-int8", beam, ort_workers, ort_batch) + data
@@ -448,7 +483,7 @@ def run_pairs(
                 ct2_dir,
             ]
             with contextlib.ExitStack() as servers:
-                srv = servers.enter_context(online_mod.Server(model, []))
+                srv = servers.enter_context(online_mod.Server(model, served_layout(threads)))
                 try:  # a CTranslate2 server that does not start leaves its ratios out, not the others
                     ct2_srv = servers.enter_context(
                         online_mod.Server(model, served_args, backend="ct2", log_prefix="mtserve-ct2-bench-")
@@ -902,7 +937,8 @@ def _report_what_is_measured() -> list[str]:
         "(API `many`); warm-up of 2N requests not counted; the client shares the cores.",
         "- **Batcher** (`benchmarks/batcher.py`): the same scheduler and decode workers in one process with no gRPC, "
         "64 sentences in flight: what batching arrivals of mixed length costs, apart from the RPC layer.",
-        "- **Pairs** (`run_pairs`): CTranslate2 int8 offline and the server's default layout at concurrency 64 "
+        "- **Pairs** (`run_pairs`): CTranslate2 int8 offline and the server (a replica per core with one decode "
+        "worker each, `--replicas 2 --decode-workers 1` on 2 cores) at concurrency 64 "
         "and 1, one right after the other on the same sentences, several times per beam: the headline ratios. "
         "In the same pairs, the ORT int8 engine offline, and the same server decoding with CTranslate2 int8 "
         "(`benchmarks/ct2_server.py`, the server's front on a CTranslate2 backend) at concurrency 64 and 1.",
@@ -1063,7 +1099,8 @@ def _report_pairs(res: dict) -> list[str]:
         "## Headline ratios in interleaved pairs",
         "",
         "Each pair runs CTranslate2 int8 offline (its best layout from the offline part; single-sentence latency "
-        "with 1 thread) and the server's default layout at concurrency 64 and 1 on the same sentences, one "
+        "with 1 thread) and the server (a replica per core, one decode worker each) at concurrency 64 and 1 "
+        "over 8 client connections, on the same sentences, one "
         "right after the other, alternating which goes first. The targets' ratios are the medians of the "
         "per-pair ratios.",
         "",

@@ -34,7 +34,7 @@ COMMANDS = {
         "add_arguments",
         "run",
     ),
-    "serve": ("service.server", "run the gRPC translation server", "add_arguments", "run"),
+    "serve": ("service.replicas", "run the gRPC translation server", "add_arguments", "run"),
     "translate": ("service.client.cli", "translate texts with a running server", "add_arguments", "run"),
     "encode": ("service.client.cli", "encode texts with a running server", "add_encode_arguments", "run_encode"),
 }

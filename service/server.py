@@ -1,4 +1,5 @@
-"""`mtserve serve`: the grpc.aio server.
+"""The grpc.aio server: one process's whole server (`mtserve serve` runs it through
+service.replicas, in this process or as one of several replicas).
 
 Start-up: load and verify the export (manifest checksums), start the ONNX Runtime session pair
 (one shared by the decode workers on the CPU, one per worker on CUDA), warm up, then report SERVING on `grpc.health.v1`. SIGTERM/SIGINT: report
@@ -12,7 +13,6 @@ import argparse
 import asyncio
 import logging
 import signal
-import sys
 import time
 from collections.abc import Callable
 from typing import NamedTuple
@@ -43,7 +43,7 @@ from service.repository.layout import SERVING_FILE, VersionDir, model_overrides,
 from service.repository.registry import ModelRegistry, ServedModel
 from service.runtime.gil import set_switch_interval
 from service.runtime.loading import load_models
-from service.runtime.memory import keep_freed_memory, mapped_allocations
+from service.runtime.memory import mapped_allocations
 from service.runtime.onnx_model import choose_graph
 from service.settings import Settings
 
@@ -255,7 +255,9 @@ class Server:
             options=[
                 ("grpc.max_receive_message_length", st.max_receive_message_bytes),
                 ("grpc.max_send_message_length", 64 * 1024 * 1024),
-                ("grpc.so_reuseport", 0),
+                # Off for one server, so that a second one on the port fails to bind instead of
+                # sharing it; on for replicas (service.replicas), which share the port by design.
+                ("grpc.so_reuseport", 1 if st.replicas > 1 else 0),
             ],
         )
         translation_pb2_grpc.add_TranslationServiceServicer_to_server(
@@ -358,11 +360,14 @@ class Server:
             self._metrics_http.shutdown()
         log.info("drained; exiting")
 
-    async def run(self) -> None:
+    async def run(self, on_serving: Callable[[], None] | None = None) -> None:
         """Serve until SIGTERM or SIGINT, then drain: the process's entry point (the settings
-        that are the process's own, such as the GIL's switch interval, are applied here)."""
+        that are the process's own, such as the GIL's switch interval, are applied here).
+        `on_serving` runs once the server reports SERVING (a replica tells its supervisor)."""
         set_switch_interval(self.settings.gil_switch_interval_ms)
         await self.start()
+        if on_serving is not None:
+            on_serving()
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -384,17 +389,3 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def settings_from_args(args: argparse.Namespace) -> Settings:
     overrides = {k: v for k, v in vars(args).items() if k in Settings.model_fields and v is not None}
     return Settings(**overrides)
-
-
-def run(args: argparse.Namespace) -> None:
-    try:
-        settings = settings_from_args(args)
-    except ValueError as e:  # pydantic's ValidationError: one clear message
-        sys.exit(f"mtserve serve: invalid settings: {e}")
-    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    keep_freed_memory()
-    try:
-        asyncio.run(Server(settings).run())
-    except StartupError as e:  # ModelLoadError, bad TLS files, no tokens
-        log.error("cannot start: %s", e)
-        sys.exit(2)

@@ -55,6 +55,14 @@ class Settings(BaseSettings):
     # Thread layout: `decode_workers` decode loops, each running its batches through ONNX Runtime
     # with `intra_op_threads` threads. On the CPU they share one session pair (one copy of the
     # weights; ONNX Runtime sessions take concurrent runs) unless `share_sessions` is off.
+    replicas: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="server processes sharing the gRPC port (SO_REUSEPORT, Linux), each a whole server with "
+        "its own GIL, event loop and decode workers: the kernel spreads client connections over them, a "
+        "supervisor restarts one that dies and serves their /metrics with a replica label (service/replicas.py)",
+    )
     decode_workers: int = Field(2, ge=1, le=64)
     intra_op_threads: int = Field(1, ge=1, le=256)
     inter_op_threads: int = Field(1, ge=1, le=256)

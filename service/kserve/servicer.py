@@ -20,7 +20,7 @@ import numpy as np
 from service.api.inference import grpc_service_pb2 as pb
 from service.api.inference import grpc_service_pb2_grpc as pb_grpc
 from service.engine.engine import TranslateOptions, model_names
-from service.errors import InvalidArgument, NotFound, PermissionDenied
+from service.errors import FailedPrecondition, InvalidArgument, NotFound, PermissionDenied
 from service.grpc.context import deadline
 from service.kserve.codec import (
     INPUT,
@@ -184,6 +184,11 @@ class KServeServicer(pb_grpc.GRPCInferenceServiceServicer):
         """The checks every repository call makes; (version, default) from its parameters."""
         if not self.settings.repository_control:
             raise PermissionDenied("model_name: loading and unloading are off on this server (repository_control)")
+        if self.settings.replicas > 1:
+            raise FailedPrecondition(
+                "model_name: loading and unloading are off with replicas > 1: a call reaches one replica, "
+                "so the replicas would serve different models (restart with the MODELS setting instead)"
+            )
         if request.repository_name:
             raise NotFound(
                 f"repository_name: this server has one repository, unnamed (got {request.repository_name!r})"

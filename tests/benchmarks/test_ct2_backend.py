@@ -280,3 +280,48 @@ def test_limits_draining_shutdown_and_encode():
         with pytest.raises(Unavailable):
             s.future.result(1)
     assert fake.calls == [] and b.idle
+
+
+def test_ct2_server_runs_as_replicas(tiny_model_dir, tiny_onnx_dir, ct2_dir, tmp_path):
+    """ct2_server.py --replicas 2: its backend factory crosses to the spawned replicas, and both
+    serve CTranslate2's translations on one port."""
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tests.service.test_replicas import translate_over_connections
+    from tests.support import free_port
+
+    port = free_port()
+    log = tmp_path / "ct2-replicas.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                str(Path(__file__).resolve().parents[2] / "benchmarks" / "ct2_server.py"),
+                "--model-dir",
+                str(tiny_model_dir),
+                "--onnx-dir",
+                str(tiny_onnx_dir),
+                "--ct2-dir",
+                str(ct2_dir),
+                "--address",
+                f"127.0.0.1:{port}",
+                "--metrics-port",
+                "0",
+                "--replicas",
+                "2",
+                "--decode-workers",
+                "1",
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        assert wait_for(lambda: "2 replicas serving" in log.read_text() or proc.poll() is not None, 120)
+        assert proc.poll() is None, log.read_text()
+        assert translate_over_connections(f"127.0.0.1:{port}", 32, connections=8) == ["OK"] * 32
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0, log.read_text()
