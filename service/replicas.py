@@ -14,8 +14,10 @@ several connections, spread over all of them.
 This process is the supervisor. It serves no RPC. It
 - checks that the address is free before the replicas bind it (with `SO_REUSEPORT` a second server
   on the port would otherwise share it silently), and picks the port when the address asks for 0;
-- spawns the replicas and waits until every one serves; if one cannot start, it stops the others
-  and exits with that error (exit code 2, as a single server does);
+- spawns the replicas and lets them bind the port once every one has loaded and warmed up its
+  models, so that the first clients do not all connect to the replica that was ready first; if
+  one cannot start, it stops the others and exits with that error (exit code 2, as a single
+  server does);
 - serves /metrics on `metrics_port`: every replica's metrics, fetched over its pipe at each
   scrape, with a `replica` label, and its own `mtserve_replicas_ready` and
   `mtserve_replica_restarts_total`;
@@ -76,8 +78,20 @@ STABLE_AFTER_S = 60.0  # a replica that served this long starts over from the fi
 
 
 @dataclass(frozen=True, slots=True)
+class ReplicaWarm:
+    """replica -> supervisor: the models are loaded and warmed up; the replica waits for Listen."""
+
+
+@dataclass(frozen=True, slots=True)
+class Listen:
+    """supervisor -> replica: bind the port and serve. At start-up it goes out once every replica
+    is warm, so that the first connections do not all land on the replica that was warm first (the
+    kernel only spreads connections over the listeners it has); a restarted replica gets it at once."""
+
+
+@dataclass(frozen=True, slots=True)
 class ReplicaReady:
-    """A replica serves: its models are loaded and warm, its health reports SERVING."""
+    """replica -> supervisor: it listens and its health reports SERVING."""
 
     port: int
 
@@ -118,10 +132,25 @@ def replica_main(conn: Connection, index: int, settings: Settings, make_server: 
     keep_freed_memory()
     try:
         server = make_server(settings)
-        asyncio.run(server.run(on_serving=functools.partial(_serving, conn, server)))
+        asyncio.run(
+            server.run(
+                before_listen=functools.partial(_warm, conn), on_serving=functools.partial(_serving, conn, server)
+            )
+        )
     except StartupError as e:
         conn.send(StartupFailed(str(e)))
         sys.exit(2)
+
+
+async def _warm(conn: Connection) -> None:
+    """Tell the supervisor the models are warm, and wait for its Listen."""
+    conn.send(ReplicaWarm())
+    try:
+        msg = await asyncio.get_running_loop().run_in_executor(None, conn.recv)
+    except (EOFError, OSError):
+        raise StartupError("the supervisor is gone") from None
+    if not isinstance(msg, Listen):
+        raise StartupError(f"the supervisor sent {type(msg).__name__} instead of Listen")
 
 
 def _serving(conn: Connection, server: Server) -> None:
@@ -158,6 +187,7 @@ class Replica:
         self.index = index
         self.proc: BaseProcess | None = None
         self.conn: Connection | None = None
+        self.warm = False
         self.serving = False
         self.started_at = 0.0  # monotonic time of the last spawn
         self.restart_at: float | None = None  # when to spawn it again after it died
@@ -230,12 +260,13 @@ class Supervisor:
         )
         proc.start()
         child.close()
-        r.proc, r.conn, r.serving, r.restart_at = proc, parent, False, None
+        r.proc, r.conn, r.warm, r.serving, r.restart_at = proc, parent, False, False, None
         r.started_at = time.monotonic()
 
     def _wait_all_serving(self) -> None:
         """Until every replica serves; StartupError with the first failure's message."""
         end = time.monotonic() + START_TIMEOUT_S
+        listening = False
         while not all(r.serving for r in self.replicas):
             if self.stopping:
                 raise StartupError("stopped by a signal during start-up")
@@ -245,18 +276,28 @@ class Supervisor:
             ready = wait([h for r in waiting for h in r.handles(starting=True)], timeout=0.5)
             for r in waiting:
                 if any(h in ready for h in r.handles(starting=True)):
-                    error = self._read_start(r)
+                    error = self._read_start(r, listen_now=False)
                     if error is not None:
                         raise StartupError(f"replica {r.index}: {error}")
+            if all(r.warm for r in self.replicas) and not listening:
+                for r in self.replicas:
+                    r.conn.send(Listen())  # type: ignore[union-attr]
+                listening = True
 
-    def _read_start(self, r: Replica) -> str | None:
-        """The replica's first message: None once it serves, else why it did not start."""
+    def _read_start(self, r: Replica, listen_now: bool) -> str | None:
+        """A starting replica's next message: None while it is on its way (warm: told to listen
+        when `listen_now`) or once it serves, else why it did not start."""
         assert r.conn is not None and r.proc is not None
         try:
             msg = r.conn.recv() if r.conn.poll() else None
         except (EOFError, OSError):
             msg = None
         match msg:
+            case ReplicaWarm():
+                r.warm = True
+                if listen_now:
+                    r.conn.send(Listen())
+                return None
             case ReplicaReady():
                 r.serving = True
                 self.ready_gauge.inc()
@@ -285,7 +326,7 @@ class Supervisor:
                         self._spawn(r)
                     continue
                 if not r.serving and r.conn in ready:
-                    error = self._read_start(r)
+                    error = self._read_start(r, listen_now=True)
                     if error is not None:
                         log.error("replica %d did not start: %s", r.index, error)
                         self._died(r, now)
@@ -304,7 +345,7 @@ class Supervisor:
                 self.ready_gauge.dec()
             if r.conn is not None:
                 r.conn.close()
-            r.proc, r.conn, r.serving = None, None, False
+            r.proc, r.conn, r.warm, r.serving = None, None, False, False
         if now - r.started_at >= STABLE_AFTER_S:
             r.failures = 0
         r.restart_at = now + RESTART_DELAYS_S[min(r.failures, len(RESTART_DELAYS_S) - 1)]

@@ -14,7 +14,7 @@ import asyncio
 import logging
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import NamedTuple
 from wsgiref.simple_server import WSGIServer
 
@@ -102,7 +102,10 @@ class Server:
         """The default model's backend."""
         return self.models.default().backend
 
-    async def start(self) -> None:
+    async def start(self, before_listen: Callable[[], Awaitable[None]] | None = None) -> None:
+        """Load and warm up the models, then listen and report SERVING. `before_listen` runs in
+        between (replicas wait there until all of them are warm, so that none gets the first
+        connections alone)."""
         st = self.settings
         credentials = server_credentials(st)  # bad TLS files or tokens fail before the slow model load
         tokens = load_tokens(st)
@@ -120,6 +123,12 @@ class Server:
         except BaseException:
             self.models.shutdown()  # the versions loaded before the one that failed
             raise
+        if before_listen is not None:
+            try:
+                await before_listen()
+            except BaseException:
+                self.models.shutdown()
+                raise
         self.server = self._grpc_server(tokens)
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
         await self._listen(self.server, credentials)
@@ -360,12 +369,17 @@ class Server:
             self._metrics_http.shutdown()
         log.info("drained; exiting")
 
-    async def run(self, on_serving: Callable[[], None] | None = None) -> None:
+    async def run(
+        self,
+        before_listen: Callable[[], Awaitable[None]] | None = None,
+        on_serving: Callable[[], None] | None = None,
+    ) -> None:
         """Serve until SIGTERM or SIGINT, then drain: the process's entry point (the settings
         that are the process's own, such as the GIL's switch interval, are applied here).
-        `on_serving` runs once the server reports SERVING (a replica tells its supervisor)."""
+        `before_listen` as in start(); `on_serving` runs once the server reports SERVING (a
+        replica tells its supervisor)."""
         set_switch_interval(self.settings.gil_switch_interval_ms)
-        await self.start()
+        await self.start(before_listen)
         if on_serving is not None:
             on_serving()
         stop = asyncio.Event()
