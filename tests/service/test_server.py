@@ -207,7 +207,7 @@ def test_the_server_process_takes_its_gil_switch_interval_from_the_settings(monk
     class Started(Exception):
         pass
 
-    async def start(self):
+    async def start(self, before_listen=None):
         raise Started
 
     monkeypatch.setattr(Server, "start", start)
