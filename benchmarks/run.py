@@ -272,24 +272,29 @@ def ct2_greedy_check(model: str, limit: int) -> dict:
 # ----------------------------------------------------------------------------- online
 
 
+def _online(p: dict, model: str, texts, refs, levels: list[int], beam: int, args: list[str]) -> dict:
+    """`mtserve serve ARGS` under Translate calls at each level, over CONNECTIONS connections."""
+    return online_mod.run(
+        model,
+        texts,
+        refs,
+        levels,
+        beam,
+        p["online_requests"],
+        args,
+        log=log,
+        rounds=p["rounds"],
+        connections=CONNECTIONS,
+    )
+
+
 def run_online(p: dict, model: str, texts, refs) -> dict:
     out = {"levels": LEVELS, "runs": []}
     for beam in p["online_beams"]:
         for cb in p["continuous_batching"]:
             args = ["--continuous-batching" if cb else "--no-continuous-batching"]
             log(f"online: beam {beam}, continuous batching {'on' if cb else 'off'} (default layout)")
-            r = online_mod.run(
-                model,
-                texts,
-                refs,
-                LEVELS,
-                beam,
-                p["online_requests"],
-                args,
-                log=log,
-                rounds=p["rounds"],
-                connections=CONNECTIONS,
-            )
+            r = _online(p, model, texts, refs, LEVELS, beam, args)
             r.update({"beam": beam, "continuous_batching": cb})
             out["runs"].append(r)
         # The same single-sentence requests as items of one TranslateMany stream (static batching).
@@ -350,18 +355,7 @@ def run_sweep(p: dict, model: str, texts, refs, beam: int) -> list[dict]:
     rows = []
     for args in p["sweep"]:
         log(f"sweep: {' '.join(args)} (beam {beam})")
-        r = online_mod.run(
-            model,
-            texts,
-            refs,
-            p["sweep_levels"],
-            beam,
-            p["online_requests"],
-            args,
-            log=log,
-            rounds=p["rounds"],
-            connections=CONNECTIONS,
-        )
+        r = _online(p, model, texts, refs, p["sweep_levels"], beam, args)
         r["beam"] = beam
         rows.append(r)
     return rows

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import socket
 import subprocess
+import sys
+from pathlib import Path
 
 from service.client import healthcheck
 
@@ -13,6 +15,12 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def serve_command(onnx_dir: Path, address: str, *extra: str) -> list[str]:
+    """`mtserve serve` of the export in `onnx_dir` (its model dir the parent) on `address`."""
+    model = ["--model-dir", str(onnx_dir.parent), "--onnx-dir", str(onnx_dir)]
+    return [sys.executable, "-m", "mtserve", "serve", *model, "--address", address, *extra]
 
 
 def wait_serving(address: str, proc: subprocess.Popen, timeout: float = 90) -> list[str]:

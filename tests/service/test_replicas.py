@@ -10,7 +10,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 import urllib.request
@@ -28,7 +27,7 @@ from service.api.mtserve.v1 import translation_pb2 as pb
 from service.api.mtserve.v1 import translation_pb2_grpc as pb_grpc
 from service.errors import StartupError
 from service.replicas import claim_address
-from tests.support import free_port
+from tests.support import free_port, serve_command
 
 TEXT = "Ein Mann fährt Fahrrad ."
 
@@ -42,16 +41,8 @@ class Supervised:
         self.address = f"127.0.0.1:{self.port}"
         self.log = tempfile.NamedTemporaryFile("w+", prefix="mtserve-replicas-", suffix=".log")
         self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "mtserve",
-                "serve",
-                "--model-dir",
-                str(onnx_dir.parent),
-                "--onnx-dir",
-                str(onnx_dir),
-                "--address",
+            serve_command(
+                onnx_dir,
                 self.address,
                 "--metrics-port",
                 str(self.metrics_port),
@@ -64,7 +55,7 @@ class Supervised:
                 "--grace-period-s",
                 "10",
                 *extra,
-            ],
+            ),
             stdout=self.log,
             stderr=subprocess.STDOUT,
             text=True,

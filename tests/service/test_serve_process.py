@@ -15,7 +15,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from service.client import Client
-from tests.support import free_port, wait_serving
+from tests.support import free_port, serve_command, wait_serving
 
 LONG = "Eine Frau mit einem roten Hut spielt Gitarre auf der Straße vor vielen Menschen, die zuhören."
 
@@ -23,23 +23,7 @@ LONG = "Eine Frau mit einem roten Hut spielt Gitarre auf der Straße vor vielen 
 def start(onnx_dir, *extra: str) -> tuple[subprocess.Popen, str]:
     port = free_port()
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "mtserve",
-            "serve",
-            "--model-dir",
-            str(onnx_dir.parent),
-            "--onnx-dir",
-            str(onnx_dir),
-            "--address",
-            f"127.0.0.1:{port}",
-            "--metrics-port",
-            "0",
-            "--decode-workers",
-            "1",
-            *extra,
-        ],
+        serve_command(onnx_dir, f"127.0.0.1:{port}", "--metrics-port", "0", "--decode-workers", "1", *extra),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
