@@ -3,7 +3,7 @@ package): promtool checks the config and rules and runs the alert unit tests; th
 started on a loopback port scrapes a running server serving two models under load (1 s scrape
 interval) and every PromQL expression of the Grafana dashboard (for all models and for each one
 through its $model and $version variables) and of the alert rules is evaluated through the HTTP
-API and must return data."""
+API and must return data. The same for a server of two replicas, scraped through its supervisor."""
 
 from __future__ import annotations
 
@@ -426,3 +426,62 @@ def test_prometheus_scrapes_a_server_under_load_and_every_query_returns_data(mak
         for t in threads:
             t.join(30)
         prom.stop()
+
+
+def test_prometheus_scrapes_a_replicated_server_through_its_supervisor(tiny_onnx_dir, tmp_path):
+    """`--replicas 2`: the supervisor's merged /metrics is one target. Every dashboard query and
+    "useful query" returns data, each replica's series are told apart by `replica`, and summed
+    over replicas they count every request once."""
+    from tests.service.test_replicas import Supervised, translate_over_connections
+
+    binary = tool("prometheus")
+    server = Supervised(tiny_onnx_dir)
+    prom = None
+    stop = threading.Event()
+    sent = []
+
+    def load() -> None:  # Translate over several connections, and a stream for its panel
+        from service.client import Client
+
+        with Client(server.address, timeout=30) as c:
+            while not stop.is_set():
+                sent.append(translate_over_connections(server.address, 16, connections=8).count("OK"))
+                list(c.translate_stream(SENTENCES[len(sent) % len(SENTENCES)], beam_size=1))
+                time.sleep(0.05)
+
+    thread = threading.Thread(target=load, daemon=True)
+    try:
+        server.wait_serving()
+        prom = Prometheus(binary, tmp_path, f"127.0.0.1:{server.metrics_port}")
+        thread.start()
+        prom.wait(lambda: [s for s in prom.query('up{job="mtserve"}') if s["value"][1] == "1"], 60, "target not up")
+        prom.wait(
+            lambda: finite(prom.query(f"sum(rate(mtserve_generated_tokens_total[{RATE_INTERVAL}])) > 0")),
+            60,
+            "no token rate",
+        )
+        time.sleep(3)
+        missing = [(title, expr) for title, expr in dashboard_exprs() + doc_exprs() if not finite(prom.query(expr))]
+        assert not missing, missing
+        assert sorted(s["metric"]["replica"] for s in prom.query("mtserve_model_info")) == ["0", "1"]
+        assert [s["value"][1] for s in prom.query("mtserve_replicas_ready")] == ["2"]
+        assert [s["value"][1] for s in prom.query("mtserve_replica_restarts_total")] == ["0"]
+        stop.set()
+        thread.join(60)
+        # Once the load stops, the last scrape's sum over replicas counts every request once.
+        total = sum(sent)
+        prom.wait(
+            lambda: [
+                s
+                for s in prom.query('sum(mtserve_requests_total{method="Translate",code="OK"})')
+                if float(s["value"][1]) == total
+            ],
+            30,
+            f"the replicas' Translate counts do not sum to {total}",
+        )
+    finally:
+        stop.set()
+        thread.join(60)
+        if prom is not None:
+            prom.stop()
+        server.stop()
