@@ -296,10 +296,11 @@ def process_cpu_s(pid: int | None = None) -> float:
     except FileNotFoundError:  # it exited meanwhile
         return 0.0
     own = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    return own + sum(process_cpu_s(child) for child in _children(pid))
+    return own + sum(process_cpu_s(child) for child in child_pids(pid))
 
 
-def _children(pid: int) -> list[int]:
+def child_pids(pid: int) -> list[int]:
+    """The live child processes of `pid`, whichever of its threads started them."""
     kids: list[int] = []
     for task in Path(f"/proc/{pid}/task").glob("*"):
         try:

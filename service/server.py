@@ -120,15 +120,11 @@ class Server:
                     self.models.default_versions[chosen.name] = chosen.version  # NAME:VERSION names both
                 except ServiceError as e:
                     raise ModelLoadError(e.message) from None
-        except BaseException:
-            self.models.shutdown()  # the versions loaded before the one that failed
-            raise
-        if before_listen is not None:
-            try:
+            if before_listen is not None:
                 await before_listen()
-            except BaseException:
-                self.models.shutdown()
-                raise
+        except BaseException:
+            self.models.shutdown()  # the versions loaded before the one that failed (or all of them)
+            raise
         self.server = self._grpc_server(tokens)
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
         await self._listen(self.server, credentials)

@@ -406,7 +406,7 @@ class DecodeBatch:
             return self._lone_step(model, k_row)
         live_before = ~self.done
         # A batch's first step with beams runs one row per sentence (its beams are identical then).
-        # A lone sentence does not gain: its step of K rows costs about what the separate call adds.
+        # A lone sentence (`_lone_step`) does not gain: its step of K rows costs about what the separate call adds.
         first = K > 1 and self.cache.past_len == 0
         step_args = (model, self.tokens, self.positions, self.cross_k, self.cross_v, self.src_mask, k_row)
         if first:
@@ -418,13 +418,7 @@ class DecodeBatch:
         last = self.max_len - 1  # (R,) at a sentence's last allowed step only </s> may follow
         force = self.positions >= (last if K == 1 else np.repeat(last, K))
         if force.any():
-            top_ids = top_ids.copy()
-            top_ids[force] = self.pad_id
-            top_ids[force, 0] = self.eos_id
-            if top_lp is not None and out.eos_log_prob is not None:
-                top_lp = top_lp.copy()
-                top_lp[force] = NEG_INF
-                top_lp[force, 0] = out.eos_log_prob[force]
+            top_ids, top_lp = self._force_eos(top_ids, top_lp, out.eos_log_prob, force)
         if K == 1:
             finished, rows = self._greedy(None if top_lp is None else top_lp[:, 0], top_ids[:, 0], att), None
         elif top_lp is None:
@@ -484,16 +478,29 @@ class DecodeBatch:
             finished, rows = self._greedy_lone(out, forced, live), None
         else:
             top_lp, top_ids = out.top_log_probs, out.top_ids
+            if forced:
+                top_ids, top_lp = self._force_eos(top_ids, top_lp, out.eos_log_prob, slice(None))
             if top_lp is None or out.eos_log_prob is None:
                 raise RuntimeError("beam search needs the step's log-probabilities")
-            if forced:
-                top_ids, top_lp = np.full_like(top_ids, self.pad_id), np.full_like(top_lp, NEG_INF)
-                top_ids[:, 0], top_lp[:, 0] = self.eos_id, out.eos_log_prob
             finished, rows = self._beam_one(top_lp, top_ids, out.cross_attention, np.full(K, forced))
         self.cache.advance(rows)
         self.positions += not self.done[0]
         self.steps[0] += live
         return finished
+
+    def _force_eos(
+        self, top_ids: np.ndarray, top_lp: np.ndarray | None, eos_log_prob: np.ndarray | None, force
+    ) -> tuple[np.ndarray, np.ndarray | None]:
+        """The step's candidates with rows `force` (a mask, or every row) at their sentence's last
+        allowed step left only </s>, at its own log-probability: copies, the step's own arrays stay."""
+        top_ids = top_ids.copy()
+        top_ids[force] = self.pad_id
+        top_ids[force, 0] = self.eos_id
+        if top_lp is not None and eos_log_prob is not None:
+            top_lp = top_lp.copy()
+            top_lp[force] = NEG_INF
+            top_lp[force, 0] = eos_log_prob[force]
+        return top_ids, top_lp
 
     def _greedy_lone(self, out: StepResult, forced: bool, live: bool) -> list[Finished]:
         """`_greedy` for a batch of one sentence, on Python scalars."""

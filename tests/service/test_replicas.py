@@ -21,6 +21,7 @@ import grpc
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from benchmarks.online import child_pids
 from service.api.inference import grpc_service_pb2 as kpb
 from service.api.inference import grpc_service_pb2_grpc as kpb_grpc
 from service.api.mtserve.v1 import translation_pb2 as pb
@@ -87,8 +88,7 @@ class Supervised:
 
     def replica_pids(self) -> list[int]:
         """The replica processes (multiprocessing's resource tracker is a child too)."""
-        children = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children").read_text().split()
-        return [int(pid) for pid in children if "spawn_main" in _cmdline(int(pid))]
+        return [pid for pid in child_pids(self.proc.pid) if "spawn_main" in _cmdline(pid)]
 
     def stop(self) -> int:
         if self.proc.poll() is None:
