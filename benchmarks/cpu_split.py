@@ -27,7 +27,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from benchmarks.online import Server, child_pids, process_cpu_s, run_level
+from benchmarks.online import Server, process_cpu_s, replica_pids, run_level
 
 _HZ = os.sysconf("SC_CLK_TCK")
 
@@ -42,19 +42,6 @@ def thread_cpu_s(pid: int) -> dict[int, float]:
             continue
         out[int(task.name)] = (int(fields[11]) + int(fields[12])) / _HZ
     return out
-
-
-def serving_pids(pid: int) -> list[int]:
-    """The processes that serve RPCs: the server itself, or its replicas when it supervises them
-    (multiprocessing's resource tracker, also a child, serves nothing)."""
-    kids = []
-    for child in child_pids(pid):
-        try:
-            if b"resource_tracker" not in Path(f"/proc/{child}/cmdline").read_bytes():
-                kids.append(child)
-        except FileNotFoundError:
-            continue
-    return kids or [pid]
 
 
 def split(before: dict[int, dict[int, float]], after: dict[int, dict[int, float]], workers: int) -> dict[str, float]:
@@ -74,7 +61,7 @@ def measure(args, texts: list[str], refs: list[str]) -> dict:
         run_level(
             srv.address, texts, refs, args.concurrency, args.concurrency * 4, args.beam, connections=args.connections
         )
-        serving = serving_pids(srv.pid)
+        serving = replica_pids(srv.pid) or [srv.pid]
         supervisor = srv.pid if serving != [srv.pid] else None
         sup0 = thread_cpu_s(supervisor) if supervisor else {}
         threads0 = {p: thread_cpu_s(p) for p in serving}

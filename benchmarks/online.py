@@ -106,14 +106,7 @@ class Server:
         return "".join(Path(self.log.name).read_text(errors="replace").splitlines(True)[-n:])
 
     def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode
+        return terminate(self.proc, 30)
 
     def __enter__(self) -> Server:
         self.wait_ready()
@@ -297,6 +290,31 @@ def process_cpu_s(pid: int | None = None) -> float:
         return 0.0
     own = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     return own + sum(process_cpu_s(child) for child in child_pids(pid))
+
+
+def terminate(proc: subprocess.Popen, timeout: float) -> int:
+    """SIGTERM (the server drains), SIGKILL after `timeout` seconds; the exit status."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return proc.returncode
+
+
+def replica_pids(pid: int) -> list[int]:
+    """The replicas of server `pid` when it supervises them (`--replicas`): the children that
+    multiprocessing spawned, not its resource tracker. Empty for a server that serves itself."""
+    replicas = []
+    for child in child_pids(pid):
+        try:
+            if b"spawn_main" in Path(f"/proc/{child}/cmdline").read_bytes():
+                replicas.append(child)
+        except FileNotFoundError:  # it exited meanwhile
+            continue
+    return replicas
 
 
 def child_pids(pid: int) -> list[int]:

@@ -21,7 +21,7 @@ import grpc
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from benchmarks.online import child_pids
+from benchmarks.online import replica_pids, terminate
 from service.api.inference import grpc_service_pb2 as kpb
 from service.api.inference import grpc_service_pb2_grpc as kpb_grpc
 from service.api.mtserve.v1 import translation_pb2 as pb
@@ -87,25 +87,10 @@ class Supervised:
         return sum(s.value for s in self.metrics() if s.name == name and labels.items() <= s.labels.items())
 
     def replica_pids(self) -> list[int]:
-        """The replica processes (multiprocessing's resource tracker is a child too)."""
-        return [pid for pid in child_pids(self.proc.pid) if "spawn_main" in _cmdline(pid)]
+        return replica_pids(self.proc.pid)
 
     def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_text()
-    except FileNotFoundError:
-        return ""
+        return terminate(self.proc, 60)
 
 
 def translate_over_connections(address: str, n: int, connections: int) -> list[str]:
