@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -27,9 +26,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from benchmarks.online import Server, process_cpu_s, replica_pids, run_level
-
-_HZ = os.sysconf("SC_CLK_TCK")
+from benchmarks.online import Server, process_cpu_s, replica_pids, run_level, stat_cpu_s
 
 
 def thread_cpu_s(pid: int) -> dict[int, float]:
@@ -37,10 +34,9 @@ def thread_cpu_s(pid: int) -> dict[int, float]:
     out = {}
     for task in Path(f"/proc/{pid}/task").glob("*"):
         try:
-            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
-        except (FileNotFoundError, ProcessLookupError):
+            out[int(task.name)] = stat_cpu_s(task / "stat")
+        except (FileNotFoundError, ProcessLookupError):  # the thread ended meanwhile
             continue
-        out[int(task.name)] = (int(fields[11]) + int(fields[12])) / _HZ
     return out
 
 

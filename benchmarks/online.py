@@ -285,11 +285,17 @@ def process_cpu_s(pid: int | None = None) -> float:
         t = os.times()
         return t.user + t.system
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        own = stat_cpu_s(Path(f"/proc/{pid}/stat"))
     except FileNotFoundError:  # it exited meanwhile
         return 0.0
-    own = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     return own + sum(process_cpu_s(child) for child in child_pids(pid))
+
+
+def stat_cpu_s(stat: Path) -> float:
+    """User + system CPU seconds in a /proc `stat` file (a process's or one of its threads');
+    FileNotFoundError once it has exited."""
+    fields = stat.read_text().rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def terminate(proc: subprocess.Popen, timeout: float) -> int:
