@@ -61,17 +61,17 @@ FUZZ_SCALE ?= 20
 SOAK_MINUTES ?= 10
 
 fuzz: $(STAMP)
-	MTSERVE_FUZZ_SCALE=$(FUZZ_SCALE) $(PY) -m pytest -q -p no:cacheprovider tests/service/test_fuzz.py
+	MTSERVE_FUZZ_SCALE=$(FUZZ_SCALE) $(PY) -m pytest -q -p no:cacheprovider tests/service/grpc/test_fuzz.py
 
 soak: $(STAMP)
 	$(EXPORTED) $(MODEL)/onnx || $(PY) -m mtserve export --model $(MODEL) --precision all
-	$(PY) benchmarks/soak.py --model-dir $(MODEL) --minutes $(SOAK_MINUTES) --concurrency 64
+	$(PY) -m benchmarks.soak --model-dir $(MODEL) --minutes $(SOAK_MINUTES) --concurrency 64
 
 overload: $(STAMP)
 	$(EXPORTED) $(MODEL)/onnx || $(PY) -m mtserve export --model $(MODEL) --precision all
-	$(PY) benchmarks/soak.py --model-dir $(MODEL) --scenario overload --clients 512 --rounds 3
+	$(PY) -m benchmarks.soak --model-dir $(MODEL) --scenario overload --clients 512 --rounds 3
 
-# Benchmarks side by side (benchmarks/run.py, docs/benchmarks.md): offline engines (PyTorch with and
+# Benchmarks side by side (python -m benchmarks.run, docs/benchmarks.md): offline engines (PyTorch with and
 # without a cache, ONNX Runtime, CTranslate2), the server under load, a thread-layout sweep.
 # bench-quick is the short mode (~3 minutes); both end with one JSON line of headline ratios.
 BENCH_ARGS ?=
@@ -81,11 +81,11 @@ BENCH_DEPS = $(PY) -c "import ctranslate2, matplotlib" 2>/dev/null && test -x $(
 
 bench: $(STAMP)
 	$(BENCH_DEPS)
-	$(PY) benchmarks/run.py --profile $(BENCH_ARGS)
+	$(PY) -m benchmarks.run --profile $(BENCH_ARGS)
 
 bench-quick: $(STAMP)
 	$(BENCH_DEPS)
-	$(PY) benchmarks/run.py --quick $(BENCH_ARGS)
+	$(PY) -m benchmarks.run --quick $(BENCH_ARGS)
 
 # Triton's perf_analyzer, unchanged, against the KServe endpoint of `mtserve serve` (default settings,
 # a free loopback port) at concurrency 1, 2, 4, 8, then benchmarks/online.py on the same server and

@@ -1,7 +1,7 @@
 """The batcher alone: `service.batching.scheduler.Scheduler` and its decode workers under closed-loop load
 in this process, with no gRPC server, no protobuf and no load-generator process.
 
-    python benchmarks/batcher.py --concurrency 64 --beam 1 [--continuous-batching]
+    python -m benchmarks.batcher --concurrency 64 --beam 1 [--continuous-batching]
         [--decode-workers 2] [--sentences 2000] [--precision int8] [--set compact_fraction=0.5 ...]
         [--json out.json]
 
@@ -21,15 +21,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import threading
 import time
 from pathlib import Path
+from typing import Literal
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-from benchmarks.online import percentile, print_result
+from benchmarks.figures import percentile, print_result
 from service.batching.scheduler import Scheduler, Sentence
 from service.decoding.generator import max_output_len
 from service.metrics import Metrics
@@ -37,6 +34,8 @@ from service.runtime.gil import set_switch_interval
 from service.runtime.loading import load_models
 from service.runtime.memory import keep_freed_memory
 from service.settings import Settings
+
+REPO = Path(__file__).resolve().parent.parent
 
 
 class ClosedLoop:
@@ -113,7 +112,7 @@ def run(
     sentences: int,
     continuous_batching: bool = False,
     decode_workers: int = 2,
-    precision: str = "int8",
+    precision: Literal["fp32", "int8", "fp16"] = "int8",
     settings: dict | None = None,
 ) -> dict:
     """`settings`: further `Settings` fields (e.g. {"compact_fraction": 0.5})."""
@@ -130,16 +129,13 @@ def run(
     models = load_models(st)  # as the server loads them (shared session pair on the CPU by default)
     m, gen = models[0], models[0].manifest.generation
     limit = min(st.max_input_tokens, m.max_positions - 1)
-    sources = [
-        e.ids[: limit - 1] + [m.eos_id]
-        for e in m.tokenizer.encode_batch([t.strip() for t in texts], add_special_tokens=False)
-    ]
+    sources = [m.tokenizer.encode(t.strip())[: limit - 1] + [m.eos_id] for t in texts]
     max_lens = [
         min(st.max_output_tokens, max_output_len(len(s), gen.max_len_a, gen.max_len_b, m.max_positions))
         for s in sources
     ]
     metrics = Metrics()
-    scheduler = Scheduler(models, st, metrics.for_model("batcher", "1"), gen.max_len_a, gen.max_len_b)
+    scheduler = Scheduler(models, st, metrics.for_model("batcher", "1"))
     scheduler.start()
     try:
         loop = ClosedLoop(scheduler, sources, max_lens, beam, gen.length_penalty)

@@ -2,7 +2,7 @@
 our Transformer, measured against the server's own generator (`service.decoding.generator`):
 docs/performance.md cites the figures this script prints.
 
-    python benchmarks/beam_search_op.py --model models/de-en/1 --onnx-dir DIR --n 200 --rounds 3 --threads 1
+    python -m benchmarks.beam_search_op --model models/de-en/1 --onnx-dir DIR --n 200 --rounds 3 --threads 1
 
 `build_beam_search(model, path, precision)` writes one ONNX model whose only node is `BeamSearch`,
 its encoder and decoder subgraphs written with onnx.helper from the weights (export.fused's
@@ -56,7 +56,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -66,11 +65,9 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
 from export.fused import GraphBuilder
+
+REPO = Path(__file__).resolve().parent.parent
 
 MS = "com.microsoft"
 F, I32, I64 = TensorProto.FLOAT, TensorProto.INT32, TensorProto.INT64
@@ -400,7 +397,7 @@ def _interleaved(
 
 
 def _summary(mode: str, times, outs, ref: str, n: int) -> dict[str, dict]:
-    res = {}
+    res: dict[str, dict[str, object]] = {}
     for name, t in times.items():
         ratio = round(float(np.median(t / times[ref])), 3)
         same = f"{sum(a == b for a, b in zip(outs[name], outs[ref]))}/{n}"
@@ -458,7 +455,7 @@ def run(args) -> dict:
         correctness = {}
         for beam in (1, 4):
             want = generate(ref_model, src, beam=beam, batch_size=bs)
-            entry = {}
+            entry: dict[str, object] = {}
             for mode, units in (("c1", [[i] for i in range(n)]), (f"b{bs}", batches)):
                 got: list = [None] * n
                 for idx in units:

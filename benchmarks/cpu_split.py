@@ -1,8 +1,8 @@
 """Where a served request's CPU goes, by thread: ms of CPU per request for the event loops, the decode
 workers, the server's other threads and the load generator, at one concurrency level.
 
-    python benchmarks/cpu_split.py --beam 1 --server-arg=--replicas=2 --server-arg=--decode-workers=1 --workers 1
-    python benchmarks/cpu_split.py --beam 1 --backend ct2 --server-arg=--ct2-dir=DIR --workers 2
+    python -m benchmarks.cpu_split --beam 1 --server-arg=--replicas=2 --server-arg=--decode-workers=1 --workers 1
+    python -m benchmarks.cpu_split --beam 1 --backend ct2 --server-arg=--ct2-dir=DIR --workers 2
 
 Threads are read from /proc (user + system time) before and after the measured requests. In each
 serving process (the server, or each replica under a supervisor) the main thread runs the event
@@ -19,14 +19,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from benchmarks.online import run_level
+from benchmarks.processes import Server, process_cpu_s, replica_pids, stat_cpu_s
 
-from benchmarks.online import Server, process_cpu_s, replica_pids, run_level, stat_cpu_s
+REPO = Path(__file__).resolve().parent.parent
 
 
 def thread_cpu_s(pid: int) -> dict[int, float]:

@@ -1,7 +1,7 @@
 """Convert an mtserve model dir (model.safetensors + config.json + tokenizer.json) to a CTranslate2
 Transformer model, so that CTranslate2 runs the very same weights (no torch needed).
 
-    python benchmarks/ct2_convert.py --model models/de-en/1 --out /tmp/de-en-ct2
+    python -m benchmarks.ct2_convert --model models/de-en/1 --out /tmp/de-en-ct2
 
 Mapping (export/model.py -> ctranslate2.specs.TransformerSpec):
 - pre-norm, ReLU, final LayerNorm on both stacks (eps 1e-5, torch's default);
@@ -51,12 +51,10 @@ def vocabulary(tokenizer_json: Path) -> list[str]:
 
     tok = Tokenizer.from_file(str(tokenizer_json))
     vocab = tok.get_vocab(with_added_tokens=True)
-    tokens = [None] * len(vocab)
-    for t, i in vocab.items():
-        tokens[i] = t
-    if any(t is None for t in tokens):
+    by_id = {i: t for t, i in vocab.items()}
+    if sorted(by_id) != list(range(len(vocab))):
         raise ValueError(f"{tokenizer_json}: token ids are not contiguous")
-    return tokens
+    return [by_id[i] for i in range(len(vocab))]
 
 
 def build_spec(model_dir: str | Path):

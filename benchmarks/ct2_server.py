@@ -1,7 +1,7 @@
 """mtserve's server with CTranslate2 decoding (benchmarks/ct2_backend.py) instead of ONNX Runtime:
 the same gRPC front, Engine, limits, health, metrics and drain on SIGTERM as `mtserve serve`.
 
-    python benchmarks/ct2_server.py --model-dir models/de-en/1 --address 127.0.0.1:50052 \\
+    python -m benchmarks.ct2_server --model-dir models/de-en/1 --address 127.0.0.1:50052 \\
         [--ct2-dir /tmp/de-en-ct2] [--compute-type int8] [--decode-workers 2 --intra-op-threads 1] \\
         [--ct2-batch-size 32]
 
@@ -23,21 +23,21 @@ import sys
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
 from contract.manifest import Manifest
 from service.errors import ModelLoadError, StartupError
 from service.metrics import ModelMetrics
 from service.replicas import serve
-from service.server import BackendFactory, Server, add_arguments, settings_from_args
+from service.repository.loader import BackendFactory
+from service.server import Server, add_arguments, settings_from_args
 from service.settings import Settings
+
+REPO = Path(__file__).resolve().parent.parent
 
 log = logging.getLogger("mtserve.ct2_server")
 
 
 def backend_factory(ct2_dir: Path, compute_type: str, batch_size: int = 0) -> BackendFactory:
-    """A `service.server.BackendFactory`: a Ct2Backend over the converted model in `ct2_dir`,
+    """A `service.repository.loader.BackendFactory`: a Ct2Backend over the converted model in `ct2_dir`,
     `settings.decode_workers` replicas of `settings.intra_op_threads` threads. A partial of a
     module-level function, so that it crosses to the server's replica processes (`--replicas`)."""
     return functools.partial(_ct2_backend, ct2_dir, compute_type, batch_size)
@@ -49,6 +49,8 @@ def _ct2_backend(
     from benchmarks.ct2_backend import Ct2Backend
     from benchmarks.ct2_convert import Ct2Translator
 
+    if settings.model_dir is None:
+        raise ModelLoadError("the CTranslate2 backend needs the model's directory (--model-dir)")
     ct2 = Ct2Translator(
         ct2_dir,
         settings.model_dir,
@@ -89,6 +91,8 @@ def main(argv: list[str] | None = None) -> None:
     except ValueError as e:
         sys.exit(f"ct2_server: invalid settings: {e}")
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if settings.model_dir is None:
+        sys.exit("ct2_server: --model-dir is required (the weights CTranslate2 converts)")
     ct2_dir, tmp = converted(settings.model_dir, args.ct2_dir)
     try:
         factory = backend_factory(ct2_dir, args.compute_type, args.ct2_batch_size)

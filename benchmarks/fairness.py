@@ -1,6 +1,6 @@
 """Fairness between models: a flood on one model must not starve another.
 
-    python benchmarks/fairness.py --repository models --models de-en,fr-en --requests 100 --rounds 2
+    python -m benchmarks.fairness --repository models --models de-en,fr-en --requests 100 --rounds 2
 
 One real `mtserve serve` process on loopback serves two models of a model repository
 (`--models FLOODED,PROBED`, default de-en,fr-en). The probe is one client (c1) that sends
@@ -41,24 +41,25 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 
 import grpc
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-from benchmarks.online import Server, free_port, percentile, print_result
+from benchmarks.figures import percentile, print_result
+from benchmarks.processes import Server, free_port
 from export.data import DEFAULT_DATA_DIR, read_lines, split_path
 from service.api.mtserve.v1 import translation_pb2 as pb
 from service.api.mtserve.v1 import translation_pb2_grpc as pb_grpc
+
+REPO = Path(__file__).resolve().parent.parent
 
 
 class RepositoryServer(Server):
     """`mtserve serve --model-repository REPO --models A,B` on 127.0.0.1:<free port>, metrics off,
     warnings only (`extra` flags last, so they override these)."""
 
-    def __init__(self, repository: Path, models: list[str], decode_workers: int, extra: list[str] = ()):
+    def __init__(self, repository: Path, models: list[str], decode_workers: int, extra: Sequence[str] = ()):
         self.address = f"127.0.0.1:{free_port()}"
         self.log = tempfile.NamedTemporaryFile("w+", prefix="mtserve-fairness-", suffix=".log", delete=False)
         self.cmd = [
@@ -173,7 +174,8 @@ class Flood:
     def __init__(self, address: str, model: str, texts_file: Path, concurrency: int, beam: int, timeout: float):
         cmd = [
             sys.executable,
-            str(Path(__file__).resolve()),
+            "-m",
+            "benchmarks.fairness",
             "flood-worker",
             "--address",
             address,
@@ -191,6 +193,7 @@ class Flood:
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=REPO)
 
     def wait_ready(self) -> None:
+        assert self.proc.stdout is not None  # stdout=PIPE
         line = self.proc.stdout.readline()
         if line.strip() != "ready":
             rest = line + self.proc.stdout.read()
@@ -216,7 +219,9 @@ class Flood:
 def probe(stub, texts: list[str], model: str, beam: int, timeout: float) -> tuple[list[float], Counter, set]:
     """One client, one call at a time: each call's latency in seconds, the failed ones by code,
     and the model versions that answered."""
-    seconds, errors, served = [], Counter(), set()
+    seconds: list[float] = []
+    errors: Counter[str] = Counter()
+    served: set[str] = set()
     for text in texts:
         t0 = time.perf_counter()
         try:
@@ -264,6 +269,54 @@ def round_figures(alone: list[float], flooded: list[float], flood: dict, window:
     }
 
 
+def fairness_round(
+    r: int,
+    stub: pb_grpc.TranslationServiceStub,
+    address: str,
+    args: argparse.Namespace,
+    probed: str,
+    flooded: str,
+    probe_texts: list[str],
+    texts_file: Path,
+) -> tuple[dict, Counter[str], set[str]]:
+    """Round `r`: the probe alone (A), then under the flood (B). Its figures, the errors of the
+    probe and the flood, and the model versions that answered the probe."""
+    alone, e_a, s_a = probe(stub, probe_texts, probed, args.beam, args.timeout_s)
+    log(f"round {r} A (alone): {probed} {latency_figures(alone)}")
+    flood = Flood(address, flooded, texts_file, args.flood_concurrency, args.beam, args.timeout_s)
+    try:
+        flood.wait_ready()
+        time.sleep(args.flood_warmup_s)
+        t0 = time.monotonic()
+        under, e_b, s_b = probe(stub, probe_texts, probed, args.beam, args.timeout_s)
+        t1 = time.monotonic()
+        flood_result = flood.stop(args.timeout_s + 60)
+    except BaseException:
+        flood.kill()
+        raise
+    figures = {"round": r, **round_figures(alone, under, flood_result, (t0, t1))}
+    figures["probe_errors"] = dict(e_a + e_b)
+    log(
+        f"round {r} B (flood): {probed} {figures['flood']}; {flooded} "
+        f"{figures['flooded_model']['sentences_per_s']} sentences/s; p50 ratio {figures['p50_ratio']}"
+    )
+    return figures, e_a + e_b + Counter(flood_result["errors"]), s_a | s_b
+
+
+def median_figures(rounds: list[dict]) -> dict:
+    """The medians over the rounds of the probe's latency alone and under the flood, the flooded
+    model's throughput and the ratios."""
+    return {
+        "alone_p50_ms": median([r["alone"]["p50_ms"] for r in rounds]),
+        "alone_p99_ms": median([r["alone"]["p99_ms"] for r in rounds]),
+        "flood_p50_ms": median([r["flood"]["p50_ms"] for r in rounds]),
+        "flood_p99_ms": median([r["flood"]["p99_ms"] for r in rounds]),
+        "flooded_sentences_per_s": median([r["flooded_model"]["sentences_per_s"] for r in rounds]),
+        "p50_ratio": median([r["p50_ratio"] for r in rounds]),
+        "p99_ratio": median([r["p99_ratio"] for r in rounds]),
+    }
+
+
 def run(args) -> dict:
     models = [m.strip() for m in args.models.split(",") if m.strip()]
     if len(models) != 2 or models[0] == models[1]:
@@ -273,7 +326,6 @@ def run(args) -> dict:
     t_start = time.perf_counter()
     load_start = os.getloadavg()
     server = RepositoryServer(repository, models, args.decode_workers, args.server_arg)
-    flood = None
     texts_file = None
     try:
         try:
@@ -296,31 +348,18 @@ def run(args) -> dict:
         probe(stub, probe_texts[:3], probed, args.beam, args.timeout_s)
         probe(stub, flood_texts[:3], flooded, args.beam, args.timeout_s)
 
-        rounds, errors, served = [], Counter(), set()
+        rounds: list[dict] = []
+        errors: Counter[str] = Counter()
+        served: set[str] = set()
         for r in range(1, args.rounds + 1):
-            alone, e_a, s_a = probe(stub, probe_texts, probed, args.beam, args.timeout_s)
-            log(f"round {r} A (alone): {probed} {latency_figures(alone)}")
-            flood = Flood(server.address, flooded, texts_file, args.flood_concurrency, args.beam, args.timeout_s)
-            flood.wait_ready()
-            time.sleep(args.flood_warmup_s)
-            t0 = time.monotonic()
-            under, e_b, s_b = probe(stub, probe_texts, probed, args.beam, args.timeout_s)
-            t1 = time.monotonic()
-            flood_result = flood.stop(args.timeout_s + 60)
-            flood = None
-            figures = {"round": r, **round_figures(alone, under, flood_result, (t0, t1))}
-            figures["probe_errors"] = dict(e_a + e_b)
-            rounds.append(figures)
-            errors += e_a + e_b + Counter(flood_result["errors"])
-            served |= s_a | s_b
-            log(
-                f"round {r} B (flood): {probed} {figures['flood']}; {flooded} "
-                f"{figures['flooded_model']['sentences_per_s']} sentences/s; p50 ratio {figures['p50_ratio']}"
+            figures, round_errors, round_served = fairness_round(
+                r, stub, server.address, args, probed, flooded, probe_texts, texts_file
             )
+            rounds.append(figures)
+            errors += round_errors
+            served |= round_served
         channel.close()
     finally:
-        if flood is not None:
-            flood.kill()
         server_exit = server.stop()
         if texts_file is not None:
             texts_file.unlink(missing_ok=True)
@@ -338,15 +377,7 @@ def run(args) -> dict:
         "decode_workers": args.decode_workers,
         "server_args": list(args.server_arg),
         "rounds": rounds,
-        "median": {
-            "alone_p50_ms": median([r["alone"]["p50_ms"] for r in rounds]),
-            "alone_p99_ms": median([r["alone"]["p99_ms"] for r in rounds]),
-            "flood_p50_ms": median([r["flood"]["p50_ms"] for r in rounds]),
-            "flood_p99_ms": median([r["flood"]["p99_ms"] for r in rounds]),
-            "flooded_sentences_per_s": median([r["flooded_model"]["sentences_per_s"] for r in rounds]),
-            "p50_ratio": median([r["p50_ratio"] for r in rounds]),
-            "p99_ratio": median([r["p99_ratio"] for r in rounds]),
-        },
+        "median": median_figures(rounds),
         "errors": dict(errors),
         "cpu_count": os.cpu_count(),
         "loadavg_1m": {"start": round(load_start[0], 2), "end": round(os.getloadavg()[0], 2)},

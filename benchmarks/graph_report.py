@@ -3,7 +3,7 @@ operator as shipped and after ORT's own graph optimisations on a CPU session (OR
 whose optimised model is saved beside the report, so that the fusions that fired can be read off
 the difference.
 
-    python benchmarks/graph_report.py --onnx-dir models/de-en/1/onnx --out /tmp/graph-report
+    python -m benchmarks.graph_report --onnx-dir models/de-en/1/onnx --out /tmp/graph-report
 
 Prints one JSON line: for every variant's graphs, the node count and the operators before and
 after, and which operators appeared or disappeared (the fusions).
@@ -13,14 +13,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from collections import Counter
 from pathlib import Path
 
 import onnx
 import onnxruntime as ort
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from contract.manifest import load_manifest
 

@@ -1,6 +1,6 @@
 """Hot swap under load: a new version of a model replaces the old one while clients keep sending.
 
-    python benchmarks/hot_swap.py --model-dir models/de-en/1 --concurrency 64 --phase-s 15
+    python -m benchmarks.hot_swap --model-dir models/de-en/1 --concurrency 64 --phase-s 15
 
 A repository in a temporary directory holds the model twice, as `NAME/1` and `NAME/2` (links to
 the same checkpoint and export: what is measured is the swap, not the weights). A real
@@ -35,20 +35,21 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import grpc
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-from benchmarks.online import free_port, percentile
+from benchmarks.figures import percentile
+from benchmarks.processes import free_port
 from benchmarks.soak import SENTENCES, rss_bytes
 from service.api.inference import grpc_service_pb2 as kpb
 from service.api.inference import grpc_service_pb2_grpc as kpb_grpc
 from service.api.mtserve.v1 import translation_pb2 as pb
 from service.api.mtserve.v1 import translation_pb2_grpc as pb_grpc
 from service.client.healthcheck import wait_serving
+
+REPO = Path(__file__).resolve().parent.parent
 
 LINKED = ("config.json", "tokenizer.json", "model.safetensors", "onnx")
 
@@ -142,7 +143,7 @@ def run(
     concurrency: int = 64,
     phase_s: float = 15.0,
     beam: int = 1,
-    server_args: list[str] = (),
+    server_args: Sequence[str] = (),
     warmup_s: float | None = None,
 ) -> dict:
     with tempfile.TemporaryDirectory(prefix="mtserve-hot-swap-") as tmp:

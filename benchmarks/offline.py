@@ -2,7 +2,7 @@
 optionally single-sentence latency. `benchmarks/run.py` runs every engine through this script, one
 process per engine, so that no engine's thread pool competes with another's.
 
-    python benchmarks/offline.py --engine ct2-int8 --beam 4 --threads 2 --limit 200 --json out.json
+    python -m benchmarks.offline --engine ct2-int8 --beam 4 --threads 2 --limit 200 --json out.json
 
 Engines (all on models/de-en/1, all on the CPU, `--threads` threads in all):
   torch-eager   PyTorch, the textbook loop: no key/value cache, every step runs the whole decoder
@@ -24,16 +24,14 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from benchmarks.figures import print_result
 
-from benchmarks.online import print_result
+REPO = Path(__file__).resolve().parent.parent
 
 ENGINES = ["torch-eager", "torch-cache", "ort-fp32", "ort-int8", "ct2-float32", "ct2-int8"]
 

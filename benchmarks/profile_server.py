@@ -11,7 +11,7 @@ in one bucket by the innermost frame that decides it:
   grpc/protobuf    grpc, protobuf, asyncio event loop, servicer/engine/interceptors
   other            everything else (logging, metrics, ...)
 
-    python benchmarks/profile_server.py --concurrency 64 --seconds 10 [--server-arg=--precision=int8]
+    python -m benchmarks.profile_server --concurrency 64 --seconds 10 [--server-arg=--precision=int8]
 
 Needs py-spy (`pip install py-spy`; the `bench` extra has it) and permission to ptrace the server
 (root, or kernel.yama.ptrace_scope 0). Samples of threads that are idle (waiting on a lock or on the
@@ -31,10 +31,10 @@ import time
 from collections import Counter
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from benchmarks.online import run_level
+from benchmarks.processes import Server
 
-from benchmarks.online import Server, run_level
+REPO = Path(__file__).resolve().parent.parent
 
 BUCKETS = ["onnxruntime", "tokenization", "numpy cache", "numpy search", "scheduler", "grpc/protobuf", "other"]
 _CACHE_FUNCS = {"concatenate", "filter", "from_sources", "stack", "_empty_state"}  # of DecodeBatch

@@ -1,7 +1,7 @@
 """Soak and overload runs against a real `mtserve serve` process on loopback.
 
-    python benchmarks/soak.py --model-dir models/de-en/1 --minutes 10                # make soak
-    python benchmarks/soak.py --onnx-dir DIR --scenario overload --clients 512    # make overload
+    python -m benchmarks.soak --model-dir models/de-en/1 --minutes 10                # make soak
+    python -m benchmarks.soak --onnx-dir DIR --scenario overload --clients 512    # make overload
 
 `soak`: `--concurrency` clients (64) send requests back to back for the whole run: Translate with
 1-4 texts of mixed lengths (60%), TranslateStream (25%), Encode (15%), beam 1-4. 10% of the
@@ -41,12 +41,12 @@ from pathlib import Path
 
 import grpc
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-from benchmarks.online import Server, free_port, percentile
+from benchmarks.figures import percentile
+from benchmarks.processes import Server, free_port
 from service.api.mtserve.v1 import translation_pb2 as pb
 from service.api.mtserve.v1 import translation_pb2_grpc as pb_grpc
+
+REPO = Path(__file__).resolve().parent.parent
 
 SENTENCES = [
     "Ein Hund.",
@@ -139,53 +139,61 @@ def load_sentences(path: str | None) -> list[str]:
 # ----------------------------------------------------------------------------- soak
 
 
-async def one_request(stub, rng: random.Random, sentences: list[str], counts: Counter, latencies: dict) -> None:
-    r = rng.random()
-    beam = rng.choice([1, 1, 2, 4])
+def start_call(stub, rng: random.Random, r: float, sentences: list[str], beam: int, timeout: float):
+    """One call of the mix (`r` in [0, 1) picks it): 60% Translate of 1-4 texts, 25%
+    TranslateStream, 15% Encode; 80% of the texts a sentence, the rest two joined. (kind, call, texts)."""
     opts = pb.TranslationOptions(beam_size=beam)
 
     def pick() -> str:
         return rng.choice(sentences) if rng.random() < 0.8 else " ".join(rng.sample(sentences, 2))
 
+    if r < 0.60:
+        texts = [pick() for _ in range(rng.randint(1, 4))]
+        return "translate", stub.Translate(pb.TranslateRequest(texts=texts, options=opts), timeout=timeout), texts
+    if r < 0.85:
+        texts = [pick()]
+        return (
+            "stream",
+            stub.TranslateStream(pb.TranslateStreamRequest(text=texts[0], options=opts), timeout=timeout),
+            texts,
+        )
+    texts = [pick() for _ in range(rng.randint(1, 4))]
+    return "encode", stub.Encode(pb.EncodeRequest(texts=texts), timeout=timeout), texts
+
+
+async def outcome_of(kind: str, call, texts: list[str], cancelled: bool, tight: bool) -> str:
+    """ "ok", "cancelled" or "deadline_exceeded" where expected (a cancelled call, a tight
+    deadline), else "unexpected:CODE"."""
+    try:
+        if kind == "stream":
+            msgs = [m async for m in call]
+            good = bool(msgs) and msgs[-1].HasField("final") and all(m.HasField("chunk") for m in msgs[:-1])
+        elif kind == "translate":
+            good = len((await call).translations) == len(texts)
+        else:
+            good = len((await call).encodings) == len(texts)
+        return "ok" if good else "unexpected:BAD_RESPONSE"
+    except asyncio.CancelledError:
+        return "cancelled" if cancelled else "unexpected:CANCELLED"
+    except grpc.aio.AioRpcError as e:
+        code = e.code()
+        if code == grpc.StatusCode.CANCELLED and cancelled:
+            return "cancelled"
+        if code == grpc.StatusCode.DEADLINE_EXCEEDED and tight:
+            return "deadline_exceeded"
+        return f"unexpected:{code.name}"
+
+
+async def one_request(stub, rng: random.Random, sentences: list[str], counts: Counter, latencies: dict) -> None:
+    r = rng.random()
+    beam = rng.choice([1, 1, 2, 4])
     cancel_after = rng.uniform(0.0, 0.5) if rng.random() < 0.10 else None
     tight = cancel_after is None and rng.random() < 0.15 / 0.9
     timeout = rng.uniform(0.02, 0.5) if tight else 60.0
-    if r < 0.60:
-        texts = [pick() for _ in range(rng.randint(1, 4))]
-        kind, call = "translate", stub.Translate(pb.TranslateRequest(texts=texts, options=opts), timeout=timeout)
-    elif r < 0.85:
-        texts = [pick()]
-        kind, call = (
-            "stream",
-            stub.TranslateStream(pb.TranslateStreamRequest(text=texts[0], options=opts), timeout=timeout),
-        )
-    else:
-        texts = [pick() for _ in range(rng.randint(1, 4))]
-        kind, call = "encode", stub.Encode(pb.EncodeRequest(texts=texts), timeout=timeout)
-
-    async def consume() -> str:
-        try:
-            if kind == "stream":
-                msgs = [m async for m in call]
-                good = bool(msgs) and msgs[-1].HasField("final") and all(m.HasField("chunk") for m in msgs[:-1])
-            elif kind == "translate":
-                good = len((await call).translations) == len(texts)
-            else:
-                good = len((await call).encodings) == len(texts)
-            return "ok" if good else "unexpected:BAD_RESPONSE"
-        except asyncio.CancelledError:
-            return "cancelled" if cancel_after is not None else "unexpected:CANCELLED"
-        except grpc.aio.AioRpcError as e:
-            code = e.code()
-            if code == grpc.StatusCode.CANCELLED and cancel_after is not None:
-                return "cancelled"
-            if code == grpc.StatusCode.DEADLINE_EXCEEDED and tight:
-                return "deadline_exceeded"
-            return f"unexpected:{code.name}"
-
+    kind, call, texts = start_call(stub, rng, r, sentences, beam, timeout)
     counts["sent"] += 1
     t0 = time.perf_counter()
-    task = asyncio.ensure_future(consume())
+    task = asyncio.ensure_future(outcome_of(kind, call, texts, cancel_after is not None, tight))
     if cancel_after is not None:
         done, _ = await asyncio.wait({task}, timeout=cancel_after)
         if not done:

@@ -2,10 +2,10 @@
 request sampled, exporting over OTLP/gRPC to a receiver on loopback (in this process: it accepts
 and counts the spans, so the exporter's work is real and the network is the loopback).
 
-    python benchmarks/tracing_overhead.py [--concurrency 64] [--beam 4] [--requests 1000]
+    python -m benchmarks.tracing_overhead [--concurrency 64] [--beam 4] [--requests 1000]
         [--pairs 2] [--server-arg=--decode-workers=1 ...] [--json out.json]
 
-Each pair starts `mtserve serve` twice (benchmarks/online.py's Server): once with
+Each pair starts `mtserve serve` twice (benchmarks/processes.py's Server): once with
 OTEL_TRACES_EXPORTER=none, once with OTEL_TRACES_EXPORTER=otlp and OTEL_TRACES_SAMPLER=always_on;
 the order alternates from pair to pair. Both run `online.run_level` on the same sentences. The
 result (one JSON line) has every run, with the server's CPU time per request; the median
@@ -21,17 +21,18 @@ import argparse
 import statistics
 import sys
 import threading
+from collections.abc import Sequence
 from concurrent import futures
 from pathlib import Path
 
 import grpc
-
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
 from benchmarks import online
+from benchmarks.figures import print_result
+from benchmarks.processes import Server, process_cpu_s
+
+REPO = Path(__file__).resolve().parent.parent
 
 
 class SpanSink(trace_service_pb2_grpc.TraceServiceServicer):
@@ -77,7 +78,7 @@ def measure(
     beam: int = 4,
     requests: int = 1000,
     pairs: int = 2,
-    server_args: list[str] = (),
+    server_args: Sequence[str] = (),
     log=print,
 ) -> dict:
     """`pairs` x (untraced, traced) servers at `concurrency`: the levels, medians and overhead."""
@@ -89,11 +90,11 @@ def measure(
             for mode in order:
                 spans_before = sink.spans
                 env = tracing_env(sink if mode == "on" else None)
-                with online.Server(model_dir, list(server_args), env=env, log_prefix="mtserve-tracing-") as srv:
-                    cpu0 = online.process_cpu_s(srv.pid)
+                with Server(model_dir, list(server_args), env=env, log_prefix="mtserve-tracing-") as srv:
+                    cpu0 = process_cpu_s(srv.pid)
                     row = online.run_level(srv.address, texts, refs, concurrency, n, beam)
                     # warm-up included: run_level sends 2 x concurrency requests first
-                    cpu = online.process_cpu_s(srv.pid) - cpu0
+                    cpu = process_cpu_s(srv.pid) - cpu0
                     row["server_cpu_ms_per_request"] = round(1000 * cpu / (row["requests"] + 2 * concurrency), 3)
                     row["server_exit"] = srv.stop()  # the drain exports the spans still buffered
                 row["spans_exported"] = sink.spans - spans_before
@@ -148,7 +149,7 @@ def main() -> None:
         args.server_arg,
         log=lambda m: print(m, file=sys.stderr),
     )
-    online.print_result(result, args.json)
+    print_result(result, args.json)
 
 
 if __name__ == "__main__":

@@ -32,10 +32,73 @@ from typing import Protocol
 
 from contract.manifest import TensorSpec
 
+# ----------------------------------------------------------------------------- the names
+
+# The encoder's inputs and first output.
+SRC_IDS = "src_ids"
+SRC_MASK = "src_mask"  # the encoder's input, and the decoder steps' once per sentence
+MEMORY = "memory"
+
+# The decoder steps' inputs (both graphs).
+TOKENS = "tokens"
+POSITIONS = "positions"
+TOP_K = "top_k"
+# The portable step's.
+PAST_MASK = "past_mask"
+# The fused step's.
+PAST_SEQUENCE_LENGTH = "past_sequence_length"
+SELF_MASK = "self_mask"
+BEAM_WIDTH = "beam_width"
+CACHE_INDIRECTION = "cache_indirection"
+
+# The decoder steps' outputs.
+LOG_PROBS = "log_probs"
+TOP_LOG_PROBS = "top_log_probs"
+TOP_IDS = "top_ids"
+EOS_LOG_PROB = "eos_log_prob"
+CROSS_ATTENTION = "cross_attention"
+
+
+def cross_key(layer: int) -> str:
+    """Decoder layer `layer`'s cross-attention keys: the encoder's output, the decoder steps' input."""
+    return f"cross_key_{layer}"
+
+
+def cross_value(layer: int) -> str:
+    return f"cross_value_{layer}"
+
+
+def past_key(layer: int) -> str:
+    """The portable step's self-attention cache of decoder layer `layer`, without this step."""
+    return f"past_key_{layer}"
+
+
+def past_value(layer: int) -> str:
+    return f"past_value_{layer}"
+
+
+def cache_key(layer: int) -> str:
+    """The fused step's preallocated self-attention cache of decoder layer `layer` (an input)."""
+    return f"cache_key_{layer}"
+
+
+def cache_value(layer: int) -> str:
+    return f"cache_value_{layer}"
+
+
+def present_key(layer: int) -> str:
+    """The self-attention cache of decoder layer `layer` with this step (both steps' output)."""
+    return f"present_key_{layer}"
+
+
+def present_value(layer: int) -> str:
+    return f"present_value_{layer}"
+
+
 # The decoder step's search input and outputs: added to the exported graph after the torch export
 # (a data-dependent k does not go through torch.export).
-SEARCH_INPUT = "top_k"
-SEARCH_OUTPUTS = ("top_log_probs", "top_ids", "eos_log_prob")
+SEARCH_INPUT = TOP_K
+SEARCH_OUTPUTS = (TOP_LOG_PROBS, TOP_IDS, EOS_LOG_PROB)
 
 
 class GraphDims(Protocol):
@@ -60,14 +123,14 @@ class GraphDims(Protocol):
 def encoder_io(dims: GraphDims) -> tuple[list[TensorSpec], list[TensorSpec]]:
     kv: list[int | str] = ["batch", dims.n_heads, "src_len", dims.d_k]
     inputs = [
-        TensorSpec(name="src_ids", dtype="int64", shape=["batch", "src_len"]),
-        TensorSpec(name="src_mask", dtype="int64", shape=["batch", "src_len"]),
+        TensorSpec(name=SRC_IDS, dtype="int64", shape=["batch", "src_len"]),
+        TensorSpec(name=SRC_MASK, dtype="int64", shape=["batch", "src_len"]),
     ]
-    outputs = [TensorSpec(name="memory", dtype="float32", shape=["batch", "src_len", dims.d_model])]
+    outputs = [TensorSpec(name=MEMORY, dtype="float32", shape=["batch", "src_len", dims.d_model])]
     for i in range(dims.n_decoder_layers):
         outputs += [
-            TensorSpec(name=f"cross_key_{i}", dtype="float32", shape=kv),
-            TensorSpec(name=f"cross_value_{i}", dtype="float32", shape=kv),
+            TensorSpec(name=cross_key(i), dtype="float32", shape=kv),
+            TensorSpec(name=cross_value(i), dtype="float32", shape=kv),
         ]
     return inputs, outputs
 
@@ -77,35 +140,35 @@ def decoder_io(dims: GraphDims) -> tuple[list[TensorSpec], list[TensorSpec]]:
     past: list[int | str] = ["batch", H, "past_len", dk]
     cross: list[int | str] = ["sentences", H, "src_len", dk]  # once per sentence; its beams are consecutive rows
     inputs = [
-        TensorSpec(name="tokens", dtype="int64", shape=["batch", 1]),
-        TensorSpec(name="positions", dtype="int64", shape=["batch"]),
+        TensorSpec(name=TOKENS, dtype="int64", shape=["batch", 1]),
+        TensorSpec(name=POSITIONS, dtype="int64", shape=["batch"]),
     ]
     for i in range(L):
         inputs += [
-            TensorSpec(name=f"past_key_{i}", dtype="float32", shape=past),
-            TensorSpec(name=f"past_value_{i}", dtype="float32", shape=past),
+            TensorSpec(name=past_key(i), dtype="float32", shape=past),
+            TensorSpec(name=past_value(i), dtype="float32", shape=past),
         ]
-    inputs.append(TensorSpec(name="past_mask", dtype="float32", shape=["batch", "past_len"]))
+    inputs.append(TensorSpec(name=PAST_MASK, dtype="float32", shape=["batch", "past_len"]))
     for i in range(L):
         inputs += [
-            TensorSpec(name=f"cross_key_{i}", dtype="float32", shape=cross),
-            TensorSpec(name=f"cross_value_{i}", dtype="float32", shape=cross),
+            TensorSpec(name=cross_key(i), dtype="float32", shape=cross),
+            TensorSpec(name=cross_value(i), dtype="float32", shape=cross),
         ]
-    inputs.append(TensorSpec(name="src_mask", dtype="int64", shape=["sentences", "src_len"]))
-    inputs.append(TensorSpec(name="top_k", dtype="int64", shape=[1]))
+    inputs.append(TensorSpec(name=SRC_MASK, dtype="int64", shape=["sentences", "src_len"]))
+    inputs.append(TensorSpec(name=TOP_K, dtype="int64", shape=[1]))
     outputs = [
-        TensorSpec(name="log_probs", dtype="float32", shape=["batch", dims.vocab_size]),
-        TensorSpec(name="top_log_probs", dtype="float32", shape=["batch", "top_k"]),
-        TensorSpec(name="top_ids", dtype="int64", shape=["batch", "top_k"]),
-        TensorSpec(name="eos_log_prob", dtype="float32", shape=["batch"]),
+        TensorSpec(name=LOG_PROBS, dtype="float32", shape=["batch", dims.vocab_size]),
+        TensorSpec(name=TOP_LOG_PROBS, dtype="float32", shape=["batch", "top_k"]),
+        TensorSpec(name=TOP_IDS, dtype="int64", shape=["batch", "top_k"]),
+        TensorSpec(name=EOS_LOG_PROB, dtype="float32", shape=["batch"]),
     ]
     present: list[int | str] = ["batch", H, "present_len", dk]
     for i in range(L):
         outputs += [
-            TensorSpec(name=f"present_key_{i}", dtype="float32", shape=present),
-            TensorSpec(name=f"present_value_{i}", dtype="float32", shape=present),
+            TensorSpec(name=present_key(i), dtype="float32", shape=present),
+            TensorSpec(name=present_value(i), dtype="float32", shape=present),
         ]
-    outputs.append(TensorSpec(name="cross_attention", dtype="float32", shape=["batch", "src_len"]))
+    outputs.append(TensorSpec(name=CROSS_ATTENTION, dtype="float32", shape=["batch", "src_len"]))
     return inputs, outputs
 
 
@@ -137,40 +200,40 @@ def fused_decoder_io(dims: GraphDims, scored: bool = True) -> tuple[list[TensorS
     cache: list[int | str] = ["batch", H, "max_len", dk]
     cross: list[int | str] = ["sentences", H, "src_len", dk]
     inputs = [
-        TensorSpec(name="tokens", dtype="int64", shape=["batch", 1]),
-        TensorSpec(name="positions", dtype="int64", shape=["batch", 1]),
-        TensorSpec(name="past_sequence_length", dtype="int32", shape=[1]),
-        TensorSpec(name="self_mask", dtype="int32", shape=["batch", "max_len"]),
+        TensorSpec(name=TOKENS, dtype="int64", shape=["batch", 1]),
+        TensorSpec(name=POSITIONS, dtype="int64", shape=["batch", 1]),
+        TensorSpec(name=PAST_SEQUENCE_LENGTH, dtype="int32", shape=[1]),
+        TensorSpec(name=SELF_MASK, dtype="int32", shape=["batch", "max_len"]),
     ]
     for i in range(L):
         inputs += [
-            TensorSpec(name=f"cache_key_{i}", dtype="float32", shape=cache),
-            TensorSpec(name=f"cache_value_{i}", dtype="float32", shape=cache),
+            TensorSpec(name=cache_key(i), dtype="float32", shape=cache),
+            TensorSpec(name=cache_value(i), dtype="float32", shape=cache),
         ]
     for i in range(L):
         inputs += [
-            TensorSpec(name=f"cross_key_{i}", dtype="float32", shape=cross),
-            TensorSpec(name=f"cross_value_{i}", dtype="float32", shape=cross),
+            TensorSpec(name=cross_key(i), dtype="float32", shape=cross),
+            TensorSpec(name=cross_value(i), dtype="float32", shape=cross),
         ]
     inputs += [
-        TensorSpec(name="src_mask", dtype="int32", shape=["sentences", "src_len"]),
-        *([TensorSpec(name="top_k", dtype="int64", shape=[1])] if scored else []),
-        TensorSpec(name="beam_width", dtype="int32", shape=[1]),
-        TensorSpec(name="cache_indirection", dtype="int32", shape=["sentences", "beam", "max_len"]),
+        TensorSpec(name=SRC_MASK, dtype="int32", shape=["sentences", "src_len"]),
+        *([TensorSpec(name=TOP_K, dtype="int64", shape=[1])] if scored else []),
+        TensorSpec(name=BEAM_WIDTH, dtype="int32", shape=[1]),
+        TensorSpec(name=CACHE_INDIRECTION, dtype="int32", shape=["sentences", "beam", "max_len"]),
     ]
     if scored:
         outputs = [
-            TensorSpec(name="log_probs", dtype="float32", shape=["batch", dims.vocab_size]),
-            TensorSpec(name="top_log_probs", dtype="float32", shape=["batch", "top_k"]),
-            TensorSpec(name="top_ids", dtype="int64", shape=["batch", "top_k"]),
-            TensorSpec(name="eos_log_prob", dtype="float32", shape=["batch"]),
+            TensorSpec(name=LOG_PROBS, dtype="float32", shape=["batch", dims.vocab_size]),
+            TensorSpec(name=TOP_LOG_PROBS, dtype="float32", shape=["batch", "top_k"]),
+            TensorSpec(name=TOP_IDS, dtype="int64", shape=["batch", "top_k"]),
+            TensorSpec(name=EOS_LOG_PROB, dtype="float32", shape=["batch"]),
         ]
     else:
-        outputs = [TensorSpec(name="top_ids", dtype="int64", shape=["batch", 1])]
+        outputs = [TensorSpec(name=TOP_IDS, dtype="int64", shape=["batch", 1])]
     for i in range(L):
         outputs += [
-            TensorSpec(name=f"present_key_{i}", dtype="float32", shape=cache),
-            TensorSpec(name=f"present_value_{i}", dtype="float32", shape=cache),
+            TensorSpec(name=present_key(i), dtype="float32", shape=cache),
+            TensorSpec(name=present_value(i), dtype="float32", shape=cache),
         ]
-    outputs.append(TensorSpec(name="cross_attention", dtype="float32", shape=["batch", "src_len"]))
+    outputs.append(TensorSpec(name=CROSS_ATTENTION, dtype="float32", shape=["batch", "src_len"]))
     return inputs, outputs

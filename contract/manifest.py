@@ -5,6 +5,8 @@ One manifest per export dir lists every exported precision ("variant") side by s
     onnx/
       manifest.json
       tokenizer.json                     copied from the model dir: the dir is self-contained
+                                         (imported models: their SentencePiece models and
+                                         vocabularies instead, `SentencePieceSpec`)
       encoder.fp32.onnx  decoder.fp32.onnx
       encoder.int8.onnx  decoder.int8.onnx
       encoder.fp16.onnx  decoder.fp16.onnx
@@ -18,7 +20,7 @@ step with an in-place cache). A variant's key is its precision for the portable 
 portable encoder in their fused variants; they serve as they are.
 
 The manifest records everything the serving path needs without torch or the model dir: the model's
-dims and special ids, generation defaults, each graph's input/output contract (names, dtypes and
+dims and special ids, its languages (and their tokens, for multilingual models), generation defaults, each graph's input/output contract (names, dtypes and
 shapes with symbolic axis names), and the SHA-256 of every file, checked on load.
 """
 
@@ -34,8 +36,9 @@ MANIFEST = "manifest.json"
 # 2: the decoder step takes top_k and returns the search outputs and the present cache;
 # 3: the decoder step takes the cross-attention keys/values and src_mask once per sentence
 #    (its beams are consecutive rows), not once per row;
-# 4: variants name their decoder graph (portable or fused); fused variants beside the portable ones
-FORMAT_VERSION: Final = 4  # Final: mypy reads it as Literal[4], the type of Manifest.format_version
+# 4: variants name their decoder graph (portable or fused); fused variants beside the portable ones;
+# 5: SentencePiece tokenizers (imported models), languages with their tokens, decoder_start_id
+FORMAT_VERSION: Final = 5  # Final: mypy reads it as Literal[5], the type of Manifest.format_version
 Precision = Literal["fp32", "int8", "fp16"]
 PRECISIONS: tuple[str, ...] = ("fp32", "int8", "fp16")
 Graph = Literal["portable", "fused"]
@@ -86,6 +89,50 @@ class SpecialIds(_Model):
     bos_id: int
     eos_id: int
     unk_id: int
+    decoder_start_id: int | None = None  # the first decoder input token; None: bos_id
+
+    @property
+    def start_id(self) -> int:
+        return self.bos_id if self.decoder_start_id is None else self.decoder_start_id
+
+
+class SentencePieceSpec(_Model):
+    """The tokenizer of an imported model: SentencePiece models give pieces, the JSON vocabularies
+    ({piece: id}) give their ids (a piece not in the vocabulary: unk_id). Decoding maps ids to pieces
+    with the target vocabulary and joins them with the target model's decode_pieces, dropping the
+    special and language tokens. A shared model or vocabulary is the same file twice."""
+
+    source_model: FileSpec
+    target_model: FileSpec
+    source_vocab: FileSpec
+    target_vocab: FileSpec
+
+    def files(self) -> list[FileSpec]:
+        return list(
+            {f.file: f for f in (self.source_model, self.target_model, self.source_vocab, self.target_vocab)}.values()
+        )
+
+
+class LanguageSpec(_Model):
+    """The languages a model translates from and into. A multilingual model puts
+    `source_tokens[lang]` first on the source (before the text's ids; the source still ends with
+    </s>) and forces `target_tokens[lang]` as the first generated token, after the decoder start
+    token; that token is not part of the output text. Single-pair models have no tokens."""
+
+    source: list[str]
+    target: list[str]
+    source_tokens: dict[str, int] = {}
+    target_tokens: dict[str, int] = {}
+
+    @model_validator(mode="after")
+    def _tokens(self) -> LanguageSpec:
+        for side, langs, tokens in (
+            ("source", self.source, self.source_tokens),
+            ("target", self.target, self.target_tokens),
+        ):
+            if tokens and set(tokens) != set(langs):
+                raise ValueError(f"languages.{side}_tokens must name exactly the {side} languages {langs}")
+        return self
 
 
 class Dims(_Model):
@@ -139,22 +186,28 @@ class Variant(_Model):
 
 
 class Manifest(_Model):
-    format_version: Literal[4] = FORMAT_VERSION
+    format_version: Literal[5] = FORMAT_VERSION
     name: str  # model name, e.g. "de-en"
     version: str  # model version: config.json's "version", else the weights' hash prefix
     src_lang: str
     tgt_lang: str
+    languages: LanguageSpec  # every language pair the model serves; src_lang/tgt_lang its default
     source_weights_sha256: str  # model.safetensors the graphs were exported from
     special_ids: SpecialIds
     dims: Dims
     generation: GenerationDefaults = GenerationDefaults()
-    tokenizer: FileSpec
+    tokenizer: FileSpec | None = None  # tokenizer.json of mtserve's own models ...
+    sentencepiece: SentencePieceSpec | None = None  # ... or the SentencePiece files of an imported one
     tool_versions: dict[str, str]
     opset: int = Field(ge=17)  # of every variant
     variants: dict[str, Variant]  # by variant_key
 
     @model_validator(mode="after")
     def _consistent(self) -> Manifest:
+        if (self.tokenizer is None) == (self.sentencepiece is None):
+            raise ValueError("exactly one of tokenizer and sentencepiece must be set")
+        if self.src_lang not in self.languages.source or self.tgt_lang not in self.languages.target:
+            raise ValueError(f"src_lang/tgt_lang ({self.src_lang}/{self.tgt_lang}) are not among the languages")
         for key, v in self.variants.items():
             if variant_key(v.precision, v.graph) != key:
                 raise ValueError(f"variant {key!r} says precision {v.precision!r} and graph {v.graph!r}")
@@ -178,7 +231,14 @@ class Manifest(_Model):
         variants = self.variants.values() if precision is None else [self.variant(precision, graph)]
         graphs = [g for v in variants for g in (v.encoder, *v.decoder_steps().values())]
         unique = {g.file: g for g in graphs}  # older fused variants share the portable encoder
-        return [self.tokenizer, *unique.values()]
+        return [*self.tokenizer_files(), *unique.values()]
+
+    def tokenizer_files(self) -> list[FileSpec]:
+        """tokenizer.json, or the SentencePiece models and vocabularies (each file once)."""
+        if self.tokenizer is not None:
+            return [self.tokenizer]
+        assert self.sentencepiece is not None  # the validator sets exactly one of them
+        return self.sentencepiece.files()
 
     def checksums(self, precision: str | None = None, graph: str = "portable") -> dict[str, str]:
         """{file name: sha256} of the tokenizer and the graphs (of one variant only, when given)."""
@@ -218,6 +278,11 @@ def load_manifest(
         manifest = Manifest.model_validate_json((d / MANIFEST).read_text(encoding="utf-8"))
     except ValidationError as e:
         found = next((err["input"] for err in e.errors() if err["loc"] == ("format_version",)), None)
+        if isinstance(found, int) and found > FORMAT_VERSION:
+            raise ManifestError(
+                f"{d} holds an export of format_version {found}, newer than this server reads ({FORMAT_VERSION}): "
+                "upgrade mtserve to serve it"
+            ) from e
         if isinstance(found, int):
             # Graphs of another contract would fail every request: say what to do about it.
             model_dir = d.parent if d.name == "onnx" else d

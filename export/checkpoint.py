@@ -1,5 +1,10 @@
 """A model directory: `model.safetensors`, `config.json` (ModelConfig + special ids) and
-`tokenizer.json`. Also checkpoint averaging."""
+`tokenizer.json` (mtserve's own models) or SentencePiece files (imported ones, `export/hf/`).
+Also checkpoint averaging.
+
+config.json carries a top-level `"format"`: 1 (absent) for the first model dirs, 2 since the
+model config gained the settings of imported models. A newer format is refused, never read with
+defaults filled in."""
 
 from __future__ import annotations
 
@@ -12,6 +17,11 @@ from safetensors.torch import load_file, save_file
 from export.model import ModelConfig, Transformer
 
 WEIGHTS, CONFIG, TOKENIZER = "model.safetensors", "config.json", "tokenizer.json"
+CONFIG_FORMAT = 2
+
+
+class ConfigFormatError(ValueError):
+    """A model dir written by a newer mtserve than this one."""
 
 
 def save_model_dir(
@@ -22,15 +32,28 @@ def save_model_dir(
     # The shared embedding is stored once; safetensors refuses aliased tensors.
     state = {k: v.detach().contiguous().clone() for k, v in model.state_dict().items()}
     save_file(state, str(out / WEIGHTS), metadata={"format": "pt"})
-    meta = {"model": model.cfg.to_dict(), **(extra or {})}
+    meta = {"format": CONFIG_FORMAT, "model": model.cfg.to_dict(), **(extra or {})}
     (out / CONFIG).write_text(json.dumps(meta, indent=2) + "\n")
     if tokenizer_path is not None and Path(tokenizer_path).resolve() != (out / TOKENIZER).resolve():
         (out / TOKENIZER).write_bytes(Path(tokenizer_path).read_bytes())
     return out
 
 
+def read_meta(model_dir: str | Path) -> dict:
+    """config.json of a model dir; ConfigFormatError when a newer mtserve wrote it."""
+    path = Path(model_dir) / CONFIG
+    meta = json.loads(path.read_text())
+    found = meta.get("format", 1)
+    if not isinstance(found, int) or found > CONFIG_FORMAT:
+        raise ConfigFormatError(
+            f"{path} has format {found!r}; this mtserve reads model dirs up to format {CONFIG_FORMAT}: "
+            "upgrade mtserve to use this model"
+        )
+    return meta
+
+
 def load_config(model_dir: str | Path) -> ModelConfig:
-    return ModelConfig.from_dict(json.loads((Path(model_dir) / CONFIG).read_text())["model"])
+    return ModelConfig.from_dict(read_meta(model_dir)["model"])
 
 
 def load_model(model_dir: str | Path, device: str | torch.device = "cpu") -> Transformer:
@@ -45,7 +68,10 @@ def average_state_dicts(states: list[dict[str, torch.Tensor]]) -> dict[str, torc
     avg = {}
     for k in states[0]:
         if states[0][k].is_floating_point():
-            avg[k] = sum(s[k].double() for s in states).div(len(states)).to(states[0][k].dtype)
+            total = states[0][k].double()
+            for s in states[1:]:
+                total = total + s[k].double()
+            avg[k] = total.div(len(states)).to(states[0][k].dtype)
         else:
             avg[k] = states[-1][k]
     return avg

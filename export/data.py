@@ -28,7 +28,9 @@ def read_lines(path: Path) -> list[str]:
         return [line.rstrip("\n").strip() for line in f]
 
 
-def read_parallel(data_dir: str | Path, split: str, src_lang: str = "de", tgt_lang: str = "en"):
+def read_parallel(
+    data_dir: str | Path, split: str, src_lang: str = "de", tgt_lang: str = "en"
+) -> tuple[list[str], list[str]]:
     src = read_lines(split_path(data_dir, split, src_lang))
     tgt = read_lines(split_path(data_dir, split, tgt_lang))
     if len(src) != len(tgt):
@@ -47,7 +49,9 @@ class Batch:
         return sum(len(t) + 1 for t in self.tgt)
 
 
-def token_batches(src, tgt, max_tokens: int, seed: int | None, epoch: int = 0) -> list[Batch]:
+def token_batches(
+    src: list[list[int]], tgt: list[list[int]], max_tokens: int, seed: int | None, epoch: int = 0
+) -> list[Batch]:
     """Length-bucketed batches: sort by length (with random tie-breaking), cut into batches whose
     padded size (rows x longest side) stays under `max_tokens`, then shuffle the batch order."""
     rng = random.Random(None if seed is None else seed * 1000 + epoch)
@@ -55,7 +59,9 @@ def token_batches(src, tgt, max_tokens: int, seed: int | None, epoch: int = 0) -
     if seed is not None:
         rng.shuffle(order)
     order.sort(key=lambda i: (len(tgt[i]), len(src[i])))
-    batches, cur, longest = [], [], 0
+    batches: list[list[int]] = []
+    cur: list[int] = []
+    longest = 0
     for i in order:
         n = max(len(src[i]), len(tgt[i]) + 1)
         if cur and max(longest, n) * (len(cur) + 1) > max_tokens:

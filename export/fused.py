@@ -5,11 +5,18 @@ the weights with onnx.helper on ONNX Runtime's com.microsoft contrib operators (
 Why graphs of their own rather than the torch export: the exported step has 144 nodes at int8
 (Reshape, Transpose, Concat around every attention), and at batch 1 ONNX Runtime's per-node
 cost is most of a step; its cache grows by a Concat every step and is copied on every beam
-reorder. Here, per decoder layer (pre-norm):
+reorder. Here, per decoder layer:
 
     x ─ Add+LayerNorm ─ QKV (one int8 MatMul, bias in) ─ Split ─ DecoderMaskedMultiHeadAttention ─ out proj
       ─ Add+LayerNorm ─ Q ─ MultiHeadAttention over the encoder's keys/values ─ out proj
-      ─ Add+LayerNorm ─ W1 ─ Relu ─ W2
+      ─ Add+LayerNorm ─ W1 ─ Relu | Gelu | QuickGelu ─ W2
+
+Every architecture of `export.model.ModelConfig` has them: pre-norm (the Add+LayerNorm before a
+sublayer, and a final LayerNorm) and post-norm (the same two nodes after it, none at the end;
+`ResidualStream`), the activations relu, gelu (ONNX Runtime's Gelu: exact, with erf) and swish
+(QuickGelu with alpha 1: x * sigmoid(x)), token embeddings scaled by √d_model or not (the table
+is pre-scaled), computed or stored positions (both a `pe` table), a source vocabulary of its own
+(the encoder's table), and a stored logits bias (the output projection's bias, in every step).
 
 - DecoderMaskedMultiHeadAttention (past_present_share_buffer) reads and writes a preallocated
   (B, H, M, d_k) cache in place: the host binds the same buffer as past and present, and the
@@ -17,8 +24,9 @@ reorder. Here, per decoder layer (pre-norm):
   ((n, K, M): which beam holds each slot of a beam's history), so the cache is never copied.
 - The cross-attention folds a sentence's K beams into one query (n, K, D), one attention per
   sentence and head, over the encoder's (n, H, S, d_k) keys and values (format 3's layout).
-- LayerNormalization after an Add, not SkipLayerNormalization: on the CPU the contrib kernel took
-  3.5x as long (46 µs a node at 32 rows, docs/performance.md).
+- LayerNormalization after an Add, not SkipLayerNormalization (which computes LN(x + skip) and
+  would fit either norm placement): on the CPU the contrib kernel took 3.5x as long (46 µs a node
+  at 32 rows, docs/performance.md).
 - The linear layers are DynamicQuantizeMatMul (int8 weights per output channel, activations
   quantised at run time) or MatMulNBits (8 bits, blocks of 128, accuracy level 4), which is
   faster for one row only (docs/performance.md has the table from 1 to 128 rows).
@@ -44,23 +52,23 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any, TypeVar
 
 import numpy as np
+import numpy.typing as npt
 import onnx
 import torch
 from onnx import TensorProto, helper, numpy_helper
 
 from contract.graphs import FUSED_LINEAR_KINDS, encoder_io, fused_decoder_io
 from contract.manifest import TensorSpec
-from export.model import Transformer
+from export.model import DecoderLayer, EncoderLayer, FeedForward, MultiHeadAttention, Transformer
 
 MS = "com.microsoft"
 DTYPES = {"float32": TensorProto.FLOAT, "int64": TensorProto.INT64, "int32": TensorProto.INT32}
 NBITS_BLOCK = 128
 
-
-def _np(t: torch.Tensor) -> np.ndarray:
-    return t.detach().cpu().float().numpy()
+_Layer = TypeVar("_Layer", bound=torch.nn.Module)
 
 
 def quantize_per_channel(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -95,11 +103,11 @@ class GraphBuilder:
         self.nodes: list[onnx.NodeProto] = []
         self.inits: list[onnx.TensorProto] = []
 
-    def init(self, name: str, value) -> str:
+    def init(self, name: str, value: npt.ArrayLike) -> str:
         self.inits.append(numpy_helper.from_array(np.asarray(value), name))
         return name
 
-    def node(self, op: str, inputs: list[str], outputs: list[str], name: str, domain: str = "", **attrs) -> str:
+    def node(self, op: str, inputs: list[str], outputs: list[str], name: str, domain: str = "", **attrs: Any) -> str:
         self.nodes.append(helper.make_node(op, inputs, outputs, name=name, domain=domain, **attrs))
         return outputs[0]
 
@@ -149,12 +157,80 @@ class GraphBuilder:
         self.node("Split", [qkv, split], [q, k, v], f"{name}.qkv_split", axis=-1)
         return q, k, v
 
-    def feed_forward(self, name: str, x: str, residual: str, layer: torch.nn.Module) -> tuple[str, str]:
-        """A layer's last sublayer, W2(Relu(W1(LayerNorm(x + residual)))) from its `res_ffn` and
-        `ffn`, and the residual stream x + residual."""
-        h, resid = self.add_norm(f"{name}.norm_ffn", x, residual, layer.res_ffn.norm)
-        f = self.node("Relu", [self.module_linear(f"{name}.w1", h, layer.ffn.w1)], [f"{name}.relu"], f"{name}.relu")
-        return self.module_linear(f"{name}.w2", f, layer.ffn.w2), resid
+    def activation(self, name: str, x: str, kind: str) -> str:
+        """The feed-forward's activation (`ModelConfig.activation`) as one node: Relu, ONNX Runtime's
+        Gelu (exact, with erf) or swish x * sigmoid(x), which is QuickGelu with alpha 1."""
+        if kind == "relu":
+            return self.node("Relu", [x], [f"{name}.relu"], f"{name}.relu")
+        if kind == "gelu":
+            return self.node("Gelu", [x], [f"{name}.gelu"], f"{name}.gelu", MS)
+        if kind == "swish":
+            return self.node("QuickGelu", [x], [f"{name}.swish"], f"{name}.swish", MS, alpha=1.0)
+        raise ValueError(f"no fused graph for the activation {kind!r}; the fused graphs have relu, gelu and swish")
+
+    def feed_forward(self, name: str, h: str, ffn: FeedForward, activation: str) -> str:
+        """A layer's feed-forward sublayer W2(act(W1(h))) on its input h."""
+        f = self.activation(name, self.module_linear(f"{name}.w1", h, ffn.w1), activation)
+        return self.module_linear(f"{name}.w2", f, ffn.w2)
+
+
+class ResidualStream:
+    """The residual stream of a stack (the encoder's or the decoder's) at the boundaries between its
+    sublayers, each an Add and a LayerNormalization (two nodes, not SkipLayerNormalization: see
+    above). A boundary joins the previous sublayer's output y to the stream x:
+
+    - pre-norm (x + Sublayer(LN(x))): the next sublayer's input is LN(x + y) with that sublayer's
+      norm, and the stream goes on as x + y; the last boundary applies the stack's final norm;
+    - post-norm (LN(x + Sublayer(x))): LN(x + y) with the previous sublayer's norm is both the next
+      input and the stream; the first boundary (token embedding + position) has no norm, and the
+      last is the last sublayer's (a post-norm stack has no final norm).
+
+    Either way, n sublayers have n + 1 boundaries; `join` takes the next one."""
+
+    def __init__(
+        self,
+        g: GraphBuilder,
+        pre_norm: bool,
+        sublayers: list[tuple[str, torch.nn.LayerNorm]],
+        final: torch.nn.LayerNorm | None,
+    ):
+        self.g, self.pre_norm = g, pre_norm
+        boundaries = [*sublayers, ("final", final)] if pre_norm else [("embed_pos", None), *sublayers]
+        self._boundaries = iter(boundaries)
+
+    def join(self, y: str, x: str, out: str | None = None) -> tuple[str, str]:
+        """(the next sublayer's input, the residual stream) at the next boundary; `out` names the input."""
+        name, norm = next(self._boundaries)
+        if norm is None:
+            s = self.g.node("Add", [y, x], [out or f"{name}.sum"], f"{name}.add")
+            return s, s
+        h, s = self.g.add_norm(name, y, x, norm, out)
+        return (h, s) if self.pre_norm else (h, h)
+
+
+def _np(t: torch.Tensor | torch.nn.Module) -> np.ndarray:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"expected a tensor, got {type(t).__name__}")
+    return t.detach().cpu().float().numpy()
+
+
+def _layers(stack: torch.nn.ModuleList, kind: type[_Layer]) -> list[_Layer]:
+    """The modules of `stack`, each a `kind`."""
+    layers = [m for m in stack if isinstance(m, kind)]
+    if len(layers) != len(stack):
+        raise TypeError(f"expected a stack of {kind.__name__}")
+    return layers
+
+
+def _final_norm(norm: torch.nn.Module) -> torch.nn.LayerNorm | None:
+    """A stack's final norm: a pre-norm stack's LayerNorm, or None (post-norm's Identity)."""
+    return norm if isinstance(norm, torch.nn.LayerNorm) else None
+
+
+def _token_table(model: Transformer, embed: torch.nn.Embedding) -> np.ndarray:
+    """An embedding table, pre-scaled by √d_model where the model scales its embeddings."""
+    table = _np(embed.weight)
+    return table * math.sqrt(model.cfg.d_model) if model.cfg.scale_embedding else table
 
 
 def rank_block(vocab_size: int) -> int:
@@ -221,76 +297,106 @@ def build_fused_decoder(
     (`block_top_k`, `block_argmax`) where the vocabulary divides into blocks; for one row a
     single pass costs as much and takes fewer nodes."""
     cfg = model.cfg
-    if not cfg.pre_norm:
-        raise ValueError("the fused decoder step is written for pre-norm models")
-    D, H, L = cfg.d_model, cfg.n_heads, cfg.n_decoder_layers
     g = GraphBuilder(linear_kind)
+    _step_self_mask(g)
+    # token embedding (table pre-scaled by √d_model where the model scales) + position: (B, 1, D) each
+    x = g.node("Gather", [g.init("embed", _token_table(model, model.embed)), "tokens"], ["x_tok"], "embed")
+    pe = g.node("Gather", [g.init("pe", _np(model.pe)), "positions"], ["x_pos"], "pos_embed")
+    _beam_folding(g, cfg.d_model)
 
-    # the mask the kernels want: (B, P + 1) of the full-capacity (B, M) one
+    layers = _layers(model.decoder_layers, DecoderLayer)
+    sublayers = [
+        (f"l{i}.{kind}", res.norm)
+        for i, layer in enumerate(layers)
+        for kind, res in (("norm_self", layer.res_self), ("norm_cross", layer.res_cross), ("norm_ffn", layer.res_ffn))
+    ]
+    stream = ResidualStream(g, cfg.pre_norm, sublayers, _final_norm(model.decoder_norm))
+    y, resid = x, pe
+    for i, layer in enumerate(layers):
+        h, resid = stream.join(y, resid)
+        a = _self_attention(g, i, h, layer.self_attn, cfg.n_heads)
+        h, resid = stream.join(a, resid)
+        a = _cross_attention(g, i, h, layer.cross_attn, cfg.n_heads, last=i == len(layers) - 1)
+        h, resid = stream.join(a, resid)
+        y = g.feed_forward(f"l{i}", h, layer.ffn, cfg.activation)
+    h, _ = stream.join(y, resid)
+    _step_ranking(g, model, h, scored, blocks)
+    _cross_attention_output(g)
+
+    # MultiHeadAttention's scores output has no type inference of its own
+    scores_info = helper.make_tensor_value_info("cross_scores", TensorProto.FLOAT, None)
+    name = "fused_decoder_step" if scored else "fused_decoder_step_unscored"
+    return _save(g, name, fused_decoder_io(cfg, scored), path, [scores_info])
+
+
+def _step_self_mask(g: GraphBuilder) -> str:
+    """The mask the kernels want, "self_mask_used": (B, P + 1) of the full-capacity (B, M) one."""
     total = g.node("Add", ["past_sequence_length", g.init("one", np.array([1], np.int32))], ["total_len"], "total_len")
     zero, axis1 = g.init("zero", np.array([0], np.int32)), g.init("axis1", np.array([1], np.int32))
-    self_mask = g.node("Slice", ["self_mask", zero, total, axis1], ["self_mask_used"], "self_mask_used")
+    return g.node("Slice", ["self_mask", zero, total, axis1], ["self_mask_used"], "self_mask_used")
 
-    # token embedding (table pre-scaled by √d_model) + positional encoding: (B, 1, D) each
-    x = g.node("Gather", [g.init("embed", _np(model.embed.weight) * math.sqrt(D)), "tokens"], ["x_tok"], "embed")
-    pe = g.node("Gather", [g.init("pe", _np(model.pe)), "positions"], ["x_pos"], "pos_embed")
 
-    # a sentence's beams fold into one cross-attention query: (B, 1, D) <-> (n, K, D)
+def _beam_folding(g: GraphBuilder, D: int) -> None:
+    """The shapes that fold a sentence's beams into one cross-attention query, (B, 1, D) <-> (n, K, D):
+    "fold_shape" (n, -1, D) from the encoder's keys, and "row_shape" (-1, 1, D)."""
     n = g.node("Shape", ["cross_key_0"], ["n_sentences"], "n_sentences", start=0, end=1)
-    fold = g.node("Concat", [n, g.init("fold_tail", np.array([-1, D], np.int64))], ["fold_shape"], "fold", axis=0)
-    rows = g.init("row_shape", np.array([-1, 1, D], np.int64))
+    g.node("Concat", [n, g.init("fold_tail", np.array([-1, D], np.int64))], ["fold_shape"], "fold", axis=0)
+    g.init("row_shape", np.array([-1, 1, D], np.int64))
 
-    y, resid = x, pe  # each layer adds its input to the residual stream, then normalises
-    for i, layer in enumerate(model.decoder_layers):
-        p = f"l{i}"
-        h, resid = g.add_norm(f"{p}.norm_self", y, resid, layer.res_self.norm)
-        # self-attention over the in-place cache
-        q, k, v = g.packed_qkv(p, h, layer.self_attn.qkv_proj)  # (B, 1, D) each
-        g.node(
-            "DecoderMaskedMultiHeadAttention",
-            [
-                q,
-                k,
-                v,
-                self_mask,
-                "",
-                f"cache_key_{i}",
-                f"cache_value_{i}",
-                "past_sequence_length",
-                "beam_width",
-                "cache_indirection",
-            ],
-            [f"{p}.self", f"present_key_{i}", f"present_value_{i}"],
-            f"{p}.self_attn",
-            MS,
-            num_heads=H,
-            past_present_share_buffer=1,
-        )  # (B, 1, D)
-        a = g.module_linear(f"{p}.self_out", f"{p}.self", layer.self_attn.out_proj)
-        h, resid = g.add_norm(f"{p}.norm_cross", a, resid, layer.res_cross.norm)
-        # cross-attention: one per sentence and head, its beams in the query
-        q = g.node(
-            "Reshape", [g.module_linear(f"{p}.cross_q", h, layer.cross_attn.q_proj), fold], [f"{p}.cq"], f"{p}.cq"
-        )
-        last = i == L - 1
-        outs = [f"{p}.cross"] + (["", "", "cross_scores"] if last else [])  # (n, K, D) [+ (n, H, K, S)]
-        g.node(
-            "MultiHeadAttention",
-            [q, f"cross_key_{i}", f"cross_value_{i}", "", "src_mask"],
-            outs,
-            f"{p}.cross_attn",
-            MS,
-            num_heads=H,
-        )
-        c = g.node("Reshape", [f"{p}.cross", rows], [f"{p}.cross_rows"], f"{p}.cross_rows")  # (B, 1, D)
-        a = g.module_linear(f"{p}.cross_out", c, layer.cross_attn.out_proj)
-        y, resid = g.feed_forward(p, a, resid, layer)
 
-    # output projection (its own copy of the tied embedding, so that it is quantised too) and search
-    h, _ = g.add_norm("final", y, resid, model.decoder_norm)
-    h = g.node("Reshape", [h, g.init("flat_shape", np.array([-1, D], np.int64))], ["hidden"], "hidden")  # (B, D)
+def _self_attention(g: GraphBuilder, i: int, h: str, attn: MultiHeadAttention, H: int) -> str:
+    """Decoder layer i's self-attention over the in-place cache, out projection included: (B, 1, D)."""
+    p = f"l{i}"
+    q, k, v = g.packed_qkv(p, h, attn.qkv_proj)  # (B, 1, D) each
+    g.node(
+        "DecoderMaskedMultiHeadAttention",
+        [
+            q,
+            k,
+            v,
+            "self_mask_used",
+            "",
+            f"cache_key_{i}",
+            f"cache_value_{i}",
+            "past_sequence_length",
+            "beam_width",
+            "cache_indirection",
+        ],
+        [f"{p}.self", f"present_key_{i}", f"present_value_{i}"],
+        f"{p}.self_attn",
+        MS,
+        num_heads=H,
+        past_present_share_buffer=1,
+    )  # (B, 1, D)
+    return g.module_linear(f"{p}.self_out", f"{p}.self", attn.out_proj)
+
+
+def _cross_attention(g: GraphBuilder, i: int, h: str, attn: MultiHeadAttention, H: int, last: bool) -> str:
+    """Decoder layer i's cross-attention, one per sentence and head with its beams in the query, out
+    projection included: (B, 1, D). The last layer's also returns its scores, "cross_scores"."""
+    p = f"l{i}"
+    q = g.node("Reshape", [g.module_linear(f"{p}.cross_q", h, attn.q_proj), "fold_shape"], [f"{p}.cq"], f"{p}.cq")
+    outs = [f"{p}.cross"] + (["", "", "cross_scores"] if last else [])  # (n, K, D) [+ (n, H, K, S)]
+    g.node(
+        "MultiHeadAttention",
+        [q, f"cross_key_{i}", f"cross_value_{i}", "", "src_mask"],
+        outs,
+        f"{p}.cross_attn",
+        MS,
+        num_heads=H,
+    )
+    c = g.node("Reshape", [f"{p}.cross", "row_shape"], [f"{p}.cross_rows"], f"{p}.cross_rows")  # (B, 1, D)
+    return g.module_linear(f"{p}.cross_out", c, attn.out_proj)
+
+
+def _step_ranking(g: GraphBuilder, model: Transformer, h: str, scored: bool, blocks: bool) -> None:
+    """The output projection (its own copy of the tied embedding, so that it is quantised too), plus
+    the stored logits bias where the model has one, and the search's outputs from the logits."""
+    cfg = model.cfg
+    h = g.node("Reshape", [h, g.init("flat_shape", np.array([-1, cfg.d_model], np.int64))], ["hidden"], "hidden")
     out_w = model.generator.weight if model.generator is not None else model.embed.weight  # (V, D)
-    logits = g.linear("logits", h, _np(out_w).T, None)  # (B, V)
+    bias = _np(model.final_logits_bias) if cfg.logits_bias else None
+    logits = g.linear("logits", h, _np(out_w).T, bias)  # (B, V)
     block = rank_block(cfg.vocab_size) if blocks else 0
     if scored:
         g.node("LogSoftmax", [logits], ["log_probs"], "log_softmax", axis=-1)
@@ -304,7 +410,11 @@ def build_fused_decoder(
         block_argmax(g, logits, cfg.vocab_size, block, "top_ids")
     else:
         g.node("ArgMax", [logits], ["top_ids"], "argmax", axis=-1, keepdims=1)  # (B, 1), the first on ties
-    # the last layer's cross-attention averaged over heads, from the kernel's scaled masked scores
+
+
+def _cross_attention_output(g: GraphBuilder) -> None:
+    """ "cross_attention" (B, S): the last layer's cross-attention averaged over heads, from the
+    kernel's scaled masked scores."""
     g.node("Softmax", ["cross_scores"], ["cross_probs"], "cross_softmax", axis=-1)  # (n, H, K, S)
     mean = g.node(
         "ReduceMean",
@@ -315,11 +425,6 @@ def build_fused_decoder(
     )  # (n, K, S)
     g.node("Flatten", [mean], ["cross_attention"], "cross_rows", axis=2)  # (B, S)
 
-    # MultiHeadAttention's scores output has no type inference of its own
-    scores_info = helper.make_tensor_value_info("cross_scores", TensorProto.FLOAT, None)
-    name = "fused_decoder_step" if scored else "fused_decoder_step_unscored"
-    return _save(g, name, fused_decoder_io(cfg, scored), path, [scores_info])
-
 
 def build_fused_encoder(model: Transformer, path: str | Path, linear_kind: str = "int8") -> onnx.ModelProto:
     """Write the encoder of `model` with every decoder layer's cross-attention keys and values
@@ -328,39 +433,53 @@ def build_fused_encoder(model: Transformer, path: str | Path, linear_kind: str =
     call over the memory, whose scale is the memory's either way), so its outputs match that
     graph's to float rounding."""
     cfg = model.cfg
-    if not cfg.pre_norm:
-        raise ValueError("the fused encoder is written for pre-norm models")
-    D, H, L = cfg.d_model, cfg.n_heads, cfg.n_decoder_layers
     g = GraphBuilder(linear_kind)
 
-    # token embedding (table pre-scaled by √d_model) + the first S positions' encodings: (B, S, D)
-    x = g.node("Gather", [g.init("embed", _np(model.embed.weight) * math.sqrt(D)), "src_ids"], ["x_tok"], "embed")
+    # token embedding (the source's own table where it has one) + the first S positions: (B, S, D)
+    embed = model.src_embed if model.src_embed is not None else model.embed
+    x = g.node("Gather", [g.init("embed", _token_table(model, embed)), "src_ids"], ["x_tok"], "embed")
     S = g.node("Shape", ["src_ids"], ["src_len"], "src_len", start=1, end=2)
     zero, axis0 = g.init("zero", np.array([0], np.int64)), g.init("axis0", np.array([0], np.int64))
     pe = g.node("Slice", [g.init("pe", _np(model.pe)), zero, S, axis0], ["x_pos"], "pos_embed")  # (S, D)
     mask = g.node("Cast", ["src_mask"], ["key_mask"], "key_mask", to=TensorProto.INT32)  # (B, S), 1: a real token
 
-    y, resid = x, pe  # each layer adds its input to the residual stream, then normalises
-    for i, layer in enumerate(model.encoder_layers):
+    layers = _layers(model.encoder_layers, EncoderLayer)
+    sublayers = [
+        (f"e{i}.{kind}", res.norm)
+        for i, layer in enumerate(layers)
+        for kind, res in (("norm_attn", layer.res_attn), ("norm_ffn", layer.res_ffn))
+    ]
+    stream = ResidualStream(g, cfg.pre_norm, sublayers, _final_norm(model.encoder_norm))
+    y, resid = x, pe
+    for i, layer in enumerate(layers):
         p = f"e{i}"
-        h, resid = g.add_norm(f"{p}.norm_attn", y, resid, layer.res_attn.norm)
+        h, resid = stream.join(y, resid)
         q, k, v = g.packed_qkv(p, h, layer.self_attn.qkv_proj)  # (B, S, D) each
-        g.node("MultiHeadAttention", [q, k, v, "", mask], [f"{p}.attn"], f"{p}.attn", MS, num_heads=H)  # (B, S, D)
+        g.node(
+            "MultiHeadAttention", [q, k, v, "", mask], [f"{p}.attn"], f"{p}.attn", MS, num_heads=cfg.n_heads
+        )  # (B, S, D)
         a = g.module_linear(f"{p}.out", f"{p}.attn", layer.self_attn.out_proj)
-        y, resid = g.feed_forward(p, a, resid, layer)
-    memory, _ = g.add_norm("final", y, resid, model.encoder_norm, out="memory")
+        h, resid = stream.join(a, resid)
+        y = g.feed_forward(p, h, layer.ffn, cfg.activation)
+    memory, _ = stream.join(y, resid, out="memory")
+    _cross_kv_outputs(g, model, memory)
+    return _save(g, "fused_encoder", encoder_io(cfg), path)
 
-    # every decoder layer's keys and values: one MatMul (B, S, 2LD) -> (2L, B, H, S, d_k) -> 2L outputs
-    kv_w = np.concatenate([_np(d.cross_attn.kv_proj.weight).T for d in model.decoder_layers], axis=1)
-    kv_b = np.concatenate([_np(d.cross_attn.kv_proj.bias) for d in model.decoder_layers])
+
+def _cross_kv_outputs(g: GraphBuilder, model: Transformer, memory: str) -> None:
+    """Every decoder layer's cross-attention keys and values from the memory: one MatMul
+    (B, S, 2LD) -> (2L, B, H, S, d_k) -> 2L outputs."""
+    cfg, L = model.cfg, model.cfg.n_decoder_layers
+    cross = [layer.cross_attn.kv_proj for layer in _layers(model.decoder_layers, DecoderLayer)]
+    kv_w = np.concatenate([_np(proj.weight).T for proj in cross], axis=1)
+    kv_b = np.concatenate([_np(proj.bias) for proj in cross])
     kv = g.linear("cross_kv", memory, kv_w, kv_b)
-    heads = g.init("kv_heads", np.array([0, 0, 2 * L, H, cfg.d_k], np.int64))
+    heads = g.init("kv_heads", np.array([0, 0, 2 * L, cfg.n_heads, cfg.d_k], np.int64))
     kv = g.node("Reshape", [kv, heads], ["cross_kv.heads"], "cross_kv.heads")  # (B, S, 2L, H, d_k)
     kv = g.node("Transpose", [kv], ["cross_kv.t"], "cross_kv.t", perm=[2, 0, 3, 1, 4])  # (2L, B, H, S, d_k)
     for i in range(L):
         for j, name in enumerate((f"cross_key_{i}", f"cross_value_{i}")):
             g.node("Gather", [kv, g.init(f"{name}.at", np.array(2 * i + j, np.int64))], [name], name, axis=0)
-    return _save(g, "fused_encoder", encoder_io(cfg), path)
 
 
 def _save(

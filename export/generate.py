@@ -1,7 +1,12 @@
 """Reference greedy and beam search in PyTorch over `Transformer.decode_step` (key/value cache).
 
 Semantics that every other generator of this project must reproduce exactly:
-- the source is `ids + [</s>]`; decoding starts from `<s>` at position 0;
+- the source is `ids + [</s>]` (after the source-language token, where the model has one);
+  decoding starts from the model's decoder start token (`cfg.start_id`, `<s>` for mtserve's own
+  models) at position 0;
+- `forced`, the target-language token of a multilingual model, is forced as the first emitted
+  token with log p = 0 (as transformers' forced_bos_token_id does): it counts as an emitted token
+  (for max_len and the length penalty) but is not part of the output;
 - a row may emit at most `max_len = min(floor(a * src_len + b), max_positions - 1)` tokens, the
   final `</s>` included (`src_len` counts the source tokens with `</s>`); at its last allowed step
   `</s>` is forced;
@@ -22,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-from export.model import Transformer
+from export.model import ModelConfig, Transformer
 
 
 @dataclass
@@ -47,7 +52,7 @@ def pad_batch(seqs: list[list[int]], pad_id: int, device=None) -> tuple[torch.Te
 
 def _prefix_log_probs(model: Transformer, emitted: torch.Tensor, memory, src_mask) -> torch.Tensor:
     """No cache: decode `<s> + emitted` (B, t+1) in full; log-probabilities of the next token (B, V)."""
-    bos = torch.full((emitted.shape[0], 1), model.cfg.bos_id, dtype=torch.long, device=emitted.device)
+    bos = torch.full((emitted.shape[0], 1), model.cfg.start_id, dtype=torch.long, device=emitted.device)
     logits, _ = model.decode(torch.cat([bos, emitted], dim=1), memory, src_mask)
     return torch.log_softmax(logits[:, -1].float(), dim=-1)
 
@@ -60,7 +65,12 @@ def _empty_cache(model: Transformer, B: int, device) -> list[tuple[torch.Tensor,
 
 @torch.no_grad()
 def greedy_search(
-    model: Transformer, src: list[list[int]], a: float = 1.5, b: int = 10, use_cache: bool = True
+    model: Transformer,
+    src: list[list[int]],
+    a: float = 1.5,
+    b: int = 10,
+    use_cache: bool = True,
+    forced: int | None = None,
 ) -> list[Hypothesis]:
     """src: source ids each ending with </s>."""
     cfg, device = model.cfg, next(model.parameters()).device
@@ -71,7 +81,7 @@ def greedy_search(
     max_len = torch.tensor([max_output_len(len(s), a, b, cfg.max_positions) for s in src], device=device)
     past = _empty_cache(model, B, device)
     past_mask = torch.zeros(B, 0, device=device)
-    tokens = torch.full((B, 1), cfg.bos_id, dtype=torch.long, device=device)
+    tokens = torch.full((B, 1), cfg.start_id, dtype=torch.long, device=device)
     out = torch.zeros(B, 0, dtype=torch.long, device=device)
     log_prob = torch.zeros(B, device=device)
     done = torch.zeros(B, dtype=torch.bool, device=device)
@@ -83,6 +93,8 @@ def greedy_search(
             lp = _prefix_log_probs(model, out, memory, src_mask)
         force = step >= max_len - 1  # (B,) last allowed step: </s>
         lp = torch.where(force[:, None], _eos_only(lp, cfg.eos_id), lp)
+        if step == 0 and forced is not None:
+            lp = _force_token(lp, forced)
         best_lp, nxt = lp.max(dim=-1)
         nxt = torch.where(done, torch.full_like(nxt, cfg.pad_id), nxt)
         log_prob += torch.where(done, torch.zeros_like(best_lp), best_lp)
@@ -94,17 +106,78 @@ def greedy_search(
             past = [(torch.cat([pk, k], 2), torch.cat([pv, v], 2)) for (pk, pv), (k, v) in zip(past, new_kv)]
             past_mask = torch.cat([past_mask, torch.ones(B, 1, device=device)], dim=1)
             tokens = nxt[:, None]
-    hyps = []
+    hyps, skip = [], int(forced is not None)
     for i in range(B):
-        toks = [t for t in out[i].tolist() if t not in (cfg.eos_id, cfg.pad_id)]
+        toks = [t for t in out[i].tolist()[skip:] if t not in (cfg.eos_id, cfg.pad_id)]
         hyps.append(Hypothesis(toks, float(log_prob[i]), float(log_prob[i])))
     return hyps
+
+
+def _force_token(lp: torch.Tensor, token: int) -> torch.Tensor:
+    """`token` with log p = 0, every other token impossible (lp: (..., V))."""
+    forced = torch.full_like(lp, float("-inf"))
+    forced[..., token] = 0.0
+    return forced
 
 
 def _eos_only(lp: torch.Tensor, eos_id: int) -> torch.Tensor:
     forced = torch.full_like(lp, float("-inf"))
     forced[:, eos_id] = lp[:, eos_id]
     return forced
+
+
+def _split_candidates(
+    ranked: list[tuple[float, int, int]], K: int, eos_id: int
+) -> tuple[list[tuple[float, int]], list[tuple[float, int, int]]]:
+    """One sentence's 2K best candidates (score, beam, token), best first: those ending in </s>
+    within the first K finish (score, beam); the K best of the others go on (score, beam, token).
+    Candidates scored -inf (from dead beams) are dropped."""
+    finishing: list[tuple[float, int]] = []
+    going_on: list[tuple[float, int, int]] = []
+    for rank, (s, beam, tok) in enumerate(ranked):
+        if s == float("-inf"):
+            break
+        if tok == eos_id:
+            if rank < K:
+                finishing.append((s, beam))
+            continue
+        if len(going_on) < K:
+            going_on.append((s, beam, tok))
+    return finishing, going_on
+
+
+def _next_beams(
+    cand: torch.Tensor,
+    K: int,
+    history: torch.Tensor,
+    finished: list[list[Hypothesis]],
+    active: list[bool],
+    last_step: list[bool],
+    length_penalty: float,
+    cfg: ModelConfig,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """From the candidates' scores `cand` (B, K*V), add the hypotheses that finish to `finished`,
+    retire the sentences that are done from `active`, and return the next beams: their scores,
+    the beam each continues and its new token, each (B, K) (dead beams: -inf, 0, pad)."""
+    B, V, device = cand.shape[0], cand.shape[1] // K, cand.device
+    top_scores, top_idx = cand.topk(2 * K, dim=1)  # (B, 2K)
+    new_scores = torch.full((B, K), float("-inf"), device=device)
+    new_src = torch.zeros(B, K, dtype=torch.long, device=device)
+    new_tok = torch.full((B, K), cfg.pad_id, dtype=torch.long, device=device)
+    ts, bi, ti = top_scores.tolist(), (top_idx // V).tolist(), (top_idx % V).tolist()
+    for i in range(B):
+        if not active[i]:
+            continue
+        finishing, going_on = _split_candidates(list(zip(ts[i], bi[i], ti[i])), K, cfg.eos_id)
+        for s, beam in finishing:
+            toks = history[i * K + beam].tolist()
+            finished[i].append(Hypothesis(toks, s / (len(toks) + 1) ** length_penalty, s))
+        for k, (s, beam, tok) in enumerate(going_on):
+            new_scores[i, k], new_src[i, k], new_tok[i, k] = s, beam, tok
+        if len(finished[i]) >= K or last_step[i] or not going_on:
+            active[i] = False
+            new_scores[i] = float("-inf")
+    return new_scores, new_src, new_tok
 
 
 @torch.no_grad()
@@ -116,9 +189,10 @@ def beam_search(
     a: float = 1.5,
     b: int = 10,
     use_cache: bool = True,
+    forced: int | None = None,
 ) -> list[Hypothesis]:
     if beam == 1:
-        return greedy_search(model, src, a, b, use_cache)
+        return greedy_search(model, src, a, b, use_cache, forced)
     cfg, device = model.cfg, next(model.parameters()).device
     B, K, V = len(src), beam, cfg.vocab_size
     src_ids, src_mask = pad_batch(src, cfg.pad_id, device)
@@ -133,7 +207,7 @@ def beam_search(
         src_mask = src_mask.repeat_interleave(K, dim=0)
     max_len = [max_output_len(len(s), a, b, cfg.max_positions) for s in src]
     past = _empty_cache(model, B * K, device)
-    tokens = torch.full((B * K, 1), cfg.bos_id, dtype=torch.long, device=device)
+    tokens = torch.full((B * K, 1), cfg.start_id, dtype=torch.long, device=device)
     history = torch.zeros(B * K, 0, dtype=torch.long, device=device)
     scores = torch.full((B, K), float("-inf"), device=device)
     scores[:, 0] = 0.0  # all beams start identical: only the first one is live
@@ -147,41 +221,17 @@ def beam_search(
         else:
             lp = _prefix_log_probs(model, history, memory, src_mask)
         lp = lp.view(B, K, V)
+        if step == 0 and forced is not None:
+            lp = _force_token(lp, forced)
+        last_step = [step >= n - 1 for n in max_len]
         for i in range(B):
-            if step >= max_len[i] - 1:
+            if last_step[i]:
                 lp[i] = _eos_only(lp[i], cfg.eos_id)
-        cand = (scores[:, :, None] + lp).view(B, K * V)  # (B, K*V)
-        top_scores, top_idx = cand.topk(2 * K, dim=1)  # (B, 2K)
-        beam_idx, tok_idx = top_idx // V, top_idx % V
-        new_scores = torch.full((B, K), float("-inf"), device=device)
-        new_src = torch.zeros(B, K, dtype=torch.long, device=device)
-        new_tok = torch.full((B, K), cfg.pad_id, dtype=torch.long, device=device)
-        ts, bi, ti = top_scores.tolist(), beam_idx.tolist(), tok_idx.tolist()
-        for i in range(B):
-            if not active[i]:
-                continue
-            kept = 0
-            for rank in range(2 * K):
-                s = ts[i][rank]
-                if s == float("-inf"):
-                    break
-                if ti[i][rank] == cfg.eos_id:
-                    if rank < K:
-                        toks = history[i * K + bi[i][rank]].tolist()
-                        finished[i].append(Hypothesis(toks, s / (len(toks) + 1) ** length_penalty, s))
-                    continue
-                if kept < K:
-                    new_scores[i, kept] = s
-                    new_src[i, kept] = bi[i][rank]
-                    new_tok[i, kept] = ti[i][rank]
-                    kept += 1
-            if len(finished[i]) >= K or step >= max_len[i] - 1 or kept == 0:
-                active[i] = False
-                new_scores[i] = float("-inf")
+        cand = (scores[:, :, None] + lp).view(B, K * V)
+        scores, new_src, new_tok = _next_beams(cand, K, history, finished, active, last_step, length_penalty, cfg)
         if not any(active):
             break
         rows = (torch.arange(B, device=device)[:, None] * K + new_src).view(-1)  # (B*K,)
-        scores = new_scores
         history = torch.cat([history[rows], new_tok.view(-1, 1)], dim=1)
         if use_cache:
             past = [
@@ -189,4 +239,6 @@ def beam_search(
                 for (pk, pv), (k, v) in zip(past, new_kv)
             ]
             tokens = new_tok.view(-1, 1)
-    return [max(f, key=lambda h: h.score) for f in finished]
+    best = [max(f, key=lambda h: h.score) for f in finished]
+    skip = int(forced is not None)  # the forced target-language token is not part of the output
+    return [Hypothesis(h.tokens[skip:], h.score, h.log_prob) for h in best]

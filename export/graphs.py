@@ -23,7 +23,16 @@ import torch.nn as nn
 from onnx import TensorProto, helper
 from torch.export import Dim
 
-from contract.graphs import SEARCH_INPUT, SEARCH_OUTPUTS, decoder_io, encoder_io
+from contract.graphs import (
+    EOS_LOG_PROB,
+    LOG_PROBS,
+    SEARCH_INPUT,
+    SEARCH_OUTPUTS,
+    TOP_IDS,
+    TOP_LOG_PROBS,
+    decoder_io,
+    encoder_io,
+)
 from contract.manifest import TensorSpec
 from export.model import ModelConfig, Transformer
 
@@ -58,6 +67,8 @@ class DecoderStepGraph(nn.Module):
     (d_model, V): shared with the embedding lookup, the weight reaches the MatMul through a
     Transpose and dynamic quantisation leaves that MatMul in fp32."""
 
+    out_proj: torch.Tensor  # a buffer, registered in __init__
+
     def __init__(self, model: Transformer):
         super().__init__()
         self.model = model
@@ -71,7 +82,10 @@ class DecoderStepGraph(nn.Module):
         h, new_kv, weights = self.model.decode_step_hidden(
             tokens, positions, past_kv, past_mask, cross_kv, src_mask, need_weights=True
         )  # h: (B, d_model)
-        log_probs = torch.log_softmax(torch.matmul(h, self.out_proj).float(), dim=-1)  # (B, V)
+        logits = torch.matmul(h, self.out_proj)  # (B, V)
+        if self.model.cfg.logits_bias:
+            logits = logits + self.model.final_logits_bias
+        log_probs = torch.log_softmax(logits.float(), dim=-1)  # (B, V)
         out = [log_probs]
         for (pk, pv), (k, v) in zip(past_kv, new_kv):  # the attention's own concatenation (ORT's CSE merges them)
             out += [torch.cat([pk, k], dim=2), torch.cat([pv, v], dim=2)]  # (B, H, P + 1, d_k)
@@ -97,15 +111,15 @@ def add_search_outputs(path: Path, cfg: ModelConfig) -> None:
         [
             helper.make_node(
                 "TopK",
-                ["log_probs", "top_k"],
-                ["top_log_probs", "top_ids"],
+                [LOG_PROBS, SEARCH_INPUT],
+                [TOP_LOG_PROBS, TOP_IDS],
                 name="search_top_k",
                 axis=-1,
                 largest=1,
                 sorted=1,
             ),
             helper.make_node(
-                "Gather", ["log_probs", "search_eos_id"], ["eos_log_prob"], name="search_eos_log_prob", axis=1
+                "Gather", [LOG_PROBS, "search_eos_id"], [EOS_LOG_PROB], name="search_eos_log_prob", axis=1
             ),
         ]
     )
@@ -121,7 +135,8 @@ def example_inputs(cfg: ModelConfig, B: int = 3, S: int = 5, P: int = 4, seed: i
     each). Every dynamic axis gets a distinct size > 1 so that nothing is specialised to the
     example (torch.export specialises sizes 0 and 1)."""
     g = torch.Generator().manual_seed(seed)
-    src_ids = torch.randint(4, cfg.vocab_size, (B, S), generator=g)
+    src_vocab = cfg.vocab_size if cfg.src_vocab_size is None else cfg.src_vocab_size
+    src_ids = torch.randint(4, src_vocab, (B, S), generator=g)
     src_mask = torch.ones(B, S, dtype=torch.long)
     src_mask[1, S - 2 :] = 0
     src_ids[src_mask == 0] = cfg.pad_id

@@ -10,12 +10,17 @@ Conventions
   is entirely padding yields a uniform, finite attention distribution instead of NaN.
 - Positions are explicit, per row, so that rows of one decoder call may be at different steps.
 - Shapes: B batch, S source length, T target length, P past length, H heads, d_k head size.
+- The defaults are mtserve's own models; the other settings (activation, unscaled embeddings, a
+  stored position table, a logits bias, a separate source vocabulary, another decoder start token)
+  are those of imported Hugging Face Marian and M2M100/NLLB checkpoints (`export/hf/`).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
+from typing import cast
 
 import torch
 import torch.nn as nn
@@ -23,6 +28,8 @@ import torch.nn.functional as F
 
 # Large, finite and safe in fp16 (max ~65504): exp(NEG_INF + score) underflows to exactly 0.
 NEG_INF = -1.0e4
+
+ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {"relu": F.relu, "gelu": F.gelu, "swish": F.silu}
 
 
 @dataclass
@@ -41,10 +48,26 @@ class ModelConfig:
     bos_id: int = 1
     eos_id: int = 2
     unk_id: int = 3
+    activation: str = "relu"  # of the feed-forward layers: "relu" | "gelu" (exact, erf) | "swish" (SiLU)
+    scale_embedding: bool = True  # token embeddings times √d_model
+    positions: str = "sinusoidal"  # "sinusoidal" (computed) | "table" (a stored `pe` buffer, row p = position p)
+    logits_bias: bool = False  # a stored `final_logits_bias` (vocab_size,) added to the logits
+    src_vocab_size: int | None = None  # set: the encoder has its own embedding `src_embed`; None: shares `embed`
+    decoder_start_id: int | None = None  # the first decoder input token; None: bos_id
+    layer_norm_eps: float = 1e-5
 
     def __post_init__(self) -> None:
         if self.d_model % self.n_heads:
             raise ValueError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(f"activation {self.activation!r} is not one of {sorted(ACTIVATIONS)}")
+        if self.positions not in ("sinusoidal", "table"):
+            raise ValueError(f"positions {self.positions!r} is neither 'sinusoidal' nor 'table'")
+
+    @property
+    def start_id(self) -> int:
+        """The token every target starts from (decoder input 0)."""
+        return self.bos_id if self.decoder_start_id is None else self.decoder_start_id
 
     @property
     def d_k(self) -> int:
@@ -112,11 +135,11 @@ class MultiHeadAttention(nn.Module):
         B, _, T, _ = x.shape  # (B, H, T, d_k) -> (B, T, d_model)
         return x.transpose(1, 2).reshape(B, T, self.n_heads * self.d_k)
 
-    def project_qkv(self, x: torch.Tensor):
+    def project_qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         q, k, v = self.qkv_proj(x).chunk(3, dim=-1)  # 3 x (B, T, d_model)
         return self.split_heads(q), self.split_heads(k), self.split_heads(v)
 
-    def project_kv(self, memory: torch.Tensor):
+    def project_kv(self, memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         k, v = self.kv_proj(memory).chunk(2, dim=-1)  # 2 x (B, S, d_model)
         return self.split_heads(k), self.split_heads(v)
 
@@ -127,16 +150,18 @@ class MultiHeadAttention(nn.Module):
 
 
 class FeedForward(nn.Module):
-    """FFN(x) = max(0, x W1 + b1) W2 + b2, applied to each position separately."""
+    """FFN(x) = act(x W1 + b1) W2 + b2, applied to each position separately; act is ReLU
+    (max(0, x)) unless the config says GELU or swish."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.w1 = nn.Linear(cfg.d_model, cfg.d_ff)
         self.w2 = nn.Linear(cfg.d_ff, cfg.d_model)
         self.dropout = nn.Dropout(cfg.dropout)
+        self.act = ACTIVATIONS[cfg.activation]
 
     def forward(self, x):
-        return self.w2(self.dropout(F.relu(self.w1(x))))
+        return self.w2(self.dropout(self.act(self.w1(x))))
 
 
 class Residual(nn.Module):
@@ -144,7 +169,7 @@ class Residual(nn.Module):
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.norm = nn.LayerNorm(cfg.d_model)
+        self.norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
         self.dropout = nn.Dropout(cfg.dropout)
         self.pre_norm = cfg.pre_norm
 
@@ -193,7 +218,7 @@ class DecoderLayer(nn.Module):
         (n, 1, 1, S) for n sentences, each owning B // n consecutive rows of x (its beams; n == B
         without beams). Returns x, this call's (k, v) and the cross-attention weights averaged
         over heads (B, T, S) when asked for."""
-        new_kv = []
+        new_kv: list[torch.Tensor] = []
 
         def self_attn(h):
             q, k, v = self.self_attn.project_qkv(h)  # (B, H, T, d_k)
@@ -231,17 +256,31 @@ def sinusoidal_table(max_positions: int, d_model: int) -> torch.Tensor:
 
 
 class Transformer(nn.Module):
+    pe: torch.Tensor  # buffers, typed for the checker
+    final_logits_bias: torch.Tensor
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model, padding_idx=cfg.pad_id)  # shared
-        self.register_buffer("pe", sinusoidal_table(cfg.max_positions, cfg.d_model), persistent=False)
+        # A separate source vocabulary has its own embedding; otherwise the encoder shares `embed`.
+        self.src_embed = (
+            None
+            if cfg.src_vocab_size is None
+            else nn.Embedding(cfg.src_vocab_size, cfg.d_model, padding_idx=cfg.pad_id)
+        )
+        if cfg.positions == "table":  # stored with the weights: (max_positions, d_model)
+            self.register_buffer("pe", torch.zeros(cfg.max_positions, cfg.d_model))
+        else:
+            self.register_buffer("pe", sinusoidal_table(cfg.max_positions, cfg.d_model), persistent=False)
+        if cfg.logits_bias:  # (vocab_size,), added to the logits
+            self.register_buffer("final_logits_bias", torch.zeros(cfg.vocab_size))
         self.emb_dropout = nn.Dropout(cfg.dropout)
         self.encoder_layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.n_encoder_layers))
         self.decoder_layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.n_decoder_layers))
         # Pre-norm stacks end with a LayerNorm; post-norm layers already end normalised.
-        self.encoder_norm = nn.LayerNorm(cfg.d_model) if cfg.pre_norm else nn.Identity()
-        self.decoder_norm = nn.LayerNorm(cfg.d_model) if cfg.pre_norm else nn.Identity()
+        self.encoder_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if cfg.pre_norm else nn.Identity()
+        self.decoder_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if cfg.pre_norm else nn.Identity()
         self.generator = None if cfg.tie_embeddings else nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self.reset_parameters()
 
@@ -249,20 +288,28 @@ class Transformer(nn.Module):
         for p in self.parameters():
             if p.dim() > 1:
                 nn.init.xavier_uniform_(p)
-        nn.init.normal_(self.embed.weight, mean=0.0, std=self.cfg.d_model**-0.5)
-        with torch.no_grad():
-            self.embed.weight[self.cfg.pad_id].zero_()
+        for embed in (self.embed, self.src_embed):
+            if embed is not None:
+                nn.init.normal_(embed.weight, mean=0.0, std=self.cfg.d_model**-0.5)
+                with torch.no_grad():
+                    embed.weight[self.cfg.pad_id].zero_()
 
-    def embed_tokens(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """ids, positions: (B, T) -> (B, T, d_model), embeddings scaled by √d_model plus PE."""
-        x = self.embed(ids) * math.sqrt(self.cfg.d_model) + self.pe[positions]
-        return self.emb_dropout(x)
+    def embed_tokens(self, ids: torch.Tensor, positions: torch.Tensor, source: bool = False) -> torch.Tensor:
+        """ids, positions: (B, T) -> (B, T, d_model), embeddings scaled by √d_model (unless the
+        config says not to) plus PE. `source`: the encoder's ids, in its own vocabulary if it has one."""
+        embed = self.src_embed if source and self.src_embed is not None else self.embed
+        x = embed(ids)
+        if self.cfg.scale_embedding:
+            x = x * math.sqrt(self.cfg.d_model)
+        return self.emb_dropout(x + self.pe[positions])
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
-        """(B, T, d_model) -> (B, T, vocab); the output projection shares the embedding matrix."""
-        if self.generator is not None:
-            return self.generator(h)
-        return F.linear(h, self.embed.weight)
+        """(B, T, d_model) -> (B, T, vocab); the output projection shares the embedding matrix
+        unless the config unties it, plus the stored logits bias where the model has one."""
+        out = self.generator(h) if self.generator is not None else F.linear(h, self.embed.weight)
+        if self.cfg.logits_bias:
+            out = out + self.final_logits_bias
+        return out
 
     # -- encoder -------------------------------------------------------------
 
@@ -270,7 +317,7 @@ class Transformer(nn.Module):
         """src_ids, src_mask: (B, S) -> memory (B, S, d_model)."""
         B, S = src_ids.shape
         positions = torch.arange(S, device=src_ids.device)[None, :].expand(B, S)
-        x = self.embed_tokens(src_ids, positions)  # (B, S, d_model)
+        x = self.embed_tokens(src_ids, positions, source=True)  # (B, S, d_model)
         src_bias = padding_bias(src_mask)  # (B, 1, 1, S)
         for layer in self.encoder_layers:
             x = layer(x, src_bias)
@@ -278,12 +325,12 @@ class Transformer(nn.Module):
 
     def cross_kv(self, memory: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Each decoder layer's cross-attention keys/values, computed once: (B, H, S, d_k) each."""
-        return [layer.cross_attn.project_kv(memory) for layer in self.decoder_layers]
+        return [cast(DecoderLayer, layer).cross_attn.project_kv(memory) for layer in self.decoder_layers]
 
     # -- decoder (teacher forcing: all target positions at once) --------------
 
     def decode(self, tgt_ids, memory, src_mask, need_weights: bool = False):
-        """tgt_ids: (B, T) starting with <s>; memory: (B, S, d_model) -> logits (B, T, vocab)
+        """tgt_ids: (B, T) starting with the decoder start token (cfg.start_id); memory: (B, S, d_model) -> logits (B, T, vocab)
         and, when asked, the last layer's cross-attention weights (B, T, S)."""
         B, T = tgt_ids.shape
         positions = torch.arange(T, device=tgt_ids.device)[None, :].expand(B, T)

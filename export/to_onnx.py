@@ -3,8 +3,8 @@
 The command, top to bottom: export the raw fp32 graphs (`export.graphs`, as `contract.graphs`
 specifies them), derive each precision from them (`export.precision`), write the fused decoder
 step of the CPU precisions (`export.fused`), check the graphs and their parity with PyTorch
-(`export.checks`), and write the graphs, the tokenizer and `manifest.json` (`contract.manifest`)
-into the export dir.
+(`export.checks`), and write the graphs, the tokenizer (tokenizer.json, or the SentencePiece models
+and vocabularies of an imported model) and `manifest.json` (`contract.manifest`) into the export dir.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import cast
 
 import onnx
 import onnxruntime
@@ -33,8 +34,11 @@ from contract.manifest import (
     FileSpec,
     GenerationDefaults,
     GraphSpec,
+    LanguageSpec,
     Manifest,
     ManifestError,
+    Precision,
+    SentencePieceSpec,
     SpecialIds,
     TensorSpec,
     Variant,
@@ -43,7 +47,7 @@ from contract.manifest import (
     variant_key,
     write_manifest,
 )
-from export.checkpoint import CONFIG, TOKENIZER, WEIGHTS, load_model
+from export.checkpoint import TOKENIZER, WEIGHTS, load_model, read_meta
 from export.checks import FP32_TOLERANCE, check_graph, encoder_parity_check, fused_parity_check, parity_check
 from export.fused import build_fused_decoder, build_fused_encoder
 from export.graphs import EXPORTERS, OPSET, export_raw
@@ -52,8 +56,10 @@ from export.precision import VARIANT_RECIPES, build_variant, variant_level
 
 try:
     import onnxscript
+
+    ONNXSCRIPT_VERSION: str | None = onnxscript.__version__
 except ImportError:  # only the dynamo exporter needs it; the manifest then leaves its version out
-    onnxscript = None
+    ONNXSCRIPT_VERSION = None
 
 log = logging.getLogger("mtserve.export")
 
@@ -69,8 +75,8 @@ FUSED_ONE_ROW = {"int8": "nbits8"}
 
 def _tool_versions() -> dict[str, str]:
     versions = {"torch": torch.__version__, "onnx": onnx.__version__, "onnxruntime": onnxruntime.__version__}
-    if onnxscript is not None:
-        versions["onnxscript"] = onnxscript.__version__
+    if ONNXSCRIPT_VERSION is not None:
+        versions["onnxscript"] = ONNXSCRIPT_VERSION
     try:
         versions["mtserve"] = importlib.metadata.version("mtserve")
     except importlib.metadata.PackageNotFoundError:  # running from a checkout without an install
@@ -134,7 +140,7 @@ def _export_variant(
     enc, dec = build_variant(precision, raw_enc, raw_dec, work)
     checks = _check_variant(model, precision, enc, dec) if check else {}
     return Variant(
-        precision=precision,
+        precision=cast(Precision, precision),
         opset=OPSET,
         exporter=f"torch.onnx.export(dynamo={exporter == 'dynamo'})",
         optimization=f"ORT_ENABLE_{level.upper()}" if level else "none (ORT optimises at load)",
@@ -227,28 +233,50 @@ def _export_variants(
     return variants
 
 
+def _copy_tokenizer(model_dir: Path, meta: dict, out: Path) -> tuple[FileSpec | None, SentencePieceSpec | None]:
+    """Copy the model's tokenizer files into `out`: tokenizer.json, or the SentencePiece models
+    and vocabularies of an imported model (the other one is None)."""
+
+    def copy(file: str) -> FileSpec:
+        shutil.copyfile(model_dir / file, out / file)
+        return FileSpec(file=file, sha256=sha256_file(out / file))
+
+    spm = meta.get("sentencepiece")
+    if spm is None:
+        return copy(TOKENIZER), None
+    return None, SentencePieceSpec(**{role: copy(file) for role, file in spm.items()})
+
+
 def _assemble_manifest(
     model_dir: Path,
-    out: Path,
     meta: dict,
     cfg: ModelConfig,
     weights_sha: str,
     variants: dict[str, Variant],
+    tokenizer: tuple[FileSpec | None, SentencePieceSpec | None],
     name: str | None,
     version: str | None,
 ) -> Manifest:
-    """The manifest of `out`: the model's identity, dims and special ids, the tokenizer already
-    copied into `out`, and `variants` in the order of PRECISIONS."""
+    """The manifest of `out`: the model's identity, languages, dims and special ids, the tokenizer
+    already copied into `out`, and `variants` in the order of PRECISIONS."""
     here = model_dir.resolve()
     # In a repository (NAME/VERSION/) the model's name is its parent directory's.
     default_name = here.parent.name if here.name.isdecimal() else here.name
+    src_lang, tgt_lang = meta.get("src_lang", "de"), meta.get("tgt_lang", "en")
     return Manifest(
         name=name or meta.get("name") or default_name,
         version=version or str(meta.get("version") or weights_sha[:12]),
-        src_lang=meta.get("src_lang", "de"),
-        tgt_lang=meta.get("tgt_lang", "en"),
+        src_lang=src_lang,
+        tgt_lang=tgt_lang,
+        languages=LanguageSpec(**meta.get("languages", {"source": [src_lang], "target": [tgt_lang]})),
         source_weights_sha256=weights_sha,
-        special_ids=SpecialIds(pad_id=cfg.pad_id, bos_id=cfg.bos_id, eos_id=cfg.eos_id, unk_id=cfg.unk_id),
+        special_ids=SpecialIds(
+            pad_id=cfg.pad_id,
+            bos_id=cfg.bos_id,
+            eos_id=cfg.eos_id,
+            unk_id=cfg.unk_id,
+            decoder_start_id=cfg.decoder_start_id,
+        ),
         dims=Dims(
             vocab_size=cfg.vocab_size,
             d_model=cfg.d_model,
@@ -259,7 +287,8 @@ def _assemble_manifest(
             max_positions=cfg.max_positions,
         ),
         generation=GenerationDefaults(**meta.get("generation", {})),
-        tokenizer=FileSpec(file=TOKENIZER, sha256=sha256_file(out / TOKENIZER)),
+        tokenizer=tokenizer[0],
+        sentencepiece=tokenizer[1],
         tool_versions=_tool_versions(),
         opset=OPSET,
         variants=dict(
@@ -292,15 +321,15 @@ def export_model(
     model_dir = Path(model_dir)
     out = Path(out_dir) if out_dir else default_out_dir(model_dir)
     precisions = _validate_precisions(precisions)
-    meta = json.loads((model_dir / CONFIG).read_text())
+    meta = read_meta(model_dir)
     model = load_model(model_dir, "cpu")
     weights_sha = sha256_file(model_dir / WEIGHTS)
     out.mkdir(parents=True, exist_ok=True)
 
     variants = _reusable_variants(out, weights_sha, precisions)
     variants.update(_export_variants(model, out, precisions, exporter, check))
-    shutil.copyfile(model_dir / TOKENIZER, out / TOKENIZER)
-    manifest = _assemble_manifest(model_dir, out, meta, model.cfg, weights_sha, variants, name, version)
+    tokenizer = _copy_tokenizer(model_dir, meta, out)
+    manifest = _assemble_manifest(model_dir, meta, model.cfg, weights_sha, variants, tokenizer, name, version)
     _write_export(out, manifest)
     log.info("export done in %.1fs", time.perf_counter() - t0)
     return manifest

@@ -14,13 +14,16 @@ import math
 import platform
 import random
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import sacrebleu
 import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
+from tokenizers import Tokenizer
 from tqdm import tqdm
 
 from export.checkpoint import TOKENIZER, average_state_dicts, save_model_dir
@@ -29,7 +32,7 @@ from export.generate import greedy_search, pad_batch
 from export.model import ModelConfig, Transformer, count_parameters
 from export.tokenizer import decode_batch, encode_batch, load_tokenizer, special_ids, train_tokenizer
 
-PRESETS = {
+PRESETS: dict[str, dict[str, int | float]] = {
     "tiny": dict(
         vocab_size=500,
         d_model=32,
@@ -83,7 +86,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-steps", type=int, help="stop after this many updates (smoke tests)")
 
 
-def lr_at(step: int, args) -> float:
+def lr_at(step: int, args: argparse.Namespace) -> float:
     """Linear warm-up to the peak, then decay."""
     if step < args.warmup_steps:
         return args.lr * (step + 1) / args.warmup_steps
@@ -95,14 +98,18 @@ def lr_at(step: int, args) -> float:
     return floor + (args.lr - floor) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
-def batch_tensors(batch: Batch, cfg: ModelConfig, device):
+def batch_tensors(
+    batch: Batch, cfg: ModelConfig, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     src_ids, src_mask = pad_batch(batch.src, cfg.pad_id, device)
     tgt_in, _ = pad_batch([[cfg.bos_id] + t for t in batch.tgt], cfg.pad_id, device)
     tgt_out, _ = pad_batch([t + [cfg.eos_id] for t in batch.tgt], cfg.pad_id, device)
     return src_ids, src_mask, tgt_in, tgt_out
 
 
-def loss_fn(logits, tgt_out, cfg: ModelConfig, label_smoothing: float):
+def loss_fn(
+    logits: torch.Tensor, tgt_out: torch.Tensor, cfg: ModelConfig, label_smoothing: float
+) -> tuple[torch.Tensor, int]:
     """Label-smoothed cross-entropy summed over non-pad target tokens, and the token count."""
     loss = F.cross_entropy(
         logits.float().reshape(-1, logits.size(-1)),
@@ -115,7 +122,16 @@ def loss_fn(logits, tgt_out, cfg: ModelConfig, label_smoothing: float):
 
 
 @torch.no_grad()
-def validate(model, src, tgt_ids, tgt_text, tok, cfg, device, max_tokens) -> dict:
+def validate(
+    model: Transformer,
+    src: list[list[int]],
+    tgt_ids: list[list[int]],
+    tgt_text: list[str],
+    tok: Tokenizer,
+    cfg: ModelConfig,
+    device: torch.device,
+    max_tokens: int,
+) -> dict[str, float]:
     model.eval()
     total, n = 0.0, 0
     for batch in token_batches(src, tgt_ids, max_tokens, seed=None):
@@ -140,31 +156,46 @@ def pick_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def run(args) -> Path:
-    out = Path(args.out)
-    ckpt_dir = out / "checkpoints"
-    ckpt_dir.mkdir(parents=True, exist_ok=True)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    device = pick_device(args.device)
-    random.seed(args.seed)
-    np.random.seed(args.seed)
-    torch.manual_seed(args.seed)
+@dataclass
+class TrainingData:
+    """The tokenizer, the model config it fixes, and the id sequences to train and validate on
+    (sources end in EOS; targets get BOS/EOS in `batch_tensors`)."""
 
-    train_src_text, train_tgt_text = read_parallel(args.data, args.train_split, args.src_lang, args.tgt_lang)
-    if args.max_train_sentences:
-        train_src_text, train_tgt_text = (
-            train_src_text[: args.max_train_sentences],
-            train_tgt_text[: args.max_train_sentences],
-        )
-    valid_src_text, valid_tgt_text = read_parallel(args.data, args.valid_split, args.src_lang, args.tgt_lang)
-    if args.max_valid_sentences:
-        valid_src_text, valid_tgt_text = (
-            valid_src_text[: args.max_valid_sentences],
-            valid_tgt_text[: args.max_valid_sentences],
-        )
+    tok: Tokenizer
+    cfg: ModelConfig
+    train_src: list[list[int]]
+    train_tgt: list[list[int]]
+    valid_src: list[list[int]]
+    valid_tgt: list[list[int]]
+    valid_tgt_text: list[str]
 
-    cfg_fields = dict(PRESETS[args.preset])
+
+@dataclass
+class Progress:
+    """Where the run stands: the next epoch, the updates done, the epochs' records and training time."""
+
+    start_epoch: int = 1
+    step: int = 0
+    history: list[dict[str, Any]] = field(default_factory=list)
+    elapsed: float = 0.0
+
+
+def validate_data(model: Transformer, data: TrainingData, device: torch.device, max_tokens: int) -> dict[str, float]:
+    """`validate` on the run's validation split."""
+    return validate(model, data.valid_src, data.valid_tgt, data.valid_tgt_text, data.tok, data.cfg, device, max_tokens)
+
+
+def _read_pair(args: argparse.Namespace, split: str, limit: int | None) -> tuple[list[str], list[str]]:
+    src, tgt = read_parallel(args.data, split, args.src_lang, args.tgt_lang)
+    return (src[:limit], tgt[:limit]) if limit else (src, tgt)
+
+
+def prepare_data(args: argparse.Namespace, out: Path) -> TrainingData:
+    """Read the splits, train (or reload, when resuming) the tokenizer, fix the model config and
+    encode the text, truncated to the model's positions."""
+    train_src_text, train_tgt_text = _read_pair(args, args.train_split, args.max_train_sentences)
+    valid_src_text, valid_tgt_text = _read_pair(args, args.valid_split, args.max_valid_sentences)
+    cfg_fields: dict[str, Any] = dict(PRESETS[args.preset])
     if args.model_config:
         cfg_fields.update(json.loads(args.model_config))
     tok_path = out / TOKENIZER
@@ -175,105 +206,117 @@ def run(args) -> Path:
         tok.save(str(tok_path))
     cfg_fields.update(special_ids(tok), vocab_size=tok.get_vocab_size())
     cfg = ModelConfig.from_dict(cfg_fields)
-
     limit = cfg.max_positions - 1
 
-    def ids(texts):
+    def ids(texts: list[str]) -> list[list[int]]:
         return [t[: limit - 1] for t in encode_batch(tok, texts)]
 
-    train_src = [s + [cfg.eos_id] for s in ids(train_src_text)]
-    train_tgt = ids(train_tgt_text)
-    valid_src = [s + [cfg.eos_id] for s in ids(valid_src_text)]
-    valid_tgt = ids(valid_tgt_text)
-
-    model = Transformer(cfg).to(device)
-    optim = torch.optim.AdamW(
-        model.parameters(), lr=args.lr, betas=(0.9, 0.98), eps=1e-9, weight_decay=args.weight_decay
-    )
-    steps_per_epoch = len(token_batches(train_src, train_tgt, args.max_tokens, args.seed, 0))
-    args.total_steps = steps_per_epoch * args.epochs
-    start_epoch, step, history, elapsed = 1, 0, [], 0.0
-    last = ckpt_dir / "last.pt"
-    if args.resume and last.exists():
-        state = torch.load(last, map_location=device, weights_only=False)
-        model.load_state_dict(state["model"])
-        optim.load_state_dict(state["optim"])
-        start_epoch, step, history, elapsed = state["epoch"] + 1, state["step"], state["history"], state["elapsed"]
-        torch.set_rng_state(state["torch_rng"])
-        print(f"resumed from {last}: epoch {state['epoch']} done, step {step}")
-    n_params = count_parameters(model)
-    print(
-        f"model: {n_params / 1e6:.2f}M parameters, vocab {cfg.vocab_size}, device {device}, "
-        f"{len(train_src)} training pairs, {steps_per_epoch} steps/epoch"
+    return TrainingData(
+        tok=tok,
+        cfg=cfg,
+        train_src=[s + [cfg.eos_id] for s in ids(train_src_text)],
+        train_tgt=ids(train_tgt_text),
+        valid_src=[s + [cfg.eos_id] for s in ids(valid_src_text)],
+        valid_tgt=ids(valid_tgt_text),
+        valid_tgt_text=valid_tgt_text,
     )
 
+
+def resume(last: Path, model: Transformer, optim: torch.optim.Optimizer, device: torch.device) -> Progress:
+    """Restore the model, the optimizer, the progress and torch's RNG from `last` (checkpoints/last.pt)."""
+    state = torch.load(last, map_location=device, weights_only=False)
+    model.load_state_dict(state["model"])
+    optim.load_state_dict(state["optim"])
+    torch.set_rng_state(state["torch_rng"])
+    print(f"resumed from {last}: epoch {state['epoch']} done, step {state['step']}")
+    return Progress(state["epoch"] + 1, state["step"], state["history"], state["elapsed"])
+
+
+def train_epoch(
+    model: Transformer,
+    optim: torch.optim.Optimizer,
+    data: TrainingData,
+    args: argparse.Namespace,
+    epoch: int,
+    progress: Progress,
+    device: torch.device,
+) -> dict[str, Any]:
+    """One pass over the epoch's shuffled token batches (fewer with --max-steps); advances
+    `progress.step` and `progress.elapsed` and returns the epoch's training figures."""
+    cfg = data.cfg
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.bf16)
-    model.train()
-    for epoch in range(start_epoch, args.epochs + 1):
-        t0 = time.time()
-        batches = token_batches(train_src, train_tgt, args.max_tokens, args.seed, epoch)
-        bar = tqdm(batches, desc=f"epoch {epoch}/{args.epochs}", disable=args.no_progress, mininterval=2)
-        ep_loss, ep_tokens, seen = 0.0, 0, 0
-        for batch in bar:
-            src_ids, src_mask, tgt_in, tgt_out = batch_tensors(batch, cfg, device)
-            for g in optim.param_groups:
-                g["lr"] = lr_at(step, args)
-            with autocast:
-                logits = model(src_ids, src_mask, tgt_in)
-            loss, n_tok = loss_fn(logits, tgt_out, cfg, args.label_smoothing)
-            optim.zero_grad(set_to_none=True)
-            (loss / n_tok).backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip_norm)
-            optim.step()
-            step += 1
-            ep_loss, ep_tokens = ep_loss + loss.item(), ep_tokens + n_tok
-            seen += int(src_mask.sum()) + n_tok
-            bar.set_postfix(
-                loss=f"{ep_loss / ep_tokens:.3f}",
-                tok_s=f"{seen / (time.time() - t0):.0f}",
-                lr=f"{lr_at(step, args):.2e}",
-            )
-            if args.max_steps and step >= args.max_steps:
-                break
-        train_secs = time.time() - t0
-        elapsed += train_secs
-        metrics = validate(model, valid_src, valid_tgt, valid_tgt_text, tok, cfg, device, args.max_tokens)
-        record = {
-            "epoch": epoch,
-            "step": step,
-            "train_loss": ep_loss / max(ep_tokens, 1),
-            "tokens_per_s": seen / train_secs,
-            "epoch_seconds": train_secs,
-            **metrics,
-        }
-        history.append(record)
-        print(json.dumps(record), flush=True)
-        save_file(
-            {k: v.detach().clone().contiguous() for k, v in model.state_dict().items()},
-            str(ckpt_dir / f"epoch{epoch:03d}.safetensors"),
+    t0 = time.time()
+    batches = token_batches(data.train_src, data.train_tgt, args.max_tokens, args.seed, epoch)
+    bar = tqdm(batches, desc=f"epoch {epoch}/{args.epochs}", disable=args.no_progress, mininterval=2)
+    ep_loss, ep_tokens, seen = 0.0, 0, 0
+    for batch in bar:
+        src_ids, src_mask, tgt_in, tgt_out = batch_tensors(batch, cfg, device)
+        for g in optim.param_groups:
+            g["lr"] = lr_at(progress.step, args)
+        with autocast:
+            logits = model(src_ids, src_mask, tgt_in)
+        loss, n_tok = loss_fn(logits, tgt_out, cfg, args.label_smoothing)
+        optim.zero_grad(set_to_none=True)
+        (loss / n_tok).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip_norm)
+        optim.step()
+        progress.step += 1
+        ep_loss, ep_tokens = ep_loss + loss.item(), ep_tokens + n_tok
+        seen += int(src_mask.sum()) + n_tok
+        bar.set_postfix(
+            loss=f"{ep_loss / ep_tokens:.3f}",
+            tok_s=f"{seen / (time.time() - t0):.0f}",
+            lr=f"{lr_at(progress.step, args):.2e}",
         )
-        torch.save(
-            {
-                "model": model.state_dict(),
-                "optim": optim.state_dict(),
-                "epoch": epoch,
-                "step": step,
-                "history": history,
-                "elapsed": elapsed,
-                "torch_rng": torch.get_rng_state(),
-            },
-            last,
-        )
-        with open(out / "train_log.jsonl", "a") as f:
-            f.write(json.dumps(record) + "\n")
-        if args.max_steps and step >= args.max_steps:
+        if args.max_steps and progress.step >= args.max_steps:
             break
+    train_secs = time.time() - t0
+    progress.elapsed += train_secs
+    return {
+        "epoch": epoch,
+        "step": progress.step,
+        "train_loss": ep_loss / max(ep_tokens, 1),
+        "tokens_per_s": seen / train_secs,
+        "epoch_seconds": train_secs,
+    }
 
-    done_epochs = [h["epoch"] for h in history]
+
+def save_epoch(
+    model: Transformer, optim: torch.optim.Optimizer, progress: Progress, record: dict[str, Any], out: Path
+) -> None:
+    """The epoch's weights (for averaging), the resumable state and a line of train_log.jsonl."""
+    ckpt_dir = out / "checkpoints"
+    epoch = record["epoch"]
+    save_file(
+        {k: v.detach().clone().contiguous() for k, v in model.state_dict().items()},
+        str(ckpt_dir / f"epoch{epoch:03d}.safetensors"),
+    )
+    torch.save(
+        {
+            "model": model.state_dict(),
+            "optim": optim.state_dict(),
+            "epoch": epoch,
+            "step": progress.step,
+            "history": progress.history,
+            "elapsed": progress.elapsed,
+            "torch_rng": torch.get_rng_state(),
+        },
+        ckpt_dir / "last.pt",
+    )
+    with open(out / "train_log.jsonl", "a") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+def average_and_save(
+    model: Transformer, data: TrainingData, args: argparse.Namespace, progress: Progress, device: torch.device
+) -> None:
+    """Average the last --average-last epochs' weights, validate the average and write the model dir."""
+    out = Path(args.out)
+    done_epochs = [h["epoch"] for h in progress.history]
     use = done_epochs[-max(1, args.average_last) :]
-    states = [load_file(str(ckpt_dir / f"epoch{e:03d}.safetensors")) for e in use]
+    states = [load_file(str(out / "checkpoints" / f"epoch{e:03d}.safetensors")) for e in use]
     model.load_state_dict(average_state_dicts(states))
-    final = validate(model, valid_src, valid_tgt, valid_tgt_text, tok, cfg, device, args.max_tokens)
+    final = validate_data(model, data, device, args.max_tokens)
     print(json.dumps({"averaged_epochs": use, **final}), flush=True)
     training = {
         "data": str(args.data),
@@ -281,26 +324,65 @@ def run(args) -> Path:
         "tgt_lang": args.tgt_lang,
         "preset": args.preset,
         "epochs": len(done_epochs),
-        "steps": step,
-        "parameters": n_params,
-        "train_seconds": round(elapsed, 1),
+        "steps": progress.step,
+        "parameters": count_parameters(model),
+        "train_seconds": round(progress.elapsed, 1),
         "device": str(device),
         "threads": torch.get_num_threads(),
         "machine": platform.processor() or platform.machine(),
         "torch": torch.__version__,
         "averaged_epochs": use,
         "final_valid": final,
-        "history": history,
+        "history": progress.history,
         "hyperparameters": {
             k: getattr(args, k)
             for k in ("max_tokens", "lr", "warmup_steps", "schedule", "label_smoothing", "clip_norm", "seed", "bf16")
         },
     }
     save_model_dir(model.cpu(), out, extra={"src_lang": args.src_lang, "tgt_lang": args.tgt_lang, "training": training})
+
+
+def run(args: argparse.Namespace) -> Path:
+    """Train as `args` asks (see `add_arguments`), resuming from the run directory with --resume,
+    and leave a model directory at --out."""
+    out = Path(args.out)
+    (out / "checkpoints").mkdir(parents=True, exist_ok=True)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = pick_device(args.device)
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+
+    data = prepare_data(args, out)
+    model = Transformer(data.cfg).to(device)
+    optim = torch.optim.AdamW(
+        model.parameters(), lr=args.lr, betas=(0.9, 0.98), eps=1e-9, weight_decay=args.weight_decay
+    )
+    steps_per_epoch = len(token_batches(data.train_src, data.train_tgt, args.max_tokens, args.seed, 0))
+    args.total_steps = steps_per_epoch * args.epochs
+    last = out / "checkpoints" / "last.pt"
+    progress = resume(last, model, optim, device) if args.resume and last.exists() else Progress()
+    print(
+        f"model: {count_parameters(model) / 1e6:.2f}M parameters, vocab {data.cfg.vocab_size}, device {device}, "
+        f"{len(data.train_src)} training pairs, {steps_per_epoch} steps/epoch"
+    )
+
+    model.train()
+    for epoch in range(progress.start_epoch, args.epochs + 1):
+        record = train_epoch(model, optim, data, args, epoch, progress, device)
+        record.update(validate_data(model, data, device, args.max_tokens))
+        progress.history.append(record)
+        print(json.dumps(record), flush=True)
+        save_epoch(model, optim, progress, record, out)
+        if args.max_steps and progress.step >= args.max_steps:
+            break
+
+    average_and_save(model, data, args, progress, device)
     return out
 
 
-def main(argv=None) -> None:
+def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser("mtserve train")
     add_arguments(p)
     run(p.parse_args(argv))

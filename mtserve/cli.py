@@ -28,6 +28,12 @@ COMMANDS = {
         "add_arguments",
         "run",
     ),
+    "import": (
+        "mtserve.importer",
+        "import a local Hugging Face Marian or M2M100/NLLB model into the repository (needs the export extra)",
+        "add_arguments",
+        "run",
+    ),
     "verify": (
         "mtserve.verify",
         "check an ONNX export against PyTorch: log-prob diffs, greedy agreement",

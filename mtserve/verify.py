@@ -114,21 +114,25 @@ class FusedLogProbs:
 def agreement(tmodel, omodel, sources: list[list[int]], beam: int, batch_size: int) -> dict:
     from service.decoding.generator import generate
 
+    forced = omodel.prefixes()[1]  # a multilingual model's target-language token, forced first
     order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
     ref: list = [None] * len(sources)
     t0 = time.perf_counter()
     for start in range(0, len(order), batch_size):
         idx = order[start : start + batch_size]
-        for i, h in zip(idx, beam_search(tmodel, [sources[i] for i in idx], beam=beam)):
+        for i, h in zip(
+            idx, beam_search(tmodel, [sources[i] for i in idx], beam=beam, forced=forced[0] if forced else None)
+        ):
             ref[i] = h
     t_torch = time.perf_counter() - t0
     t0 = time.perf_counter()
-    got = generate(omodel, sources, beam=beam, batch_size=batch_size)
+    prefixes = [forced] * len(sources)
+    got = generate(omodel, sources, beam=beam, batch_size=batch_size, target_prefixes=prefixes)
     t_onnx = time.perf_counter() - t0
     same = [r.tokens == g.tokens for r, g in zip(ref, got)]
     unscored = {}
     if beam == 1:  # greedy search as the server runs it when no score is asked for (the argmax step)
-        plain = generate(omodel, sources, beam=1, batch_size=batch_size, want_scores=False)
+        plain = generate(omodel, sources, beam=1, batch_size=batch_size, want_scores=False, target_prefixes=prefixes)
         unscored = {"identical_without_scores": sum(r.tokens == g.tokens for r, g in zip(ref, plain))}
     return {
         "identical": int(sum(same)),

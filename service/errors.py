@@ -4,6 +4,8 @@ statuses, so the batcher and the engine never know about gRPC."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 
 class ServiceError(Exception):
     """Base class; `code` is a grpc.StatusCode name."""
@@ -14,13 +16,13 @@ class ServiceError(Exception):
         super().__init__(message)
         self.message = message
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[Callable[..., ServiceError], tuple[type[ServiceError], str, dict[str, object]]]:
         # Pickled as itself, fields included, whatever its __init__ takes (engine processes send
         # them over a pipe).
         return _restore, (type(self), self.message, dict(self.__dict__))
 
 
-def _restore(cls: type[ServiceError], message: str, state: dict) -> ServiceError:
+def _restore(cls: type[ServiceError], message: str, state: dict[str, object]) -> ServiceError:
     error = cls.__new__(cls)
     Exception.__init__(error, message)
     error.__dict__.update(state)

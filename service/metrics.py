@@ -17,6 +17,7 @@ from prometheus_client import (
     disable_created_metrics,
     start_http_server,
 )
+from prometheus_client.metrics import MetricWrapperBase
 
 # No `*_created` series beside every counter, histogram and summary: they roughly double a scrape,
 # and no dashboard or alert reads them (rate() and increase() need none). Process-wide, so the
@@ -38,6 +39,13 @@ class Metrics:
 
     def __init__(self, registry: CollectorRegistry | None = None):
         self.registry = r = registry or CollectorRegistry()
+        self._add_rpc_metrics(r)
+        self._add_queue_metrics(r)
+        self._add_decoding_metrics(r)
+        self._add_inference_metrics(r)
+
+    def _add_rpc_metrics(self, r: CollectorRegistry) -> None:
+        """Per RPC method: calls, their latency and those in flight."""
         self.requests = Counter(
             "mtserve_requests_total", "RPCs handled, by method and status code", ["method", "code"], registry=r
         )
@@ -49,6 +57,9 @@ class Metrics:
             registry=r,
         )
         self.in_flight = Gauge("mtserve_requests_in_flight", "RPCs being handled", ["method"], registry=r)
+
+    def _add_queue_metrics(self, r: CollectorRegistry) -> None:
+        """Per model version: the sentences waiting for a decode batch, and the first streamed chunk."""
         self.queue_wait = Histogram(
             "mtserve_queue_wait_seconds",
             "time a sentence waited before joining a batch",
@@ -70,6 +81,9 @@ class Metrics:
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
+
+    def _add_decoding_metrics(self, r: CollectorRegistry) -> None:
+        """Per model version: what the encoder and the decoder computed, and the version's info."""
         self.batch_rows = Histogram(
             "mtserve_decode_batch_rows",
             "rows (sentences x beams) in each decode step",
@@ -117,6 +131,8 @@ class Metrics:
             "mtserve_sentences_total", "sentences finished, by outcome", [*MODEL_LABELS, "outcome"], registry=r
         )
         self.model_info = Info("mtserve_model", "each model version being served", MODEL_LABELS, registry=r)
+
+    def _add_inference_metrics(self, r: CollectorRegistry) -> None:
         # Per model (the translation model and the encoder model, whichever API called them): what
         # KServe ModelStatistics reports, read back from these (`model_statistics`).
         self.inference_duration = Summary(
@@ -225,18 +241,18 @@ MODEL_SCOPED = (
 )
 
 
-def _children(metric) -> list[tuple[str, ...]]:
+def _children(metric: MetricWrapperBase) -> list[tuple[str, ...]]:
     with metric._lock:
-        return list(metric._metrics)
+        return [tuple(labels) for labels in metric._metrics]
 
 
 class _Partial:
     """A labelled metric with the model's labels filled in; `labels(*rest)` names the others."""
 
-    def __init__(self, metric, values: tuple[str, ...]):
+    def __init__(self, metric: Counter, values: tuple[str, ...]):
         self.metric, self.values = metric, values
 
-    def labels(self, *rest: str):
+    def labels(self, *rest: str) -> Counter:
         return self.metric.labels(*self.values, *rest)
 
 

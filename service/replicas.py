@@ -49,6 +49,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
+from types import FrameType
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
@@ -351,7 +352,7 @@ class Supervisor:
         r.restart_at = now + RESTART_DELAYS_S[min(r.failures, len(RESTART_DELAYS_S) - 1)]
         r.failures += 1
 
-    def _on_signal(self, signum: int, _frame) -> None:
+    def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
         if not self.stopping:
             log.info("%s: draining the replicas", signal.Signals(signum).name)
         self.stopping = True

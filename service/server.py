@@ -15,57 +15,33 @@ import logging
 import signal
 import time
 from collections.abc import Awaitable, Callable
-from typing import NamedTuple
 from wsgiref.simple_server import WSGIServer
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
-from tokenizers import Tokenizer
 
-from contract.manifest import Manifest, load_manifest, resolve_onnx_dir
 from service import tracing
 from service.api.inference import grpc_service_pb2_grpc
 from service.api.mtserve.v1 import translation_pb2, translation_pb2_grpc
-from service.batching.scheduler import Scheduler
 from service.engine.backend import Backend
-from service.engine.engine import Engine, TranslateOptions
-from service.errors import ModelLoadError, ServiceError, StartupError
+from service.engine.engine import Engine
+from service.errors import ModelLoadError, ServiceError
 from service.grpc.interceptors import ErrorAndMetricsInterceptor
 from service.grpc.security import AuthInterceptor, load_tokens, server_credentials
 from service.grpc.servicer import TranslationServicer
 from service.kserve.codec import served_version
 from service.kserve.servicer import SERVICE_NAME as KSERVE_SERVICE_NAME
 from service.kserve.servicer import KServeServicer
-from service.metrics import Metrics, ModelMetrics
-from service.parallel.pool import EnginePool
-from service.repository.layout import SERVING_FILE, VersionDir, model_overrides, scan, wanted
-from service.repository.registry import ModelRegistry, ServedModel
+from service.metrics import Metrics
+from service.repository.layout import VersionDir, scan, wanted
+from service.repository.loader import BackendFactory, ModelLoader, read_export
+from service.repository.registry import ModelRegistry
 from service.runtime.gil import set_switch_interval
-from service.runtime.loading import load_models
-from service.runtime.memory import mapped_allocations
-from service.runtime.onnx_model import choose_graph
 from service.settings import Settings
 
 log = logging.getLogger("mtserve.server")
 SERVICE_NAME = translation_pb2.DESCRIPTOR.services_by_name["TranslationService"].full_name
-
-
-class LoadedModel(NamedTuple):
-    """What the engine and the start-up log need from whichever backend loaded a model version."""
-
-    backend: Backend
-    manifest: Manifest
-    tokenizer: Tokenizer
-    provider: str
-    sessions: int  # session pairs, for the start-up log
-    graph: str  # the decoder step: "fused", "portable", or the custom backend's name
-
-
-BackendFactory = Callable[[Settings, ModelMetrics, Manifest], Backend]
-"""Builds a backend that decodes in place of the ONNX Runtime one, from one model version's
-settings, its metrics and its export's manifest (benchmarks/ct2_server.py: CTranslate2). Its
-`provider` attribute, when it has one, is what the server reports as the execution provider."""
 
 
 class Server:
@@ -73,7 +49,7 @@ class Server:
 
     `backend_factory`: decode with the backend it builds instead of the ONNX Runtime sessions
     (in-process scheduler or engine processes); the manifest, the tokenizer and everything in front
-    of the backend stay the server's own."""
+    of the backend stay the server's own (service.repository.loader loads the versions)."""
 
     def __init__(self, settings: Settings, backend_factory: BackendFactory | None = None):
         self.settings = settings
@@ -87,8 +63,9 @@ class Server:
         self._metrics_http: WSGIServer | None = None
         self.ready = False  # health SERVING: KServe ServerReady/ModelReady report it
         single = settings.model_dir is not None
+        self.loader = ModelLoader(settings, self.metrics, backend_factory)
         self.models = ModelRegistry(
-            None if single else settings.model_repository, self._load, self.metrics, settings.grace_period_s
+            None if single else settings.model_repository, self.loader.load, self.metrics, settings.grace_period_s
         )
         self.tls: bool  # set by start()
 
@@ -136,7 +113,7 @@ class Server:
         """What to load at start: the one model dir, or the repository's models (MTSERVE_MODELS)."""
         st = self.settings
         if st.model_dir is not None:
-            manifest, _ = self._read_export(st, None)
+            manifest, _ = read_export(st, None)
             return [VersionDir(manifest.name, served_version(manifest), st.model_dir, st.onnx_dir)]
         try:
             chosen = wanted(scan(st.model_repository), st.model_list)
@@ -145,109 +122,6 @@ class Server:
         if not chosen:
             raise ModelLoadError(f"model_repository: no model in {st.model_repository} (layout: NAME/VERSION/)")
         return chosen
-
-    # -- one model version: its backend (engine processes, the in-process scheduler, or the caller's)
-
-    async def _load(self, source: VersionDir) -> ServedModel:
-        """Load, start and warm up one model version (the registry's loader)."""
-        st = self._version_settings(source)
-        metrics = self.metrics.for_model(source.name, source.version)
-        with mapped_allocations():  # the model's memory leaves the process when it is unloaded
-            return await self._load_mapped(source, st, metrics)
-
-    def _version_settings(self, source: VersionDir) -> Settings:
-        """The server's settings with the version's directories and the model's own values
-        (NAME/serving.json), validated together (default_beam_size <= max_beam_size, ...)."""
-        values = {
-            **self.settings.model_dump(),
-            **model_overrides(source),
-            "model_dir": source.path,
-            "onnx_dir": source.onnx_dir,
-        }
-        try:
-            return Settings.model_validate(values)
-        except ValueError as e:  # pydantic's ValidationError
-            raise ModelLoadError(f"{source.path.parent / SERVING_FILE}: {e}") from None
-
-    async def _load_mapped(self, source: VersionDir, st: Settings, metrics: ModelMetrics) -> ServedModel:
-        loop = asyncio.get_running_loop()
-        if self.backend_factory is not None:
-            loaded = self._load_with_factory(st, metrics, self.backend_factory)
-        elif st.engine_process:
-            loaded = await self._start_engine_processes(st, metrics)
-        else:  # the sessions load off the event loop: other models keep serving meanwhile
-            loaded = await loop.run_in_executor(None, self._load_in_process, st, metrics)
-        engine = Engine(st, loaded.manifest, loaded.tokenizer, loaded.backend, metrics, loaded.provider, loaded.graph)
-        metrics.model_info.info(
-            {
-                "provider": loaded.provider,
-                "precision": st.precision,
-                "graph": loaded.graph,
-                "source_language": loaded.manifest.src_lang,
-                "target_language": loaded.manifest.tgt_lang,
-            }
-        )
-        loaded.backend.start()
-        try:
-            await self._warm_up(engine)
-        except BaseException:
-            loaded.backend.shutdown()
-            raise
-        return ServedModel(source, engine, loaded.backend, loaded.provider, loaded.graph, loaded.sessions)
-
-    @staticmethod
-    def _read_export(st: Settings, precision: str | None) -> tuple[Manifest, Tokenizer]:
-        """The export's manifest and tokenizer (the graphs are the backend's to load)."""
-        try:
-            graphs = resolve_onnx_dir(st.graphs_dir)
-            manifest = load_manifest(graphs, verify_checksums=False, precision=precision)
-            return manifest, Tokenizer.from_file(str(graphs / manifest.tokenizer.file))
-        except StartupError:
-            raise
-        except Exception as e:
-            raise ModelLoadError(f"{type(e).__name__}: {e}") from e
-
-    async def _start_engine_processes(self, st: Settings, metrics: ModelMetrics) -> LoadedModel:
-        """Each decode worker in a child process of its own (its own GIL, its own sessions); this
-        process keeps the manifest and the tokenizer for validation and tokenisation."""
-        pool = EnginePool(st, metrics)
-        await asyncio.get_running_loop().run_in_executor(None, pool.start_process)
-        try:
-            manifest, tokenizer = self._read_export(st, st.precision)
-        except Exception:
-            pool.shutdown()
-            raise
-        # The children chose their decoder step by the same rule from the same export.
-        graph = choose_graph(manifest, st.precision, pool.provider, st.graph)
-        return LoadedModel(pool, manifest, tokenizer, pool.provider, pool.sessions, graph)
-
-    def _load_with_factory(self, st: Settings, metrics: ModelMetrics, factory: BackendFactory) -> LoadedModel:
-        """The caller's backend over the export's manifest and tokenizer (no ONNX Runtime session)."""
-        manifest, tokenizer = self._read_export(st, None)
-        try:
-            backend = factory(st, metrics, manifest)
-        except StartupError:
-            raise
-        except Exception as e:
-            raise ModelLoadError(f"{type(e).__name__}: {e}") from e
-        return LoadedModel(
-            backend,
-            manifest,
-            tokenizer,
-            str(getattr(backend, "provider", "custom")),
-            1,
-            str(getattr(backend, "graph", "custom")),
-        )
-
-    @staticmethod
-    def _load_in_process(st: Settings, metrics: ModelMetrics) -> LoadedModel:
-        """The sessions in this process, decoded by the scheduler's worker threads."""
-        models = load_models(st)
-        manifest = models[0].manifest
-        gen = manifest.generation
-        scheduler = Scheduler(models, st, metrics, gen.max_len_a, gen.max_len_b)
-        sessions = len({id(m) for m in models})
-        return LoadedModel(scheduler, manifest, models[0].tokenizer, models[0].provider, sessions, models[0].graph)
 
     # -- the gRPC server, its servicers and its listener --------------------------------------
 
@@ -329,18 +203,13 @@ class Server:
 
     # -- health, warm-up, drain ------------------------------------------------------------------
 
-    async def _set_health(self, status) -> None:
+    async def _set_health(self, status: int) -> None:
+        """Report `status` (a HealthCheckResponse.ServingStatus) for the server and mtserve.v1."""
         self.ready = status == health_pb2.HealthCheckResponse.SERVING
         for name in ("", SERVICE_NAME):
             result = self.health.set(name, status)
             if asyncio.iscoroutine(result):
                 await result
-
-    async def _warm_up(self, engine: Engine) -> None:
-        """One short translation per mode used by default, so the first request is not slow."""
-        opts = TranslateOptions(beam_size=1, max_output_tokens=4)
-        await engine.translate(["Hallo Welt ."] * max(1, self.settings.decode_workers), opts)
-        await engine.translate(["Hallo Welt ."], TranslateOptions(max_output_tokens=4))
 
     async def drain(self) -> None:
         """NOT_SERVING, refuse new work, finish what was accepted within the grace period, stop."""

@@ -129,7 +129,7 @@ def tiny_onnx_dir(tiny_model_dir) -> Path:
 @pytest.fixture(scope="session")
 def tiny_onnx(tiny_onnx_dir):
     """The fp32 export's portable graphs loaded with ONNX Runtime (CPU, one thread): `step` feeds
-    the decoder graph directly (tests/service/test_generator.py runs the fused one too)."""
+    the decoder graph directly (tests/service/decoding/test_generator.py runs the fused one too)."""
     from service.runtime.onnx_model import OnnxSeq2Seq
 
     return OnnxSeq2Seq(tiny_onnx_dir, precision="fp32", graph="portable")
@@ -203,7 +203,7 @@ def make_server(tiny_onnx_dir):
     """make_server(**settings_overrides) -> RunningServer on 127.0.0.1 (an ephemeral port), serving
     the tiny fp32 export with metrics off; every server made is drained when the module ends. The
     scheduler runs in the server's process (engine_process=False), where tests can reach into it
-    (slow_down, fault injection); tests/service/test_engine_process.py covers the child process.
+    (slow_down, fault injection); tests/service/parallel/test_engine_process.py covers the child process.
     Continuous batching is on, unlike the server's default, so that the server tests exercise
     admission into running batches; `mtserve serve` process tests run the defaults."""
     started = []
@@ -262,3 +262,193 @@ def pytest_terminal_summary(terminalreporter) -> None:
         for key, value in getattr(report, "user_properties", []):
             if key == "figures":
                 terminalreporter.write_line(f"{report.nodeid}: {value}")
+
+
+# ----------------------------------------------------------------------------- Hugging Face imports
+# Tiny random Hugging Face Marian and M2M100 folders, built offline for the `mtserve import` tests:
+# their SentencePiece models are trained here on a few thousand corpus lines, their weights are
+# seeded and scaled up so that the logits have clear margins (no near-ties for greedy parity).
+
+
+def _hf_read_lines(data_dir: Path, split: str, lang: str, n: int | None = None) -> list[str]:
+    import gzip
+
+    with gzip.open(data_dir / f"{split}.{lang}.gz", "rt", encoding="utf-8") as f:
+        lines = [line.strip() for line in f]
+    return lines[:n] if n else lines
+
+
+def _hf_train_spm(lines: list[str], prefix: Path, vocab_size: int, model_type: str) -> Path:
+    import sentencepiece
+
+    sentencepiece.SentencePieceTrainer.train(
+        sentence_iterator=iter(lines),
+        model_prefix=str(prefix),
+        vocab_size=vocab_size,
+        model_type=model_type,
+        character_coverage=1.0,
+        minloglevel=2,
+    )
+    return prefix.with_suffix(".model")
+
+
+def _hf_pieces(spm_file: Path) -> list[str]:
+    import sentencepiece
+
+    sp = sentencepiece.SentencePieceProcessor(model_file=str(spm_file))
+    return [sp.id_to_piece(i) for i in range(sp.get_piece_size()) if not (sp.is_control(i) or sp.is_unknown(i))]
+
+
+def _hf_scale_weights(model, factor: float) -> None:
+    import torch
+
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() > 1 and "embed_positions" not in name:
+                p.mul_(factor)
+
+
+def hf_marian_folder(
+    out: Path, src_spm: Path, tgt_spm: Path, activation: str, separate: bool, seed: int, bad_words: bool = True
+) -> Path:
+    import json
+
+    import torch
+    from transformers import MarianConfig, MarianMTModel, MarianTokenizer
+
+    out.mkdir(parents=True)
+    # Shared: </s> 0, <unk> 1, the pieces of both models, <pad> last (OPUS-MT's layout). Separate:
+    # each side its own vocabulary, with <pad> at the same id (Marian has one pad_token_id).
+    special = {"</s>": 0, "<unk>": 1}
+    if separate:
+        src_vocab = {**special, "<pad>": 2, **{p: i + 3 for i, p in enumerate(_hf_pieces(src_spm))}}
+        tgt_vocab = {**special, "<pad>": 2, **{p: i + 3 for i, p in enumerate(_hf_pieces(tgt_spm))}}
+    else:
+        joint = list(dict.fromkeys(_hf_pieces(src_spm) + _hf_pieces(tgt_spm)))
+        src_vocab = {**special, **{p: i + 2 for i, p in enumerate(joint)}}
+        src_vocab["<pad>"] = len(src_vocab)
+        tgt_vocab = src_vocab
+    (out / "vocab.json").write_text(json.dumps(src_vocab))
+    if separate:
+        (out / "target_vocab.json").write_text(json.dumps(tgt_vocab))
+    tok = MarianTokenizer(
+        source_spm=str(src_spm),
+        target_spm=str(tgt_spm),
+        vocab=str(out / "vocab.json"),
+        target_vocab_file=str(out / "target_vocab.json") if separate else None,
+        source_lang="de",
+        target_lang="en",
+        separate_vocabs=separate,
+    )
+    tok.save_pretrained(str(out))
+    pad = src_vocab["<pad>"]
+    config = MarianConfig(
+        vocab_size=len(src_vocab),
+        decoder_vocab_size=len(tgt_vocab),
+        share_encoder_decoder_embeddings=not separate,
+        d_model=32,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=64,
+        decoder_ffn_dim=64,
+        max_position_embeddings=128,
+        activation_function=activation,
+        scale_embedding=True,
+        pad_token_id=pad,
+        eos_token_id=0,
+        decoder_start_token_id=pad,
+        forced_eos_token_id=0,
+        dropout=0.0,
+        init_std=0.1,
+    )
+    torch.manual_seed(seed)
+    model = MarianMTModel(config)
+    _hf_scale_weights(model, 2.0)
+    with torch.no_grad():
+        model.final_logits_bias.copy_(torch.randn_like(model.final_logits_bias) * 2.0)
+    model.save_pretrained(str(out))
+    if bad_words:  # as OPUS-MT's generation_config.json: never generate <pad>
+        gen = json.loads((out / "generation_config.json").read_text())
+        (out / "generation_config.json").write_text(json.dumps({**gen, "bad_words_ids": [[pad]]}))
+    return out
+
+
+def hf_m2m100_folder(out: Path, spm: Path, activation: str, seed: int) -> Path:
+    import json
+
+    import torch
+    from transformers import M2M100Config, M2M100ForConditionalGeneration, M2M100Tokenizer
+
+    out.mkdir(parents=True)
+    vocab = {"<s>": 0, "<pad>": 1, "</s>": 2, "<unk>": 3, **{p: i + 4 for i, p in enumerate(_hf_pieces(spm))}}
+    (out / "vocab.json").write_text(json.dumps(vocab))
+    (out / "sentencepiece.bpe.model").write_bytes(spm.read_bytes())
+    tok = M2M100Tokenizer(
+        vocab_file=str(out / "vocab.json"),
+        spm_file=str(out / "sentencepiece.bpe.model"),
+        src_lang="de",
+        tgt_lang="en",
+        language_codes="wmt21",
+    )
+    tok.save_pretrained(str(out))
+    config = M2M100Config(
+        vocab_size=max(tok.lang_code_to_id.values()) + 1 + 8,  # and M2M100's 8 made-up words
+        d_model=32,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=64,
+        decoder_ffn_dim=64,
+        max_position_embeddings=128,
+        activation_function=activation,
+        scale_embedding=True,
+        pad_token_id=1,
+        bos_token_id=0,
+        eos_token_id=2,
+        decoder_start_token_id=2,
+        forced_eos_token_id=2,
+        dropout=0.0,
+        init_std=0.1,
+    )
+    torch.manual_seed(seed)
+    model = M2M100ForConditionalGeneration(config)
+    _hf_scale_weights(model, 2.0)
+    model.save_pretrained(str(out))
+    return out
+
+
+@pytest.fixture(scope="session")
+def hf_spm_models(tmp_path_factory, data_dir) -> dict[str, Path]:
+    """SentencePiece models trained on 3,000 training lines: German and English unigram models
+    (Marian's kind) and a joint BPE model (M2M100's)."""
+    out = tmp_path_factory.mktemp("hf-spm")
+    de, en = _hf_read_lines(data_dir, "train", "de", 3000), _hf_read_lines(data_dir, "train", "en", 3000)
+    return {
+        "de": _hf_train_spm(de, out / "de", 1000, "unigram"),
+        "en": _hf_train_spm(en, out / "en", 1000, "unigram"),
+        "joint": _hf_train_spm(de + en, out / "joint", 1500, "bpe"),
+    }
+
+
+@pytest.fixture(scope="session")
+def hf_marian_dir(tmp_path_factory, hf_spm_models) -> Path:
+    """A Marian folder with one shared vocabulary (<pad> last, as OPUS-MT's) and swish."""
+    out = tmp_path_factory.mktemp("hf-marian") / "opus-mt-tiny"
+    return hf_marian_folder(out, hf_spm_models["de"], hf_spm_models["en"], "swish", separate=False, seed=1)
+
+
+@pytest.fixture(scope="session")
+def hf_marian_separate_dir(tmp_path_factory, hf_spm_models) -> Path:
+    """A Marian folder with separate source and target vocabularies and GELU."""
+    out = tmp_path_factory.mktemp("hf-marian-sep") / "opus-mt-tiny-sep"
+    return hf_marian_folder(out, hf_spm_models["de"], hf_spm_models["en"], "gelu", separate=True, seed=2)
+
+
+@pytest.fixture(scope="session")
+def hf_m2m100_dir(tmp_path_factory, hf_spm_models) -> Path:
+    """An M2M100 folder (8 languages, `wmt21` codes) with ReLU."""
+    out = tmp_path_factory.mktemp("hf-m2m100") / "m2m100-tiny"
+    return hf_m2m100_folder(out, hf_spm_models["joint"], "relu", seed=3)

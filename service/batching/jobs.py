@@ -20,7 +20,11 @@ class Sentence:
     src_ids: list[int]
     beam: int
     length_penalty: float
-    max_len: int  # tokens it may emit, </s> included
+    max_len: int  # tokens it may emit, </s> and target_prefix included
+    # A multilingual model's target language token, forced as the first generated token and left
+    # out of the result; min_len: tokens the output has at least before </s> (the prefix not counted).
+    target_prefix: list[int] = field(default_factory=list)
+    min_len: int = 0
     want_alignment: bool = False
     want_scores: bool = True  # False: greedy search may skip the log-probabilities (score None)
     deadline: float | None = None  # time.monotonic() after which it is dropped if still queued
@@ -42,7 +46,7 @@ class EncodeJob:
     future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
 
 
-def settle(future: concurrent.futures.Future, result=None, error: BaseException | None = None) -> None:
+def settle(future: concurrent.futures.Future, result: Any = None, error: BaseException | None = None) -> None:
     """Resolve a future unless its caller gave up on it already."""
     if future.done():
         return

@@ -29,6 +29,8 @@ import concurrent.futures
 import logging
 import threading
 import time
+from collections.abc import Hashable, Sequence
+from typing import TypeAlias
 
 import numpy as np
 
@@ -36,18 +38,23 @@ from service import tracing
 from service.batching.jobs import EncodeJob, Sentence, settle
 from service.batching.queue import SentenceQueue
 from service.decoding.generator import DecodeBatch, Finished
+from service.decoding.model import DecoderModel
 from service.errors import Internal, ResourceExhausted, Unavailable
 from service.metrics import ModelMetrics
 from service.settings import Settings
 
 log = logging.getLogger("mtserve.scheduler")
 
+# A worker's running batches by decoding mode (beam width, length penalty), each with its
+# sentences by key (those not answered yet).
+Mode: TypeAlias = tuple[int, float]
+Batches: TypeAlias = dict[Mode, tuple[DecodeBatch, dict[Hashable, Sentence]]]
+
 
 class Scheduler(SentenceQueue):
-    def __init__(self, models: list, settings: Settings, metrics: ModelMetrics, max_len_a: float, max_len_b: int):
+    def __init__(self, models: Sequence[DecoderModel], settings: Settings, metrics: ModelMetrics):
         super().__init__(settings, metrics)
         self.models = models  # one OnnxSeq2Seq per worker
-        self.max_len_a, self.max_len_b = max_len_a, max_len_b
         self._encode_queue: list[EncodeJob] = []
         self._busy_rows = 0  # rows in running batches, all workers
         self._busy_encodes = 0  # encode jobs taken off the queue and not yet answered
@@ -123,8 +130,8 @@ class Scheduler(SentenceQueue):
             or time.monotonic() - self._queue[0].enqueued >= self.settings.admit_delay_s
         )
 
-    def _worker(self, model) -> None:
-        batches: dict[tuple[int, float], tuple[DecodeBatch, dict[int, Sentence]]] = {}
+    def _worker(self, model: DecoderModel) -> None:
+        batches: Batches = {}
         while True:
             with self._cond:
                 while not batches and not self._queue and not self._encode_queue and not self._stopping:
@@ -161,8 +168,8 @@ class Scheduler(SentenceQueue):
             for mode in list(batches):
                 self._step(model, batches, mode)
 
-    def _join(self, model, batches, admitted: list[Sentence]) -> None:
-        by_mode: dict[tuple[int, float], list[Sentence]] = {}
+    def _join(self, model: DecoderModel, batches: Batches, admitted: list[Sentence]) -> None:
+        by_mode: dict[Mode, list[Sentence]] = {}
         for s in admitted:
             by_mode.setdefault(s.mode, []).append(s)
         for (beam, lp), group in by_mode.items():
@@ -174,9 +181,9 @@ class Scheduler(SentenceQueue):
                     [s.key for s in group],
                     beam=beam,
                     length_penalty=lp,
-                    max_len_a=self.max_len_a,
-                    max_len_b=self.max_len_b,
                     max_lens=[s.max_len for s in group],
+                    min_lens=[s.min_len for s in group],
+                    target_prefixes=[s.target_prefix for s in group],
                     want_alignment=any(s.want_alignment for s in group),
                     want_scores=[s.want_scores for s in group],
                 )
@@ -197,11 +204,36 @@ class Scheduler(SentenceQueue):
             if tracing.tracer is not None:
                 tracing.joined(batches[(beam, lp)][1], group, t0, t0 + encoder_s)
 
-    def _step(self, model, batches, mode) -> None:
+    def _step(self, model: DecoderModel, batches: Batches, mode: Mode) -> None:
+        """One decoder step of the batch of `mode`: answer the sentences that finished, stream
+        greedy tokens, let cancelled sentences go, and compact or end the batch."""
         batch, members = batches[mode]
+        finished = self._decode(model, batch, members)
+        if finished is None:
+            del batches[mode]
+            return
+        answered = self._answer(finished, members)
+        if mode[0] == 1:
+            self._stream(batch, members)
+        gone = self._drop_cancelled(members)
+        if answered or gone:
+            with self._cond:
+                self._busy_rows -= mode[0] * (answered + gone)
+        if not members:
+            if tracing.tracer is not None:
+                tracing.batch_ended(members)
+            del batches[mode]
+        elif batch.n_sentences - len(members) >= self.settings.compact_fraction * batch.n_sentences:
+            batch.filter(list(members))
+
+    def _decode(
+        self, model: DecoderModel, batch: DecodeBatch, members: dict[Hashable, Sentence]
+    ) -> list[Finished] | None:
+        """Run the batch's decoder step and record it: the sentences that finished at it, or None
+        when the step failed (its sentences are failed then)."""
         try:
             t0 = time.perf_counter()
-            finished: list[Finished] = batch.step(model)
+            finished = batch.step(model)
             self.metrics.decoder_step_latency.observe(time.perf_counter() - t0)
             self.metrics.batch_rows.observe(len(batch))
             self.metrics.padding_ratio.observe(batch.padding_ratio)
@@ -213,8 +245,11 @@ class Scheduler(SentenceQueue):
             self._fail(list(members.values()), exc)
             if tracing.tracer is not None:
                 tracing.batch_ended(members, exc)
-            del batches[mode]
-            return
+            return None
+        return finished
+
+    def _answer(self, finished: list[Finished], members: dict[Hashable, Sentence]) -> int:
+        """Settle the futures of the sentences that finished; how many were still waiting."""
         answered = 0
         for f in finished:
             s = members.pop(f.key, None)
@@ -223,24 +258,23 @@ class Scheduler(SentenceQueue):
                 self.metrics.sentences.labels("ok").inc()
                 self.metrics.generated_tokens.inc(len(f.tokens) + 1)
                 settle(s.future, result=f)
-        if mode[0] == 1:
-            for key, tokens in batch.last_tokens().items():
-                s = members.get(key)
-                if s is not None and s.on_tokens is not None and not s.future.done():
-                    s.on_tokens(tokens)
+        return answered
+
+    @staticmethod
+    def _stream(batch: DecodeBatch, members: dict[Hashable, Sentence]) -> None:
+        """Greedy batches: each streaming sentence's token of this step to its callback."""
+        for key, tokens in batch.last_tokens().items():
+            s = members.get(key)
+            if s is not None and s.on_tokens is not None and not s.future.done():
+                s.on_tokens(tokens)
+
+    def _drop_cancelled(self, members: dict[Hashable, Sentence]) -> int:
+        """Forget the sentences whose callers cancelled; how many."""
         gone = [k for k, s in members.items() if s.future.cancelled()]
         for k in gone:
             self.metrics.sentences.labels("cancelled").inc()
             del members[k]
-        if answered or gone:
-            with self._cond:
-                self._busy_rows -= mode[0] * (answered + len(gone))
-        if not members:
-            if tracing.tracer is not None:
-                tracing.batch_ended(members)
-            del batches[mode]
-        elif batch.n_sentences - len(members) >= self.settings.compact_fraction * batch.n_sentences:
-            batch.filter(list(members))
+        return len(gone)
 
     def _fail(self, sentences: list[Sentence], exc: BaseException) -> None:
         for s in sentences:
@@ -249,7 +283,7 @@ class Scheduler(SentenceQueue):
         with self._cond:
             self._busy_rows -= sum(s.beam for s in sentences)
 
-    def _run_encode(self, model, jobs: list[EncodeJob]) -> None:
+    def _run_encode(self, model: DecoderModel, jobs: list[EncodeJob]) -> None:
         live = [j for j in jobs if not j.future.cancelled()]
         if not live:
             return

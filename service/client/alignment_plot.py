@@ -8,10 +8,15 @@ import re
 import unicodedata
 from functools import lru_cache
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+from service.api.mtserve.v1 import translation_pb2 as pb
 from service.client.client import alignment_matrix
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 DPI = 150
 CONTINUATION = "·"  # marks a subword piece that continues the previous token's word
@@ -61,7 +66,9 @@ def figure_size(n_source: int, n_target: int) -> tuple[float, float]:
     return max(4.0, 0.45 * n_source + 2.2), max(3.0, 0.45 * n_target + 1.8)
 
 
-def alignment_figure(source_tokens: list[str], target_tokens: list[str], weights: np.ndarray, title: str | None = None):
+def alignment_figure(
+    source_tokens: list[str], target_tokens: list[str], weights: np.ndarray, title: str | None = None
+) -> Figure:
     """A matplotlib Figure (no pyplot, so no GUI backend or global state): rows are target tokens,
     columns source tokens, darker = more attention."""
     try:
@@ -91,7 +98,7 @@ def alignment_figure(source_tokens: list[str], target_tokens: list[str], weights
     return fig
 
 
-def save_alignment(translation, path: str | Path, source_text: str | None = None):
+def save_alignment(translation: pb.Translation, path: str | Path, source_text: str | None = None) -> Figure:
     """Draw an mtserve.v1 Translation's alignment (requested with return_alignment) into `path`
     (format from its suffix: .png, .svg, .pdf); returns the Figure."""
     a = translation.alignment

@@ -9,9 +9,11 @@ import os
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import TypedDict
 
 import grpc
 
+from service.api.mtserve.v1 import translation_pb2 as pb
 from service.client import DEFAULT_SERVER, Client, to_json
 from service.client.alignment_plot import save_alignment
 
@@ -69,6 +71,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=int, default=16, help="lines per request with --input")
     p.add_argument("--beam", type=int, default=0, help="beam size (0 = server default)")
     p.add_argument("--max-output-tokens", type=int, default=0)
+    p.add_argument(
+        "--min-output-tokens", type=int, default=0, help="at least this many tokens before </s> (0 = no minimum)"
+    )
+    p.add_argument(
+        "--source-language", default="", help="language of the texts (with --target-language, picks the model)"
+    )
+    p.add_argument("--target-language", default="", help="language to translate into (required by multilingual models)")
     p.add_argument("--stream", action="store_true", help="print tokens as they are decoded")
     p.add_argument("--json", action="store_true", help="print each result as JSON (scores, tokens)")
     p.add_argument(
@@ -99,21 +108,38 @@ def run(args: argparse.Namespace) -> None:
         _fail(e)
 
 
-def _translate_texts(client: Client, args) -> None:
+class _RequestFields(TypedDict):
+    model: str
+    source_language: str
+    target_language: str
+    beam_size: int
+    max_output_tokens: int
+    min_output_tokens: int
+
+
+def _request_fields(args: argparse.Namespace) -> _RequestFields:
+    """The model, languages and options every translate request of the command carries."""
+    return _RequestFields(
+        model=args.model,
+        source_language=args.source_language,
+        target_language=args.target_language,
+        beam_size=args.beam,
+        max_output_tokens=args.max_output_tokens,
+        min_output_tokens=args.min_output_tokens,
+    )
+
+
+def _translate_texts(client: Client, args: argparse.Namespace) -> None:
     if args.stream:
         for text in args.texts:
-            for msg in client.translate_stream(
-                text, model=args.model, beam_size=args.beam, max_output_tokens=args.max_output_tokens
-            ):
+            for msg in client.translate_stream(text, **_request_fields(args)):
                 if msg.HasField("chunk"):
                     print(msg.chunk.text, end="", flush=True)
             print()
         return
     results = client.translate(
         args.texts,
-        model=args.model,
-        beam_size=args.beam,
-        max_output_tokens=args.max_output_tokens,
+        **_request_fields(args),
         return_scores=args.json,
         return_tokens=args.json,
         return_alignment=bool(args.alignment),
@@ -124,7 +150,7 @@ def _translate_texts(client: Client, args) -> None:
         _draw_alignments(args.alignment, args.texts, results)
 
 
-def _draw_alignments(picture: str, texts: list[str], results) -> None:
+def _draw_alignments(picture: str, texts: list[str], results: list[pb.Translation]) -> None:
     path = Path(picture)
     for i, (text, r) in enumerate(zip(texts, results), start=1):
         out = path if len(texts) == 1 else path.with_name(f"{path.stem}-{i}{path.suffix}")
@@ -132,7 +158,7 @@ def _draw_alignments(picture: str, texts: list[str], results) -> None:
         print(f"alignment: {out}", file=sys.stderr)
 
 
-def _translate_file(client: Client, args) -> None:
+def _translate_file(client: Client, args: argparse.Namespace) -> None:
     from tqdm import tqdm
 
     src = sys.stdin if args.input == "-" else open(args.input, encoding="utf-8")
@@ -147,12 +173,7 @@ def _translate_file(client: Client, args) -> None:
         if keep:
             for i, r in zip(
                 keep,
-                client.translate(
-                    [chunk[i] for i in keep],
-                    model=args.model,
-                    beam_size=args.beam,
-                    max_output_tokens=args.max_output_tokens,
-                ),
+                client.translate([chunk[i] for i in keep], **_request_fields(args)),
             ):
                 out[i] = r.text
         return out

@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
+from typing import TypedDict, Unpack
 
 import grpc
 import numpy as np
@@ -61,17 +62,31 @@ def channel_target(target: str | Sequence[str]) -> str:
     return f"{scheme}:{','.join(hosts)}"
 
 
+class OptionFields(TypedDict, total=False):
+    """The keyword arguments of `options`, which the translate methods pass on."""
+
+    beam_size: int
+    max_output_tokens: int
+    length_penalty: float | None
+    return_scores: bool
+    return_tokens: bool
+    return_alignment: bool
+    min_output_tokens: int
+
+
 def options(
-    beam_size=0,
-    max_output_tokens=0,
-    length_penalty=None,
-    return_scores=False,
-    return_tokens=False,
-    return_alignment=False,
+    beam_size: int = 0,
+    max_output_tokens: int = 0,
+    length_penalty: float | None = None,
+    return_scores: bool = False,
+    return_tokens: bool = False,
+    return_alignment: bool = False,
+    min_output_tokens: int = 0,
 ) -> pb.TranslationOptions:
     opts = pb.TranslationOptions(
         beam_size=beam_size,
         max_output_tokens=max_output_tokens,
+        min_output_tokens=min_output_tokens,
         return_scores=return_scores,
         return_tokens=return_tokens,
         return_alignment=return_alignment,
@@ -89,7 +104,7 @@ def tls_credentials(
     if (client_cert is None) != (client_key is None):
         raise ValueError("client_cert and client_key go together")
 
-    def read(p):
+    def read(p: str | Path | None) -> bytes | None:
         return None if p is None else Path(p).read_bytes()
 
     return grpc.ssl_channel_credentials(
@@ -133,7 +148,7 @@ class Client:
     def __enter__(self) -> Client:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def close(self) -> None:
@@ -142,18 +157,52 @@ class Client:
     def wait_ready(self, timeout: float = 30.0) -> None:
         grpc.channel_ready_future(self.channel).result(timeout=timeout)
 
-    def translate(self, texts: Sequence[str], model: str = "", **opts) -> list[pb.Translation]:
+    def translate(
+        self,
+        texts: Sequence[str],
+        model: str = "",
+        source_language: str = "",
+        target_language: str = "",
+        **opts: Unpack[OptionFields],
+    ) -> list[pb.Translation]:
         """`model`: "NAME", "NAME:VERSION", or empty for the server's default model (the response's
-        `model`, the version that answered, is in `translate_response`)."""
-        return list(self.translate_response(texts, model, **opts).translations)
+        `model`, the version that answered, is in `translate_response`); the languages pick the
+        model when `model` is empty, and a multilingual model needs target_language."""
+        return list(self.translate_response(texts, model, source_language, target_language, **opts).translations)
 
-    def translate_response(self, texts: Sequence[str], model: str = "", **opts) -> pb.TranslateResponse:
+    def translate_response(
+        self,
+        texts: Sequence[str],
+        model: str = "",
+        source_language: str = "",
+        target_language: str = "",
+        **opts: Unpack[OptionFields],
+    ) -> pb.TranslateResponse:
         """Translate, answered with the whole response: its translations and its `model`."""
-        req = pb.TranslateRequest(texts=list(texts), options=options(**opts), model=model)
+        req = pb.TranslateRequest(
+            texts=list(texts),
+            options=options(**opts),
+            model=model,
+            source_language=source_language,
+            target_language=target_language,
+        )
         return self.stub.Translate(req, timeout=self.timeout, metadata=self.metadata)
 
-    def translate_stream(self, text: str, model: str = "", **opts) -> Iterator[pb.TranslateStreamResponse]:
-        req = pb.TranslateStreamRequest(text=text, options=options(**opts), model=model)
+    def translate_stream(
+        self,
+        text: str,
+        model: str = "",
+        source_language: str = "",
+        target_language: str = "",
+        **opts: Unpack[OptionFields],
+    ) -> Iterator[pb.TranslateStreamResponse]:
+        req = pb.TranslateStreamRequest(
+            text=text,
+            options=options(**opts),
+            model=model,
+            source_language=source_language,
+            target_language=target_language,
+        )
         return self.stub.TranslateStream(req, timeout=self.timeout, metadata=self.metadata)
 
     def translate_many(self, requests: Iterable[pb.TranslateManyRequest]) -> Iterator[pb.TranslateManyResponse]:
@@ -161,14 +210,29 @@ class Client:
         completion order, one per request id. No stream deadline: give each item `timeout_ms`."""
         return self.stub.TranslateMany(iter(requests), metadata=self.metadata)
 
-    def translate_all(self, texts: Sequence[str], model: str = "", **opts) -> list[pb.Translation]:
+    def translate_all(
+        self,
+        texts: Sequence[str],
+        model: str = "",
+        source_language: str = "",
+        target_language: str = "",
+        **opts: Unpack[OptionFields],
+    ) -> list[pb.Translation]:
         """Each text as its own TranslateMany item over one stream, each with the client's timeout;
         the translations in input order. A failed item raises ItemFailed (the rest still finish)."""
         o = options(**opts)
         timeout_ms = int(self.timeout * 1000) if self.timeout else 0
         reqs = (
             pb.TranslateManyRequest(
-                id=str(i), request=pb.TranslateRequest(texts=[t], options=o, model=model), timeout_ms=timeout_ms
+                id=str(i),
+                request=pb.TranslateRequest(
+                    texts=[t],
+                    options=o,
+                    model=model,
+                    source_language=source_language,
+                    target_language=target_language,
+                ),
+                timeout_ms=timeout_ms,
             )
             for i, t in enumerate(texts)
         )
@@ -187,8 +251,15 @@ class Client:
             raise ItemFailed(out.index(None), None, "the server sent no answer for this text")
         return translations
 
-    def encode(self, texts: Sequence[str], return_token_embeddings: bool = False, model: str = "") -> list[dict]:
-        req = pb.EncodeRequest(texts=list(texts), return_token_embeddings=return_token_embeddings, model=model)
+    def encode(
+        self, texts: Sequence[str], return_token_embeddings: bool = False, model: str = "", source_language: str = ""
+    ) -> list[dict]:
+        req = pb.EncodeRequest(
+            texts=list(texts),
+            return_token_embeddings=return_token_embeddings,
+            model=model,
+            source_language=source_language,
+        )
         out = []
         for e in self.stub.Encode(req, timeout=self.timeout, metadata=self.metadata).encodings:
             item = {"pooled": np.asarray(e.pooled, dtype=np.float32), "tokens": list(e.tokens)}

@@ -24,6 +24,27 @@ from typing import NamedTuple, Self
 
 import numpy as np
 
+from contract.graphs import (
+    BEAM_WIDTH,
+    CACHE_INDIRECTION,
+    CROSS_ATTENTION,
+    EOS_LOG_PROB,
+    PAST_SEQUENCE_LENGTH,
+    POSITIONS,
+    SELF_MASK,
+    SRC_MASK,
+    TOKENS,
+    TOP_IDS,
+    TOP_K,
+    TOP_LOG_PROBS,
+    cache_key,
+    cache_value,
+    cross_key,
+    cross_value,
+    present_key,
+    present_value,
+)
+from service.decoding.model import DecoderModel
 from service.runtime.onnx_model import BoundStep
 
 
@@ -34,6 +55,10 @@ class StepResult(NamedTuple):
     top_ids: np.ndarray  # (R, k) int64, their token ids
     eos_log_prob: np.ndarray | None  # (R,) log p(</s>), for rows forced to end
     cross_attention: np.ndarray  # (R, S) the last layer's cross-attention, averaged over heads
+
+
+# The graph outputs behind `StepResult`'s fields, in their order.
+_STEP_RESULT_OUTPUTS = (TOP_LOG_PROBS, TOP_IDS, EOS_LOG_PROB, CROSS_ATTENTION)
 
 
 def _repeated(out: StepResult, K: int) -> StepResult:
@@ -68,13 +93,32 @@ class RowCache(ABC):
         each row's own history in order, and which of the P entries are the row's own (R, P) bool."""
 
     @abstractmethod
-    def step(self, model, tokens, positions, cross_k, cross_v, src_mask, top_k: int, scored: bool = True) -> StepResult:
+    def step(
+        self,
+        model: DecoderModel,
+        tokens: np.ndarray,
+        positions: np.ndarray,
+        cross_k: list[np.ndarray],
+        cross_v: list[np.ndarray],
+        src_mask: np.ndarray,
+        top_k: int,
+        scored: bool = True,
+    ) -> StepResult:
         """Run the decoder once for every row; `advance` must follow. `scored=False` (greedy
         search, top_k 1, nobody asking for scores) lets the step skip the log-probabilities where
         the model has a step without them: top_log_probs and eos_log_prob are then None."""
 
     @abstractmethod
-    def first_step(self, model, tokens, positions, cross_k, cross_v, src_mask, top_k: int) -> StepResult:
+    def first_step(
+        self,
+        model: DecoderModel,
+        tokens: np.ndarray,
+        positions: np.ndarray,
+        cross_k: list[np.ndarray],
+        cross_v: list[np.ndarray],
+        src_mask: np.ndarray,
+        top_k: int,
+    ) -> StepResult:
         """`step` for a batch that has not decoded yet, with beams: a sentence's beams are identical
         then (only the first is live), so the decoder runs one row per sentence and its results are
         repeated over the beams; the first beam's entries are kept. `advance` must follow."""
@@ -93,7 +137,7 @@ class RowCache(ABC):
         """The rows of `caches` one after the other."""
 
 
-def new_cache(model, rows: int, beam: int, capacity: int) -> RowCache:
+def new_cache(model: DecoderModel, rows: int, beam: int, capacity: int) -> RowCache:
     """An empty cache for the graph `model` runs (`model.graph`): room for `capacity` steps."""
     cls = InPlaceCache if model.graph == "fused" else ConcatCache
     return cls.empty(model, rows, beam, capacity)
@@ -107,7 +151,7 @@ class ConcatCache(RowCache):
         self._present: tuple[list[np.ndarray], list[np.ndarray]] | None = None
 
     @classmethod
-    def empty(cls, model, rows: int, beam: int, capacity: int) -> ConcatCache:
+    def empty(cls, model: DecoderModel, rows: int, beam: int, capacity: int) -> ConcatCache:
         return cls(*model.empty_past(rows))
 
     @property
@@ -120,12 +164,31 @@ class ConcatCache(RowCache):
     def entries(self) -> tuple[list[np.ndarray], list[np.ndarray], np.ndarray]:
         return self.past_k, self.past_v, self.past_mask > 0
 
-    def step(self, model, tokens, positions, cross_k, cross_v, src_mask, top_k: int, scored: bool = True) -> StepResult:
+    def step(
+        self,
+        model: DecoderModel,
+        tokens: np.ndarray,
+        positions: np.ndarray,
+        cross_k: list[np.ndarray],
+        cross_v: list[np.ndarray],
+        src_mask: np.ndarray,
+        top_k: int,
+        scored: bool = True,
+    ) -> StepResult:
         out = model.step(tokens, positions, self.past_k, self.past_v, self.past_mask, cross_k, cross_v, src_mask, top_k)
         self._present = (out.present_k, out.present_v)
         return StepResult(out.top_log_probs, out.top_ids, out.eos_log_prob, out.cross_attention)
 
-    def first_step(self, model, tokens, positions, cross_k, cross_v, src_mask, top_k: int) -> StepResult:
+    def first_step(
+        self,
+        model: DecoderModel,
+        tokens: np.ndarray,
+        positions: np.ndarray,
+        cross_k: list[np.ndarray],
+        cross_v: list[np.ndarray],
+        src_mask: np.ndarray,
+        top_k: int,
+    ) -> StepResult:
         K = len(self) // len(src_mask)
         assert self.past_len == 0, "the first step is a batch's first"
         pk, pv, pm = model.empty_past(len(src_mask))
@@ -219,25 +282,36 @@ def stack_padded(arrays: Sequence[np.ndarray], axis_len: int) -> np.ndarray:
     return out
 
 
-def _fused_inputs(tokens, positions, mask, indirection, keys, values, cross_k, cross_v, src_mask, top_k: int | None):
+def _fused_inputs(
+    tokens: np.ndarray,
+    positions: np.ndarray,
+    mask: np.ndarray,
+    indirection: np.ndarray,
+    keys: list[np.ndarray],
+    values: list[np.ndarray],
+    cross_k: list[np.ndarray],
+    cross_v: list[np.ndarray],
+    src_mask: np.ndarray,
+    top_k: int | None,
+) -> dict[str, np.ndarray]:
     """The fused step's inputs (`contract.graphs.fused_decoder_io`) at slot 0; the caller writes the
     step's slot into `past_sequence_length` when it runs later steps on the same arrays. top_k None:
     the unscored step's inputs, which have none."""
     ins: dict[str, np.ndarray] = {
-        "tokens": tokens,
-        "positions": positions,
-        "past_sequence_length": np.zeros(1, dtype=np.int32),
-        "self_mask": mask,
-        "src_mask": np.ascontiguousarray(src_mask, dtype=np.int32),
-        "beam_width": np.array([indirection.shape[1]], dtype=np.int32),
-        "cache_indirection": indirection,
+        TOKENS: tokens,
+        POSITIONS: positions,
+        PAST_SEQUENCE_LENGTH: np.zeros(1, dtype=np.int32),
+        SELF_MASK: mask,
+        SRC_MASK: np.ascontiguousarray(src_mask, dtype=np.int32),
+        BEAM_WIDTH: np.array([indirection.shape[1]], dtype=np.int32),
+        CACHE_INDIRECTION: indirection,
     }
     if top_k is not None:
-        ins["top_k"] = np.array([top_k], dtype=np.int64)
+        ins[TOP_K] = np.array([top_k], dtype=np.int64)
     for i, (k, v) in enumerate(zip(keys, values)):
-        ins[f"cache_key_{i}"], ins[f"cache_value_{i}"] = k, v
-        ins[f"cross_key_{i}"] = np.ascontiguousarray(cross_k[i], dtype=np.float32)
-        ins[f"cross_value_{i}"] = np.ascontiguousarray(cross_v[i], dtype=np.float32)
+        ins[cache_key(i)], ins[cache_value(i)] = k, v
+        ins[cross_key(i)] = np.ascontiguousarray(cross_k[i], dtype=np.float32)
+        ins[cross_value(i)] = np.ascontiguousarray(cross_v[i], dtype=np.float32)
     return ins
 
 
@@ -255,7 +329,7 @@ class InPlaceCache(RowCache):
         self._outputs: dict[str, np.ndarray] = {}
 
     @classmethod
-    def empty(cls, model, rows: int, beam: int, capacity: int) -> InPlaceCache:
+    def empty(cls, model: DecoderModel, rows: int, beam: int, capacity: int) -> InPlaceCache:
         # Not zeroed: rows that start together write every slot before any step reads it (the
         # kernel reads slots up to P only, and a beam's slot through the indirection, which names
         # only written rows); zeroing them costs 1.5 ms a batch of 32 x 4 beams.
@@ -284,7 +358,17 @@ class InPlaceCache(RowCache):
     def beam(self) -> int:
         return int(self.indirection.shape[1])
 
-    def step(self, model, tokens, positions, cross_k, cross_v, src_mask, top_k: int, scored: bool = True) -> StepResult:
+    def step(
+        self,
+        model: DecoderModel,
+        tokens: np.ndarray,
+        positions: np.ndarray,
+        cross_k: list[np.ndarray],
+        cross_v: list[np.ndarray],
+        src_mask: np.ndarray,
+        top_k: int,
+        scored: bool = True,
+    ) -> StepResult:
         if self.P >= self.capacity:
             self._grow(max(2 * self.capacity, self.P + 1))
         scored = scored or not model.unscored_steps
@@ -297,21 +381,30 @@ class InPlaceCache(RowCache):
         ):
             bound = self._bind(model, cross_k, cross_v, src_mask, top_k, scored)
         ins = self._inputs
-        ins["tokens"][:, 0] = tokens
-        ins["positions"][:, 0] = positions
-        ins["past_sequence_length"][0] = self.P
+        ins[TOKENS][:, 0] = tokens
+        ins[POSITIONS][:, 0] = positions
+        ins[PAST_SEQUENCE_LENGTH][0] = self.P
         self.mask[:, self.P] = 1
         bound.run()
         out = self._outputs
         # The output buffers are the next step's too: the search keeps what it needs as copies.
         return StepResult(
-            out["top_log_probs"].copy() if scored else None,
-            out["top_ids"].copy(),
-            out["eos_log_prob"].copy() if scored else None,
-            out["cross_attention"].copy(),
+            out[TOP_LOG_PROBS].copy() if scored else None,
+            out[TOP_IDS].copy(),
+            out[EOS_LOG_PROB].copy() if scored else None,
+            out[CROSS_ATTENTION].copy(),
         )
 
-    def first_step(self, model, tokens, positions, cross_k, cross_v, src_mask, top_k: int) -> StepResult:
+    def first_step(
+        self,
+        model: DecoderModel,
+        tokens: np.ndarray,
+        positions: np.ndarray,
+        cross_k: list[np.ndarray],
+        cross_v: list[np.ndarray],
+        src_mask: np.ndarray,
+        top_k: int,
+    ) -> StepResult:
         K = self.beam
         assert self.P == 0, "the first step is a batch's first"
         # The first beams alone, in a cache of one slot; their entries go to slot 0 of their rows,
@@ -321,15 +414,23 @@ class InPlaceCache(RowCache):
         tokens, positions = np.ascontiguousarray(tokens[::K, None]), np.ascontiguousarray(positions[::K, None])
         one_slot, one_beam = np.ones((n, 1), dtype=np.int32), np.zeros((n, 1, 1), dtype=np.int32)
         feeds = _fused_inputs(tokens, positions, one_slot, one_beam, empty, empty, cross_k, cross_v, src_mask, top_k)
-        present = [f"present_{kv}_{i}" for i in range(L) for kv in ("key", "value")]
-        out = model.run_fused(feeds, [*StepResult._fields, *present])
+        present = [name for i in range(L) for name in (present_key(i), present_value(i))]
+        out = model.run_fused(feeds, [*_STEP_RESULT_OUTPUTS, *present])
         for i in range(L):
             self.k[i][::K, :, 0] = out[4 + 2 * i][:, :, 0]
             self.v[i][::K, :, 0] = out[5 + 2 * i][:, :, 0]
         self.mask[:, 0] = 1
         return _repeated(StepResult(*out[:4]), K)
 
-    def _bind(self, model, cross_k, cross_v, src_mask, top_k: int, scored: bool) -> BoundStep:
+    def _bind(
+        self,
+        model: DecoderModel,
+        cross_k: list[np.ndarray],
+        cross_v: list[np.ndarray],
+        src_mask: np.ndarray,
+        top_k: int,
+        scored: bool,
+    ) -> BoundStep:
         R = len(self.mask)
         tokens, positions = np.zeros((R, 1), dtype=np.int64), np.zeros((R, 1), dtype=np.int64)
         ins = _fused_inputs(
@@ -345,14 +446,14 @@ class InPlaceCache(RowCache):
             top_k if scored else None,
         )
         outs: dict[str, np.ndarray] = {
-            "top_ids": np.empty((R, top_k), dtype=np.int64),
-            "cross_attention": np.empty((R, src_mask.shape[1]), dtype=np.float32),
+            TOP_IDS: np.empty((R, top_k), dtype=np.int64),
+            CROSS_ATTENTION: np.empty((R, src_mask.shape[1]), dtype=np.float32),
         }
         if scored:
-            outs["top_log_probs"] = np.empty((R, top_k), dtype=np.float32)
-            outs["eos_log_prob"] = np.empty(R, dtype=np.float32)
+            outs[TOP_LOG_PROBS] = np.empty((R, top_k), dtype=np.float32)
+            outs[EOS_LOG_PROB] = np.empty(R, dtype=np.float32)
         for i in range(len(self.k)):
-            outs[f"present_key_{i}"], outs[f"present_value_{i}"] = self.k[i], self.v[i]  # the inputs' buffers
+            outs[present_key(i)], outs[present_value(i)] = self.k[i], self.v[i]  # the inputs' buffers
         self._inputs, self._outputs = ins, outs
         self._bound, self._bound_for = model.bind_step(ins, outs, scored), (cross_k[0], top_k, scored)
         return self._bound
@@ -411,7 +512,13 @@ class InPlaceCache(RowCache):
         return cls._packed(caches, every, [np.arange(c.P) for c in caches], capacity)
 
     @classmethod
-    def _packed(cls, caches, rows_of, slots_of, capacity: int) -> InPlaceCache:
+    def _packed(
+        cls,
+        caches: Sequence[InPlaceCache],
+        rows_of: Sequence[np.ndarray],
+        slots_of: Sequence[np.ndarray],
+        capacity: int,
+    ) -> InPlaceCache:
         """The `rows_of` each cache at its `slots_of` (the same slots for all its rows) in new
         buffers of `capacity` slots, one cache after the other, each from slot 0."""
         first = caches[0]

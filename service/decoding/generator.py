@@ -1,7 +1,13 @@
 """Greedy and beam search over the ONNX graphs, in numpy, built for continuous batching.
 
 It reproduces exactly the semantics of the PyTorch reference (export/generate.py):
-- the source is `ids + [</s>]`; decoding starts from `<s>` at position 0;
+- the source is `ids + [</s>]` (a multilingual model's source language token first); decoding
+  starts from the model's decoder start token (`<s>` for mtserve's own models) at position 0;
+- a sentence's target prefix (a multilingual model's target language token) is forced as its
+  first generated tokens, at log-probability 0: it counts as emitted (for max_len and the length
+  penalty) and is left out of its output;
+- a sentence's `min_len`: </s> cannot be chosen before that many output tokens (greedy takes the
+  best other token, beam search drops the </s> candidates);
 - a sentence may emit at most `max_len = min(floor(a * src_len + b), max_positions - 1)` tokens,
   the final `</s>` included; at its last allowed step `</s>` is forced;
 - beam search ranks finished hypotheses by `sum(log p) / len ** length_penalty` (`len` counts
@@ -30,13 +36,14 @@ Nothing here imports torch.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal, TypeAlias
 
 import numpy as np
 
 from service.decoding.cache import ConcatCache, RowCache, StepResult, fill_order, new_cache, row_moves, stack_padded
+from service.decoding.model import DecoderModel
 
 NEG_INF = float("-inf")
 # The encoder runs over a batch's sources in length-sorted chunks, each padded only to its own longest
@@ -135,7 +142,10 @@ def encoder_chunks(
 
 
 def encode_sources(
-    model, src_ids_lists: Sequence[Sequence[int]], chunk: int = ENCODE_CHUNK, pad_tokens: int = ENCODE_PAD_TOKENS
+    model: DecoderModel,
+    src_ids_lists: Sequence[Sequence[int]],
+    chunk: int = ENCODE_CHUNK,
+    pad_tokens: int = ENCODE_PAD_TOKENS,
 ) -> tuple[np.ndarray, np.ndarray, list[np.ndarray], list[np.ndarray]]:
     """Run the encoder over sources of any lengths -> lens (n,), src_mask (n, S) int64 and per
     decoder layer the cross-attention keys and values (n, H, S, d_k), S the longest source, rows in
@@ -236,7 +246,7 @@ def _out_width(beam: int, max_len: np.ndarray) -> int:
     return int(max_len.max()) if beam == 1 and len(max_len) else 0
 
 
-def _as_list(value, n: int, name: str) -> list:
+def _as_list(value: Any, n: int, name: str) -> list[Any]:
     if isinstance(value, (list, tuple, np.ndarray)):
         if len(value) != n:
             raise ValueError(f"{name}: {len(value)} values for {n} sentences")
@@ -272,6 +282,11 @@ class DecodeBatch:
     # Per decoder layer the cross-attention keys and values (n, H, S, d_k), once for all beams.
     cross_k: list[np.ndarray] = _per("sentence", list, padded="source", layers=True)
     cross_v: list[np.ndarray] = _per("sentence", list, padded="source", layers=True)
+    # The tokens forced first on each sentence's output (left out of it), and the position from
+    # which it may end: its min_len plus its prefix's length.
+    target_prefix: list[list[int]] = _per("sentence", list)
+    prefix_len: np.ndarray = _per("sentence", _zeros(0, dtype=np.int64))
+    eos_from: np.ndarray = _per("sentence", _zeros(0, dtype=np.int64))
     # Greedy only: the token each sentence emitted at the last step, by key (`last_tokens`).
     last_emitted: dict[Hashable, list[int]] = _per("sentence", dict)
 
@@ -294,7 +309,7 @@ class DecodeBatch:
     @classmethod
     def from_sources(
         cls,
-        model,
+        model: DecoderModel,
         src_ids_lists: Sequence[Sequence[int]],
         keys: Sequence[Hashable],
         beam: int = 1,
@@ -304,10 +319,13 @@ class DecodeBatch:
         want_alignment: bool | Sequence[bool] = False,
         max_lens: Sequence[int] | None = None,
         want_scores: bool | Sequence[bool] = True,
+        min_lens: int | Sequence[int] = 0,
+        target_prefixes: Sequence[Sequence[int]] | None = None,
     ) -> DecodeBatch:
         """Run the encoder over `src_ids_lists` (each ending with </s>) and set up their decoding.
         `keys` identify the sentences (unique, hashable); `max_lens` overrides the length rule per
-        sentence (clamped to 1..max_positions-1)."""
+        sentence (clamped to 1..max_positions-1); both count the target prefix as emitted tokens,
+        as the reference does. `min_lens` and `target_prefixes`: see the module doc."""
         n = len(src_ids_lists)
         if len(keys) != n:
             raise ValueError(f"{len(keys)} keys for {n} sentences")
@@ -325,6 +343,12 @@ class DecodeBatch:
         lens, mask, ck, cv = encode_sources(model, src_ids_lists)
         R = n * K
         self.keys = list(keys)
+        prefixes = [list(p) for p in target_prefixes] if target_prefixes is not None else [[] for _ in range(n)]
+        if len(prefixes) != n:
+            raise ValueError(f"target_prefixes: {len(prefixes)} values for {n} sentences")
+        self.target_prefix = prefixes
+        self.prefix_len = np.array([len(p) for p in prefixes], dtype=np.int64)
+        self.eos_from = np.array(_as_list(min_lens, n, "min_lens"), dtype=np.int64) + self.prefix_len
         rule = [max_output_len(int(L), max_len_a, max_len_b, model.max_positions) for L in lens]
         if max_lens is not None:
             rule = [max(1, min(int(m), model.max_positions - 1)) for m in _as_list(max_lens, n, "max_lens")]
@@ -339,7 +363,7 @@ class DecodeBatch:
         self.src_mask, self.cross_k, self.cross_v = mask, list(ck), list(cv)
         self.cache = new_cache(model, R, K, capacity=int(self.max_len.max()) + 1)
         self.positions = np.zeros(R, dtype=np.int64)
-        self.tokens = np.full(R, model.bos_id, dtype=np.int64)
+        self.tokens = np.full(R, model.start_id, dtype=np.int64)
         scores = np.zeros((n, K), dtype=np.float32)
         scores[:, 1:] = NEG_INF  # all beams start identical: only the first one is live
         self.scores = scores.reshape(-1)
@@ -347,7 +371,7 @@ class DecodeBatch:
         self.out_ids = np.zeros((R, _out_width(K, self.max_len)), dtype=np.int64)
         return self
 
-    def _empty_state(self, model) -> None:
+    def _empty_state(self, model: DecoderModel) -> None:
         H, dk, L = model.n_heads, model.d_k, model.n_layers
         z = np.zeros((0, H, 0, dk), dtype=np.float32)
         self.cross_k, self.cross_v = [z] * L, [z] * L
@@ -392,18 +416,20 @@ class DecodeBatch:
 
     # -- one decoder step -----------------------------------------------------
 
-    def step(self, model) -> list[Finished]:
+    def step(self, model: DecoderModel) -> list[Finished]:
         """Run one decoder step for every row; return the sentences that finished at it. Their rows
         (and those of sentences done earlier) stay until `filter()`; they get no more results."""
         self.last_emitted = {}
         if len(self) == 0:
             return []
         K = self.beam
+        rules = self._rules()
         # The graph ranks the vocabulary: the best token of a row (greedy), or its 2K best (beam:
         # a sentence's 2K best candidates over K rows x V tokens are among its rows' 2K best).
-        k_row = 1 if K == 1 else min(2 * K, model.vocab_size)
+        # Greedy rows that may not end yet need the second best too, should the best be </s>.
+        k_row = (2 if rules is not None and rules[1].any() else 1) if K == 1 else min(2 * K, model.vocab_size)
         if self.n_sentences == 1:
-            return self._lone_step(model, k_row)
+            return self._lone_step(model, k_row, rules)
         live_before = ~self.done
         # A batch's first step with beams runs one row per sentence (its beams are identical then).
         # A lone sentence (`_lone_step`) does not gain: its step of K rows costs about what the separate call adds.
@@ -413,8 +439,11 @@ class DecodeBatch:
             out = self.cache.first_step(*step_args)
         else:
             # Greedy search ranks by the logits alone (no log-softmax) while nobody wants a score.
-            out = self.cache.step(*step_args, scored=K > 1 or bool(self.want_scores[live_before].any()))
+            scored = K > 1 or k_row > 1 or bool(self.want_scores[live_before].any())
+            out = self.cache.step(*step_args, scored=scored)
         top_lp, top_ids, att = out.top_log_probs, out.top_ids, out.cross_attention
+        if rules is not None:
+            top_ids, top_lp = self._apply_rules(top_ids, top_lp, *rules)
         last = self.max_len - 1  # (R,) at a sentence's last allowed step only </s> may follow
         force = self.positions >= (last if K == 1 else np.repeat(last, K))
         if force.any():
@@ -455,7 +484,8 @@ class DecodeBatch:
         self.done[r] = True
         eos, pad = self.eos_id, self.pad_id
         toks = self.out_ids[r, : int(self.positions[r]) + 1].tolist()  # </s> last
-        keep = [j for j, t in enumerate(toks) if t != pad]  # the reference drops pad ids
+        start = int(self.prefix_len[r])  # the forced prefix is no part of the output
+        keep = [j for j, t in enumerate(toks) if t != pad and j >= start]  # the reference drops pad ids
         alignment = None
         if self.want_alignment[r]:
             atts = _walk(self.hist[r])[1]
@@ -464,15 +494,61 @@ class DecodeBatch:
         toks = [toks[j] for j in keep if toks[j] != eos]
         return Finished(self.keys[r], toks, score, score, alignment, int(self.steps[r]) + 1)
 
-    def _lone_step(self, model, k_row: int) -> list[Finished]:
+    def _rules(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """The rows at a forced prefix token at this step (R,) (the token; -1: none), and the rows
+        that may not end yet (R,) bool; None while no sentence of the batch has either rule."""
+        if not self.eos_from.any():
+            return None
+        K, pos = self.beam, self.positions
+
+        def per_row(a: np.ndarray) -> np.ndarray:
+            return a if K == 1 else np.repeat(a, K)
+
+        live = per_row(~self.done)
+        forced = np.full(len(pos), -1, dtype=np.int64)
+        for r in np.flatnonzero(live & (pos < per_row(self.prefix_len))).tolist():
+            forced[r] = self.target_prefix[r // K][int(pos[r])]
+        return forced, live & (pos < per_row(self.eos_from))
+
+    def _apply_rules(
+        self, top_ids: np.ndarray, top_lp: np.ndarray | None, forced: np.ndarray, no_eos: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray | None]:
+        """The step's candidates under `_rules`: a forced row gets its prefix token alone (log-prob
+        0); a row that may not end loses its </s> candidate (greedy: the second best takes its place,
+        which needs top_k >= 2). Copies; the step's own arrays stay."""
+        top_ids = top_ids.copy()
+        top_lp = None if top_lp is None else top_lp.copy()
+        eos_rows = no_eos[:, None] & (top_ids == self.eos_id)
+        if self.beam == 1 and eos_rows[:, 0].any():
+            first = eos_rows[:, 0]
+            top_ids[first, 0] = top_ids[first, 1]
+            if top_lp is not None:
+                top_lp[first, 0] = top_lp[first, 1]
+        elif top_lp is not None:
+            top_lp[eos_rows] = NEG_INF
+        rows = forced >= 0
+        if rows.any():
+            top_ids[rows] = self.pad_id
+            top_ids[rows, 0] = forced[rows]
+            if top_lp is not None:
+                top_lp[rows] = NEG_INF
+                top_lp[rows, 0] = 0.0
+        return top_ids, top_lp
+
+    def _lone_step(
+        self, model: DecoderModel, k_row: int, rules: tuple[np.ndarray, np.ndarray] | None = None
+    ) -> list[Finished]:
         """`step` for a batch of one sentence (a lone request): the same step and results, its
         bookkeeping on Python scalars and in place (the sentence's K rows share one position),
         where numpy's cost per call on arrays of one element was most of a step's host time (about
         70 µs around a 230 µs greedy decoder call). Beam search selects in `_beam_one`."""
         K, live = self.beam, not self.done[0]
-        scored = K > 1 or (live and bool(self.want_scores[0]))
+        scored = K > 1 or k_row > 1 or (live and bool(self.want_scores[0]))
         step_args = (model, self.tokens, self.positions, self.cross_k, self.cross_v, self.src_mask, k_row)
         out = self.cache.step(*step_args, scored=scored)
+        if rules is not None:
+            top_ids, top_lp = self._apply_rules(out.top_ids, out.top_log_probs, *rules)
+            out = out._replace(top_ids=top_ids, top_log_probs=top_lp)
         forced = int(self.positions[0]) >= int(self.max_len[0]) - 1  # only </s> may follow the last step
         if K == 1:
             finished, rows = self._greedy_lone(out, forced, live), None
@@ -489,7 +565,7 @@ class DecodeBatch:
         return finished
 
     def _force_eos(
-        self, top_ids: np.ndarray, top_lp: np.ndarray | None, eos_log_prob: np.ndarray | None, force
+        self, top_ids: np.ndarray, top_lp: np.ndarray | None, eos_log_prob: np.ndarray | None, force: np.ndarray | slice
     ) -> tuple[np.ndarray, np.ndarray | None]:
         """The step's candidates with rows `force` (a mask, or every row) at their sentence's last
         allowed step left only </s>, at its own log-probability: copies, the step's own arrays stay."""
@@ -624,6 +700,8 @@ class DecodeBatch:
         else:  # cannot happen with a vocabulary larger than 2 * beam; kept for safety
             score, s, node, eos_att = NEG_INF, NEG_INF, None, None
         toks, atts = _walk(node)
+        start = int(self.prefix_len[i])  # the forced prefix is no part of the output
+        toks, atts = toks[start:], atts[start:]
         alignment = None
         if self.want_alignment[i] and eos_att is not None:
             alignment = _alignment([*atts, eos_att], self.src_lens[i])
@@ -632,7 +710,7 @@ class DecodeBatch:
 
     # -- batch surgery --------------------------------------------------------
 
-    def filter(self, keep_keys) -> DecodeBatch:
+    def filter(self, keep_keys: Iterable[Hashable]) -> DecodeBatch:
         """Keep only the sentences in `keep_keys` (others finished or were cancelled), in place;
         then drop source columns and cache entries no kept row uses. Returns self. The kept
         sentences keep their places, except those behind the new end, which fill the gaps in
@@ -650,40 +728,11 @@ class DecodeBatch:
         # longest output (`_out_width`); the cache drops the entries that no kept row uses by itself.
         S = int(self.src_lens[sent].max()) if len(idx) else 0
         cut = {"source": S, "output": _out_width(K, self.max_len[sent])}
-
-        def take(a: np.ndarray, at: np.ndarray, padded: str | None) -> np.ndarray:
-            if padded is not None:
-                return a[(at,) + (slice(None),) * (_pad_axis(a) - 1) + (slice(None, cut[padded]),)]
-            return a[at]
-
-        def take_layer(a: np.ndarray, at: np.ndarray, padded: str | None) -> np.ndarray:
-            """A layer's keys or values of the kept sentences. While the source axis keeps its
-            length, the kept rows move to the front of the same array, as the fused cache's do:
-            only those that fill a gap are copied, and nothing is allocated."""
-            if padded == "source" and a.shape[_pad_axis(a)] != S:
-                return take(a, at, padded)
-            for dst, src, n in row_moves(at):
-                a[dst : dst + n] = a[src : src + n]
-            return a[: len(at)]
-
         picks = {"sentence": (sent, idx), "row": (rows, rows.tolist())}
         for name, layout in layouts(type(self)):
-            if layout.axis == "batch":
-                continue
-            value = getattr(self, name)
-            at, at_list = picks[layout.axis]
-            if layout.layers:
-                setattr(self, name, [take_layer(a, at, layout.padded) for a in value])
-            elif isinstance(value, np.ndarray):
-                setattr(self, name, take(value, at, layout.padded))
-            elif isinstance(value, list):
-                setattr(self, name, [value[i] for i in at_list])
-            elif isinstance(value, dict) and layout.axis == "sentence":  # keyed by the sentences' keys
-                setattr(self, name, {k: v for k, v in value.items() if k in keep})
-            elif isinstance(value, RowCache) and layout.axis == "row":
-                setattr(self, name, value.select(rows))
-            else:
-                raise TypeError(f"{name}: cannot filter a {type(value).__name__} by {layout.axis}")
+            if layout.axis != "batch":
+                at, at_list = picks[layout.axis]
+                setattr(self, name, _filtered(name, layout, getattr(self, name), at, at_list, keep, cut))
         return self
 
     @classmethod
@@ -694,11 +743,7 @@ class DecodeBatch:
         if not present:
             raise ValueError("nothing to concatenate")
         first = present[0]
-        for name, layout in layouts(cls):
-            if layout.axis == "batch" and any(getattr(b, name) != getattr(first, name) for b in present):
-                raise ValueError(
-                    f"cannot concatenate batches of different {name}: {sorted({getattr(b, name) for b in present})}"
-                )
+        _check_batch_wide(cls, present)
         if len(present) == 1:
             return first
         keys = [k for b in present for k in b.keys]
@@ -708,37 +753,92 @@ class DecodeBatch:
             "source": max(b.src_len for b in present),
             "output": _out_width(first.beam, np.concatenate([b.max_len for b in present])),
         }
-
-        def stack(arrays: list[np.ndarray], padded: str | None) -> np.ndarray:
-            """The first axes of all batches' arrays (rows, or sentences) one after the other; a
-            padded axis runs to the longest, zeros after each array's own length."""
-            return np.concatenate(arrays) if padded is None else stack_padded(arrays, longest[padded])
-
-        merged: dict[str, Any] = {}
-        for name, layout in layouts(cls):
-            values = [getattr(b, name) for b in present]
-            if layout.axis == "batch":
-                merged[name] = values[0]
-            elif layout.layers:
-                merged[name] = [stack([v[i] for v in values], layout.padded) for i in range(len(values[0]))]
-            elif isinstance(values[0], np.ndarray):
-                merged[name] = stack(values, layout.padded)
-            elif isinstance(values[0], list):
-                merged[name] = [x for v in values for x in v]
-            elif isinstance(values[0], dict) and layout.axis == "sentence":
-                merged[name] = {k: x for v in values for k, x in v.items()}
-            elif isinstance(values[0], RowCache) and layout.axis == "row":
-                merged[name] = type(values[0]).concatenate(values)
-            else:
-                raise TypeError(f"{name}: cannot concatenate a {type(values[0]).__name__} by {layout.axis}")
+        merged = {
+            name: _concatenated(name, layout, [getattr(b, name) for b in present], longest)
+            for name, layout in layouts(cls)
+        }
         return cls(**merged)
+
+
+def _check_batch_wide(cls: type[DecodeBatch], batches: Sequence[DecodeBatch]) -> None:
+    """ValueError unless the batches agree on every batch-wide field (beam width, special ids)."""
+    for name, layout in layouts(cls):
+        if layout.axis == "batch" and any(getattr(b, name) != getattr(batches[0], name) for b in batches):
+            raise ValueError(
+                f"cannot concatenate batches of different {name}: {sorted({getattr(b, name) for b in batches})}"
+            )
+
+
+def _take(a: np.ndarray, at: np.ndarray, padded: str | None, cut: dict[str, int]) -> np.ndarray:
+    """The entries `at` of a per-sentence or per-row array, a padded axis cut to `cut[padded]`."""
+    if padded is not None:
+        return a[(at,) + (slice(None),) * (_pad_axis(a) - 1) + (slice(None, cut[padded]),)]
+    return a[at]
+
+
+def _take_layer(a: np.ndarray, at: np.ndarray, padded: str | None, cut: dict[str, int]) -> np.ndarray:
+    """A layer's keys or values of the kept sentences. While the source axis keeps its length, the
+    kept rows move to the front of the same array, as the fused cache's do: only those that fill a
+    gap are copied, and nothing is allocated."""
+    if padded == "source" and a.shape[_pad_axis(a)] != cut["source"]:
+        return _take(a, at, padded, cut)
+    for dst, src, n in row_moves(at):
+        a[dst : dst + n] = a[src : src + n]
+    return a[: len(at)]
+
+
+def _filtered(
+    name: str,
+    layout: Layout,
+    value: Any,
+    at: np.ndarray,
+    at_list: list[int],
+    keep: set[Hashable],
+    cut: dict[str, int],
+) -> Any:
+    """`DecodeBatch.filter` of one per-sentence or per-row field: its entries `at` (`at_list`, the
+    same as a list), a dict those of the `keep` keys, a padded axis cut to `cut`."""
+    if layout.layers:
+        return [_take_layer(a, at, layout.padded, cut) for a in value]
+    if isinstance(value, np.ndarray):
+        return _take(value, at, layout.padded, cut)
+    if isinstance(value, list):
+        return [value[i] for i in at_list]
+    if isinstance(value, dict) and layout.axis == "sentence":  # keyed by the sentences' keys
+        return {k: v for k, v in value.items() if k in keep}
+    if isinstance(value, RowCache) and layout.axis == "row":
+        return value.select(at)
+    raise TypeError(f"{name}: cannot filter a {type(value).__name__} by {layout.axis}")
+
+
+def _stack(arrays: list[np.ndarray], padded: str | None, longest: dict[str, int]) -> np.ndarray:
+    """The first axes of all batches' arrays (rows, or sentences) one after the other; a padded
+    axis runs to `longest[padded]`, zeros after each array's own length."""
+    return np.concatenate(arrays) if padded is None else stack_padded(arrays, longest[padded])
+
+
+def _concatenated(name: str, layout: Layout, values: list[Any], longest: dict[str, int]) -> Any:
+    """`DecodeBatch.concatenate` of one field: `values`, one per batch, merged by its layout."""
+    if layout.axis == "batch":
+        return values[0]
+    if layout.layers:
+        return [_stack([v[i] for v in values], layout.padded, longest) for i in range(len(values[0]))]
+    if isinstance(values[0], np.ndarray):
+        return _stack(values, layout.padded, longest)
+    if isinstance(values[0], list):
+        return [x for v in values for x in v]
+    if isinstance(values[0], dict) and layout.axis == "sentence":
+        return {k: x for v in values for k, x in v.items()}
+    if isinstance(values[0], RowCache) and layout.axis == "row":
+        return type(values[0]).concatenate(values)
+    raise TypeError(f"{name}: cannot concatenate a {type(values[0]).__name__} by {layout.axis}")
 
 
 layouts(DecodeBatch)  # a field without a Layout fails here, at import
 
 
 def generate(
-    model,
+    model: DecoderModel,
     src_ids_lists: Sequence[Sequence[int]],
     beam: int = 4,
     length_penalty: float = 1.0,
@@ -747,10 +847,14 @@ def generate(
     batch_size: int = 64,
     want_alignment: bool = False,
     want_scores: bool = True,
+    target_prefixes: Sequence[Sequence[int]] | None = None,
+    min_len: int = 0,
 ) -> list[Hypothesis]:
     """Translate source id lists (each ending with </s>) offline: sorted by length into batches of
     at most `batch_size` sentences; results in input order. `want_scores=False`: greedy
-    hypotheses come without scores (None), which spares the step its log-softmax."""
+    hypotheses come without scores (None), which spares the step its log-softmax.
+    `target_prefixes`: each sentence's forced first tokens (a multilingual model's target
+    language token), left out of its hypothesis; `min_len`: see `DecodeBatch`."""
     order = sorted(range(len(src_ids_lists)), key=lambda i: len(src_ids_lists[i]))
     out: dict[Hashable, Hypothesis] = {}
     for start in range(0, len(order), batch_size):
@@ -765,6 +869,8 @@ def generate(
             max_len_b=max_len_b,
             want_alignment=want_alignment,
             want_scores=want_scores,
+            min_lens=min_len,
+            target_prefixes=None if target_prefixes is None else [target_prefixes[i] for i in idx],
         )
         while len(batch):
             for f in batch.step(model):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from service.decoding.generator import generate
 from service.runtime.onnx_model import OnnxSeq2Seq
@@ -32,8 +33,16 @@ class OnnxTranslator:
         )
         self.tokenizer = self.model.tokenizer
 
-    def source_ids(self, texts: list[str]) -> list[list[int]]:
-        return self.model.source_ids(texts)
+    def source_ids(self, texts: list[str], src_lang: str | None = None) -> list[list[int]]:
+        """[source-language token, for a multilingual model] + the text's ids + [</s>]; the
+        manifest's src_lang by default."""
+        return self.model.source_ids(texts, src_lang or "")
+
+    def forced_token(self, tgt_lang: str | None = None) -> int | None:
+        """The token forced first on the target, for a multilingual model (the manifest's tgt_lang
+        by default); None for one-pair models."""
+        forced = self.model.prefixes(target_language=tgt_lang or "")[1]
+        return forced[0] if forced else None
 
     def translate_ids(
         self,
@@ -43,6 +52,7 @@ class OnnxTranslator:
         max_len_a: float = 1.5,
         max_len_b: int = 10,
         batch_size: int = 64,
+        forced: int | None = None,
     ) -> list[list[int]]:
         hyps = generate(
             self.model,
@@ -53,8 +63,12 @@ class OnnxTranslator:
             max_len_b=max_len_b,
             batch_size=batch_size,
             want_scores=False,  # tokens only: greedy search skips the log-softmax
+            target_prefixes=None if forced is None else [[forced]] * len(src),
         )
         return [h.tokens for h in hyps]
 
-    def translate(self, texts: list[str], **kwargs) -> list[str]:
-        return self.model.detokenize(self.translate_ids(self.source_ids(texts), **kwargs))
+    def translate(
+        self, texts: list[str], src_lang: str | None = None, tgt_lang: str | None = None, **kwargs: Any
+    ) -> list[str]:
+        src = self.source_ids(texts, src_lang)
+        return self.model.detokenize(self.translate_ids(src, forced=self.forced_token(tgt_lang), **kwargs))

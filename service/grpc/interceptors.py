@@ -7,7 +7,9 @@ import asyncio
 import inspect
 import logging
 import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from types import TracebackType
+from typing import Any
 
 import grpc
 from grpc.aio import AbortError
@@ -18,6 +20,11 @@ from service.grpc.context import request_id
 from service.metrics import Metrics
 
 log = logging.getLogger("mtserve.rpc")
+
+Deserializer = Callable[[bytes], object]
+Handler = Callable[[Any, grpc.aio.ServicerContext], Any]
+"""A method handler's behaviour: (request or request iterator, context) -> a response's
+awaitable, or an async iterator of responses."""
 
 
 def _short(method: str) -> str:
@@ -33,11 +40,11 @@ class MalformedRequest:
         self.reason = reason
 
 
-def _tolerant(deserializer):
+def _tolerant(deserializer: Deserializer | None) -> Deserializer | None:
     if deserializer is None:
         return None
 
-    def parse(raw: bytes):
+    def parse(raw: bytes) -> object:
         try:
             return deserializer(raw)
         except Exception as e:  # noqa: BLE001 - protobuf's DecodeError, or anything else a parser raises
@@ -46,12 +53,12 @@ def _tolerant(deserializer):
     return parse
 
 
-def _check_parsed(request) -> None:
+def _check_parsed(request: object) -> None:
     if isinstance(request, MalformedRequest):
         raise InvalidArgument("request", f"not a valid protobuf message: {request.reason}")
 
 
-def error_status(exc: BaseException, method: str, rid) -> tuple[grpc.StatusCode, str]:
+def error_status(exc: BaseException, method: str, rid: Callable[[], str]) -> tuple[grpc.StatusCode, str]:
     """The status and message a client gets for `exc`: a ServiceError's own code and message;
     anything else INTERNAL with a request id (`rid()`), logged with its traceback. TranslateMany
     answers each failed item with this too."""
@@ -65,14 +72,14 @@ def error_status(exc: BaseException, method: str, rid) -> tuple[grpc.StatusCode,
     return grpc.StatusCode.INTERNAL, f"internal error (request id {request})"
 
 
-async def _checked(requests):
+async def _checked(requests: AsyncIterator[object]) -> AsyncIterator[object]:
     """A client stream's messages, ending the call with INVALID_ARGUMENT at a malformed one."""
     async for request in requests:
         _check_parsed(request)
         yield request
 
 
-def _parsed(request, streaming: bool):
+def _parsed(request: Any, streaming: bool) -> Any:
     """The request checked now (INVALID_ARGUMENT if malformed), or a client stream checked message
     by message as it is read."""
     if streaming:
@@ -183,7 +190,11 @@ class ErrorAndMetricsInterceptor(grpc.aio.ServerInterceptor):
         self.metrics = metrics
         self.activity = RpcActivity()
 
-    async def intercept_service(self, continuation, details):
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler | None]],
+        details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler | None:
         handler = await continuation(details)
         if handler is None:
             return None
@@ -216,19 +227,19 @@ class ErrorAndMetricsInterceptor(grpc.aio.ServerInterceptor):
             )
         return handler
 
-    def _wrap_unary(self, method: str, inner, streaming_request: bool = False):
-        async def behaviour(request, context):
+    def _wrap_unary(self, method: str, inner: Handler, streaming_request: bool = False) -> Handler:
+        async def behaviour(request: Any, context: grpc.aio.ServicerContext) -> Any:
             async with _ObservedCall(self.metrics, self.activity, method, context):
                 return await inner(_parsed(request, streaming_request), context)
 
         return behaviour
 
-    def _wrap_stream(self, method: str, inner, streaming_request: bool = False):
+    def _wrap_stream(self, method: str, inner: Handler, streaming_request: bool = False) -> Handler:
         # A streaming handler is either an async generator (ours) or a coroutine writing with
         # context.write() (grpc's health Watch); the wrapper must be of the same kind.
         if inspect.isasyncgenfunction(inner):
 
-            async def behaviour(request, context):
+            async def behaviour(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
                 async with _ObservedCall(self.metrics, self.activity, method, context):
                     async for message in inner(_parsed(request, streaming_request), context):
                         yield message

@@ -16,7 +16,9 @@ from __future__ import annotations
 import hmac
 import inspect
 import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
+from typing import NoReturn
 
 import grpc
 
@@ -97,7 +99,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
             raise ValueError("AuthInterceptor needs at least one token")
         self._tokens = [t.encode("utf-8") for t in tokens]
 
-    def problem(self, metadata) -> str | None:
+    def problem(self, metadata: Sequence[tuple[str, str | bytes]] | None) -> str | None:
         """None when the metadata carries an accepted token, else what is wrong (no secrets)."""
         values = [v for k, v in (metadata or ()) if k == AUTH_METADATA_KEY]
         if not values:
@@ -112,7 +114,11 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
             ok |= hmac.compare_digest(given, accepted)
         return None if ok else f"{AUTH_METADATA_KEY}: token not accepted"
 
-    async def intercept_service(self, continuation, details):
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler | None]],
+        details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler | None:
         if details.method in OPEN_METHODS:
             return await continuation(details)
         problem = self.problem(details.invocation_metadata)
@@ -125,10 +131,10 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
 def _denying(handler: grpc.RpcMethodHandler, problem: str) -> grpc.RpcMethodHandler:
     """A handler of the same kind as `handler` that raises Unauthenticated without running it."""
 
-    async def unary(request, context):
+    async def unary(request: object, context: grpc.aio.ServicerContext) -> NoReturn:
         raise Unauthenticated(problem)
 
-    async def streaming(request, context):
+    async def streaming(request: object, context: grpc.aio.ServicerContext) -> AsyncIterator[None]:
         raise Unauthenticated(problem)
         yield  # an async generator, like the handlers it replaces
 

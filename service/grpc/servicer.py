@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import functools
+from collections.abc import AsyncIterator
+
+import grpc
+
 from service.api.mtserve.v1 import translation_pb2 as pb
 from service.api.mtserve.v1 import translation_pb2_grpc as pb_grpc
-from service.engine.engine import StreamItem, TranslateOptions, TranslationResult, translate_many
+from service.engine.languages import LanguagePair, pair_page
+from service.engine.many import translate_many
+from service.engine.requests import StreamItem, TranslateOptions, TranslationResult
 from service.grpc.context import deadline, request_id
 from service.grpc.interceptors import error_status
 from service.metrics import Metrics
@@ -20,7 +27,12 @@ def _options(msg: pb.TranslationOptions) -> TranslateOptions:
         return_scores=msg.return_scores,
         return_tokens=msg.return_tokens,
         return_alignment=msg.return_alignment,
+        min_output_tokens=msg.min_output_tokens,
     )
+
+
+def _pair(msg: pb.TranslateRequest | pb.TranslateStreamRequest) -> LanguagePair:
+    return LanguagePair(msg.source_language, msg.target_language)
 
 
 def translation_pb(r: TranslationResult, opts: TranslateOptions) -> pb.Translation:
@@ -37,22 +49,29 @@ def translation_pb(r: TranslationResult, opts: TranslateOptions) -> pb.Translati
     return msg
 
 
+def _item_request_id(context: grpc.aio.ServicerContext, item_id: str) -> str:
+    """A TranslateMany item's request id in the logs: the call's, then the item's id."""
+    return f"{request_id(context)}/{item_id}"
+
+
 class TranslationServicer(pb_grpc.TranslationServiceServicer):
     def __init__(self, models: ModelRegistry, settings: Settings, metrics: Metrics):
         self.models, self.settings, self.metrics = models, settings, metrics
 
-    async def Translate(self, request: pb.TranslateRequest, context) -> pb.TranslateResponse:
-        opts = _options(request.options)
-        with self.models.lease(request.model) as served:
-            results = await served.engine.translate(list(request.texts), opts, timeout=deadline(context))
+    async def Translate(self, request: pb.TranslateRequest, context: grpc.aio.ServicerContext) -> pb.TranslateResponse:
+        opts, pair = _options(request.options), _pair(request)
+        with self.models.lease(request.model, pair=pair) as served:
+            results = await served.engine.translate(list(request.texts), opts, timeout=deadline(context), pair=pair)
             return pb.TranslateResponse(
                 translations=[translation_pb(r, opts) for r in results], model=served.engine.model_name
             )
 
-    async def TranslateStream(self, request: pb.TranslateStreamRequest, context):
-        opts = _options(request.options)
-        with self.models.lease(request.model) as served:
-            async for event in served.engine.translate_stream(request.text, opts, timeout=deadline(context)):
+    async def TranslateStream(
+        self, request: pb.TranslateStreamRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.TranslateStreamResponse]:
+        opts, pair = _options(request.options), _pair(request)
+        with self.models.lease(request.model, pair=pair) as served:
+            async for event in served.engine.translate_stream(request.text, opts, deadline(context), pair):
                 if isinstance(event, TranslationResult):
                     yield pb.TranslateStreamResponse(final=translation_pb(event, opts))
                 else:
@@ -60,8 +79,10 @@ class TranslationServicer(pb_grpc.TranslationServiceServicer):
                         chunk=pb.TranslationChunk(text=event.text, token_ids=event.token_ids)
                     )
 
-    async def TranslateMany(self, request_iterator, context):
-        async def items():
+    async def TranslateMany(
+        self, request_iterator: AsyncIterator[pb.TranslateManyRequest], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.TranslateManyResponse]:
+        async def items() -> AsyncIterator[StreamItem]:
             async for r in request_iterator:
                 yield StreamItem(
                     id=r.id,
@@ -69,22 +90,22 @@ class TranslationServicer(pb_grpc.TranslationServiceServicer):
                     options=_options(r.request.options),
                     timeout=r.timeout_ms / 1000.0 if r.timeout_ms else None,
                     model=r.request.model,
+                    pair=_pair(r.request),
                 )
 
         names: dict[str, str] = {}  # item id -> the model:version that answered it
 
         async def translate(item: StreamItem, limit: float | None) -> list[TranslationResult]:
-            with self.models.lease(item.model, "request.model") as served:
+            with self.models.lease(item.model, "request.model", item.pair) as served:
                 names[item.id] = served.engine.model_name
-                return await served.engine.translate(item.texts, item.options, timeout=limit)
+                return await served.engine.translate(item.texts, item.options, limit, item.pair, "request.")
 
         answers = translate_many(items(), translate, self.settings, self.metrics, timeout=deadline(context))
         async for item, outcome in answers:
             model = names.pop(item.id, "")
             if isinstance(outcome, Exception):
-                code, message = error_status(
-                    outcome, "TranslateMany", lambda item=item: f"{request_id(context)}/{item.id}"
-                )
+                rid = functools.partial(_item_request_id, context, item.id)
+                code, message = error_status(outcome, "TranslateMany", rid)
                 yield pb.TranslateManyResponse(id=item.id, error=pb.ItemError(code=code.value[0], message=message))
             else:
                 yield pb.TranslateManyResponse(
@@ -94,10 +115,11 @@ class TranslationServicer(pb_grpc.TranslationServiceServicer):
                     ),
                 )
 
-    async def Encode(self, request: pb.EncodeRequest, context) -> pb.EncodeResponse:
-        with self.models.lease(request.model) as served:
+    async def Encode(self, request: pb.EncodeRequest, context: grpc.aio.ServicerContext) -> pb.EncodeResponse:
+        pair = LanguagePair(request.source_language)
+        with self.models.lease(request.model, pair=pair) as served:
             encodings = await served.engine.encode(
-                list(request.texts), request.return_token_embeddings, timeout=deadline(context)
+                list(request.texts), request.return_token_embeddings, deadline(context), pair
             )
             out = pb.EncodeResponse(model=served.engine.model_name)
         for e in encodings:
@@ -107,22 +129,31 @@ class TranslationServicer(pb_grpc.TranslationServiceServicer):
                 msg.token_embeddings.data.extend(e.token_embeddings.ravel().tolist())
         return out
 
-    async def GetModelInfo(self, request: pb.GetModelInfoRequest, context) -> pb.ModelInfo:
+    async def GetModelInfo(self, request: pb.GetModelInfoRequest, context: grpc.aio.ServicerContext) -> pb.ModelInfo:
         info = self.models.resolve(request.model).engine.model_info()
         limits = info.pop("limits")
         files = info.pop("files_sha256")
         tools = info.pop("tool_versions")
         default = self.models.default()
         served = sorted(self.models.all(), key=lambda s: s is not default)
-        models = [
-            pb.ServedModel(
-                name=s.name,
-                version=s.version,
-                source_language=s.engine.manifest.src_lang,
-                target_language=s.engine.manifest.tgt_lang,
-                default_version=self.models.default_versions.get(s.name) == s.version,
-                default_model=s is default,
+        models = []
+        for s in served:
+            langs = s.engine.languages
+            page, next_token = pair_page(langs.pairs, request.page_size, request.page_token)
+            models.append(
+                pb.ServedModel(
+                    name=s.name,
+                    version=s.version,
+                    source_language=s.engine.manifest.src_lang,
+                    target_language=s.engine.manifest.tgt_lang,
+                    default_version=self.models.default_versions.get(s.name) == s.version,
+                    default_model=s is default,
+                    language_pairs=[pb.LanguagePair(source_language=a, target_language=b) for a, b in page],
+                    language_pair_count=len(langs.pairs),
+                    next_page_token=next_token,
+                    source_languages=langs.spec.source if langs.multilingual else [],
+                    target_languages=langs.spec.target if langs.multilingual else [],
+                    decoder_graph=s.engine.graph,
+                )
             )
-            for s in served
-        ]
         return pb.ModelInfo(**info, limits=pb.Limits(**limits), files_sha256=files, tool_versions=tools, models=models)

@@ -5,8 +5,11 @@ at fault (`inputs[0].datatype: ...`, `parameters.beam_size: ...`).
 Two models, named after the export's manifest (`de-en` for the shipped one):
 
     NAME          input TEXT BYTES [N]  ->  output TRANSLATION BYTES [N]
-                  request parameters: beam_size, max_output_tokens (int), length_penalty (double)
+                  request parameters: beam_size, max_output_tokens, min_output_tokens (int),
+                  length_penalty (double), source_language, target_language (string: validated
+                  against the model, and a multilingual model needs target_language)
     NAME-encoder  input TEXT BYTES [N]  ->  output EMBEDDING FP32 [N, d_model] (mean-pooled encoder states)
+                  request parameter: source_language (string; a multilingual model may need it)
 
 Inputs may come in `contents.bytes_contents` or in `raw_input_contents` (each element a 4-byte
 little-endian length and its bytes), with shape [N] or [N, 1]. Outputs mirror the request: raw
@@ -70,9 +73,18 @@ def model_specs(name: str, manifest: Manifest) -> dict[str, ModelSpec]:
             "TRANSLATION",
             "BYTES",
             (-1,),
-            {"beam_size": int, "max_output_tokens": int, "length_penalty": float},
+            {
+                "beam_size": int,
+                "max_output_tokens": int,
+                "min_output_tokens": int,
+                "length_penalty": float,
+                "source_language": str,
+                "target_language": str,
+            },
         ),
-        encoder: ModelSpec(encoder, "encode", "EMBEDDING", "FP32", (-1, manifest.dims.d_model), {}),
+        encoder: ModelSpec(
+            encoder, "encode", "EMBEDDING", "FP32", (-1, manifest.dims.d_model), {"source_language": str}
+        ),
     }
 
 
@@ -201,20 +213,7 @@ def input_texts(request: pb.ModelInferRequest) -> tuple[int, list[str]]:
     # [N], or [N, 1]: ModelConfig describes each text as dims [1] (reshaped to []).
     if not (len(t.shape) == 1 or (len(t.shape) == 2 and t.shape[1] == 1)) or t.shape[0] < 0:
         raise InvalidArgument(f"{field}.shape", f"{INPUT} must have shape [N] or [N, 1], got {list(t.shape)}")
-    if request.raw_input_contents:
-        if len(request.raw_input_contents) != len(inputs):
-            raise InvalidArgument(
-                "raw_input_contents", f"{len(request.raw_input_contents)} entries for {len(inputs)} input(s)"
-            )
-        if t.HasField("contents"):
-            raise InvalidArgument(f"{field}.contents", "set together with raw_input_contents; use one of them")
-        items = deserialize_bytes(request.raw_input_contents[0], "raw_input_contents[0]")
-    else:
-        c = t.contents
-        others = [f.name for f, _ in c.ListFields() if f.name != "bytes_contents"]
-        if others:
-            raise InvalidArgument(f"{field}.contents", f"BYTES data goes in bytes_contents, got {others[0]}")
-        items = list(c.bytes_contents)
+    items = _input_items(request)
     if len(items) != t.shape[0]:
         raise InvalidArgument(
             f"{field}.shape", f"shape {list(t.shape)} says {t.shape[0]} elements, the data holds {len(items)}"
@@ -228,6 +227,24 @@ def input_texts(request: pb.ModelInferRequest) -> tuple[int, list[str]]:
     return 0, texts
 
 
+def _input_items(request: pb.ModelInferRequest) -> list[bytes]:
+    """The one input's elements, from raw_input_contents or from its bytes_contents."""
+    t, field = request.inputs[0], "inputs[0]"
+    if request.raw_input_contents:
+        if len(request.raw_input_contents) != len(request.inputs):
+            raise InvalidArgument(
+                "raw_input_contents", f"{len(request.raw_input_contents)} entries for {len(request.inputs)} input(s)"
+            )
+        if t.HasField("contents"):
+            raise InvalidArgument(f"{field}.contents", "set together with raw_input_contents; use one of them")
+        return deserialize_bytes(request.raw_input_contents[0], "raw_input_contents[0]")
+    c = t.contents
+    others = [f.name for f, _ in c.ListFields() if f.name != "bytes_contents"]
+    if others:
+        raise InvalidArgument(f"{field}.contents", f"BYTES data goes in bytes_contents, got {others[0]}")
+    return list(c.bytes_contents)
+
+
 def check_outputs(request: pb.ModelInferRequest, spec: ModelSpec) -> None:
     """The outputs the request names, if any, must be the model's one output."""
     for i, o in enumerate(request.outputs):
@@ -237,8 +254,12 @@ def check_outputs(request: pb.ModelInferRequest, spec: ModelSpec) -> None:
             )
 
 
-def parameter_value(value: pb.InferParameter, field: str, kind: type) -> int | float:
+def parameter_value(value: pb.InferParameter, field: str, kind: type) -> int | float | str:
     choice = value.WhichOneof("parameter_choice")
+    if kind is str:
+        if choice != "string_param":
+            raise InvalidArgument(field, f"expected a string (string_param), got {choice or 'no value'}")
+        return str(value.string_param)
     if kind is int and choice in ("int64_param", "uint64_param"):
         return int(getattr(value, choice))
     if kind is float and choice in ("double_param", "int64_param", "uint64_param"):
@@ -271,6 +292,8 @@ def v2_argument_error(exc: InvalidArgument, input_index: int) -> InvalidArgument
         return InvalidArgument(f"inputs[{input_index}]{f[len('texts') :]}", f"{INPUT}: {problem}")
     if f.startswith("options."):
         return InvalidArgument("parameters." + f[len("options.") :], problem)
+    if f in ("source_language", "target_language"):
+        return InvalidArgument("parameters." + f, problem)
     return exc
 
 

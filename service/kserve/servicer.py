@@ -15,11 +15,14 @@ import asyncio
 from collections.abc import Callable
 from importlib import metadata
 
+import grpc
 import numpy as np
 
 from service.api.inference import grpc_service_pb2 as pb
 from service.api.inference import grpc_service_pb2_grpc as pb_grpc
-from service.engine.engine import TranslateOptions, model_names
+from service.engine.engine import model_names
+from service.engine.languages import LanguagePair
+from service.engine.requests import TranslateOptions
 from service.errors import FailedPrecondition, InvalidArgument, NotFound, PermissionDenied
 from service.grpc.context import deadline
 from service.kserve.codec import (
@@ -56,27 +59,37 @@ class KServeServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     # -- health and metadata ---------------------------------------------------------------
 
-    async def ServerLive(self, request, context) -> pb.ServerLiveResponse:
+    async def ServerLive(
+        self, request: pb.ServerLiveRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ServerLiveResponse:
         return pb.ServerLiveResponse(live=True)
 
-    async def ServerReady(self, request, context) -> pb.ServerReadyResponse:
+    async def ServerReady(
+        self, request: pb.ServerReadyRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ServerReadyResponse:
         return pb.ServerReadyResponse(ready=self.ready())
 
-    async def ModelReady(self, request: pb.ModelReadyRequest, context) -> pb.ModelReadyResponse:
+    async def ModelReady(
+        self, request: pb.ModelReadyRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ModelReadyResponse:
         try:
             self._model(request.name, request.version, "name", "version")
         except NotFound:
             return pb.ModelReadyResponse(ready=False)
         return pb.ModelReadyResponse(ready=self.ready())
 
-    async def ServerMetadata(self, request, context) -> pb.ServerMetadataResponse:
+    async def ServerMetadata(
+        self, request: pb.ServerMetadataRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ServerMetadataResponse:
         return pb.ServerMetadataResponse(
             name="mtserve",
             version=_version(),
             extensions=["parameters", "model_configuration", "statistics", "model_repository"],
         )
 
-    async def ModelMetadata(self, request: pb.ModelMetadataRequest, context) -> pb.ModelMetadataResponse:
+    async def ModelMetadata(
+        self, request: pb.ModelMetadataRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ModelMetadataResponse:
         spec, served = self._model(request.name, request.version, "name", "version")
         tensor = pb.ModelMetadataResponse.TensorMetadata
         versions = [s.version for s in self.models.versions(served.name)]
@@ -111,12 +124,16 @@ class KServeServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     # -- Triton extensions ----------------------------------------------------------------------
 
-    async def ModelConfig(self, request: pb.ModelConfigRequest, context) -> pb.ModelConfigResponse:
+    async def ModelConfig(
+        self, request: pb.ModelConfigRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ModelConfigResponse:
         spec, served = self._model(request.name, request.version, "name", "version")
         e = served.engine
         return pb.ModelConfigResponse(config=model_config(spec, e.manifest, e.settings, e.provider, served.version))
 
-    async def ModelStatistics(self, request: pb.ModelStatisticsRequest, context) -> pb.ModelStatisticsResponse:
+    async def ModelStatistics(
+        self, request: pb.ModelStatisticsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ModelStatisticsResponse:
         if request.name:
             spec, served = self._model(request.name, request.version, "name", "version")
             wanted = [(spec, served)]
@@ -165,7 +182,9 @@ class KServeServicer(pb_grpc.GRPCInferenceServiceServicer):
             ),
         )
 
-    async def RepositoryIndex(self, request: pb.RepositoryIndexRequest, context) -> pb.RepositoryIndexResponse:
+    async def RepositoryIndex(
+        self, request: pb.RepositoryIndexRequest, context: grpc.aio.ServicerContext
+    ) -> pb.RepositoryIndexResponse:
         index = pb.RepositoryIndexResponse.ModelIndex
         ready = self.ready()
         rows = []
@@ -180,7 +199,9 @@ class KServeServicer(pb_grpc.GRPCInferenceServiceServicer):
                 rows.append(index(name=name, version=e.version, state=state, reason=reason))
         return pb.RepositoryIndexResponse(models=rows)
 
-    def _control(self, request, unload: bool = False) -> tuple[str, bool]:
+    def _control(
+        self, request: pb.RepositoryModelLoadRequest | pb.RepositoryModelUnloadRequest, unload: bool = False
+    ) -> tuple[str, bool]:
         """The checks every repository call makes; (version, default) from its parameters."""
         if not self.settings.repository_control:
             raise PermissionDenied("model_name: loading and unloading are off on this server (repository_control)")
@@ -216,14 +237,14 @@ class KServeServicer(pb_grpc.GRPCInferenceServiceServicer):
         return version, default
 
     async def RepositoryModelLoad(
-        self, request: pb.RepositoryModelLoadRequest, context
+        self, request: pb.RepositoryModelLoadRequest, context: grpc.aio.ServicerContext
     ) -> pb.RepositoryModelLoadResponse:
         version, default = self._control(request)
         await self.models.load(request.model_name, version, make_default=default)
         return pb.RepositoryModelLoadResponse()
 
     async def RepositoryModelUnload(
-        self, request: pb.RepositoryModelUnloadRequest, context
+        self, request: pb.RepositoryModelUnloadRequest, context: grpc.aio.ServicerContext
     ) -> pb.RepositoryModelUnloadResponse:
         version, default = self._control(request, unload=True)
         if default:
@@ -233,21 +254,24 @@ class KServeServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     # -- inference --------------------------------------------------------------------------
 
-    async def ModelInfer(self, request: pb.ModelInferRequest, context) -> pb.ModelInferResponse:
+    async def ModelInfer(
+        self, request: pb.ModelInferRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ModelInferResponse:
         spec, served = self._model(request.model_name, request.model_version, "model_name", "model_version")
         index, texts = input_texts(request)
         check_outputs(request, spec)
         params = request_parameters(request, spec)
+        pair = LanguagePair(params.pop("source_language", ""), params.pop("target_language", ""))
         output: list[bytes] | np.ndarray
-        with self.models.lease(served.ref, "model_name"):
+        with self.models.lease(served.ref, "model_name", pair):
             engine = served.engine
             try:
                 if spec.kind == "translate":
                     opts = TranslateOptions(**params)
-                    results = await engine.translate(texts, opts, timeout=deadline(context))
+                    results = await engine.translate(texts, opts, timeout=deadline(context), pair=pair)
                     output = [r.text.encode("utf-8") for r in results]
                 else:
-                    encodings = await engine.encode(texts, False, timeout=deadline(context))
+                    encodings = await engine.encode(texts, False, deadline(context), pair)
                     output = np.stack([e.pooled for e in encodings]).astype("<f4")
             except InvalidArgument as e:
                 raise v2_argument_error(e, index) from None

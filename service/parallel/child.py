@@ -64,8 +64,7 @@ def child_main(conn: Connection, settings_json: str, log_level: str, labels: tup
         conn.send(StartupError(str(e)))
         return
     metrics = Metrics().for_model(*labels)
-    gen = models[0].manifest.generation
-    scheduler = Scheduler(models, settings, metrics, gen.max_len_a, gen.max_len_b)
+    scheduler = Scheduler(models, settings, metrics)
     scheduler.start()
     child = Child(conn, scheduler, metrics)
     child.send(Ready(provider=models[0].provider, sessions=len({id(m) for m in models})))
@@ -117,21 +116,9 @@ class Child:
         return True
 
     def submit_sentences(self, specs: list[SentenceSpec]) -> None:
-        sentences = []
-        for spec in specs:
-            s = Sentence(
-                src_ids=spec.src_ids,
-                beam=spec.beam,
-                length_penalty=spec.length_penalty,
-                max_len=spec.max_len,
-                want_alignment=spec.want_alignment,
-                want_scores=spec.want_scores,
-                deadline=spec.deadline,
-                key=spec.key,
-            )
-            if spec.stream:
-                s.on_tokens = functools.partial(self._stream, spec.key)
-            sentences.append(s)
+        sentences = [
+            spec.sentence(functools.partial(self._stream, spec.key) if spec.stream else None) for spec in specs
+        ]
         self._queue([spec.key for spec in specs], sentences, self.scheduler.submit, Done)
 
     def submit_encode(self, specs: list[EncodeSpec]) -> None:

@@ -16,12 +16,14 @@ as the ServiceError itself (service.errors pickles them with their fields).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeAlias
 
 import numpy as np
 from prometheus_client.metrics_core import Metric
 
+from service.batching.jobs import Sentence
 from service.decoding.generator import Finished
 from service.errors import ServiceError
 
@@ -41,6 +43,42 @@ class SentenceSpec:
     want_scores: bool
     deadline: float | None  # time.monotonic() (one clock for every process on the machine)
     stream: bool  # the caller wants a Tokens message at each decoder step
+    target_prefix: tuple[int, ...] = ()  # forced first target tokens (a multilingual model's language)
+    min_len: int = 0  # tokens the output has at least before </s>
+
+    @classmethod
+    def of(cls, sentence: Sentence) -> SentenceSpec:
+        """The parent's side: what crosses the pipe of `sentence` (keyed by its `key`)."""
+        return cls(
+            key=sentence.key,
+            src_ids=list(sentence.src_ids),
+            beam=sentence.beam,
+            length_penalty=sentence.length_penalty,
+            max_len=sentence.max_len,
+            want_alignment=sentence.want_alignment,
+            want_scores=sentence.want_scores,
+            deadline=sentence.deadline,
+            stream=sentence.on_tokens is not None,
+            target_prefix=tuple(sentence.target_prefix),
+            min_len=sentence.min_len,
+        )
+
+    def sentence(self, on_tokens: Callable[[list[int]], None] | None = None) -> Sentence:
+        """The child's side: its own copy of the sentence, with its own future; `on_tokens` is
+        where its decoder steps go when the caller streams (`stream`)."""
+        return Sentence(
+            src_ids=self.src_ids,
+            beam=self.beam,
+            length_penalty=self.length_penalty,
+            max_len=self.max_len,
+            target_prefix=list(self.target_prefix),
+            min_len=self.min_len,
+            want_alignment=self.want_alignment,
+            want_scores=self.want_scores,
+            deadline=self.deadline,
+            on_tokens=on_tokens,
+            key=self.key,
+        )
 
 
 @dataclass(frozen=True, slots=True)

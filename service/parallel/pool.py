@@ -246,22 +246,9 @@ class EngineProcess:
     # -- caller side ------------------------------------------------------------------------
 
     def submit(self, sentences: list[Sentence]) -> None:
-        specs = []
         for s in sentences:
             s.key = next(self._keys)
-            specs.append(
-                SentenceSpec(
-                    key=s.key,
-                    src_ids=list(s.src_ids),
-                    beam=s.beam,
-                    length_penalty=s.length_penalty,
-                    max_len=s.max_len,
-                    want_alignment=s.want_alignment,
-                    want_scores=s.want_scores,
-                    deadline=s.deadline,
-                    stream=s.on_tokens is not None,
-                )
-            )
+        specs = [SentenceSpec.of(s) for s in sentences]
         self._enqueue([(s.key, s) for s in sentences], SubmitSentences(specs))
 
     def submit_encode(self, jobs: list[EncodeJob]) -> None:

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from service.engine.backend import Backend
 from service.engine.engine import Engine
+from service.engine.languages import LISTED_PAIRS, LanguagePair
 from service.errors import FailedPrecondition, ModelLoadError, NotFound
 from service.metrics import Metrics
 from service.repository.layout import VersionDir, parse_model_ref, scan
@@ -84,16 +85,44 @@ class ModelRegistry:
 
     # -- routing ----------------------------------------------------------------------------
 
-    def resolve(self, ref: str, field: str = "model") -> ServedModel:
-        """The model version `ref` ('NAME', 'NAME:VERSION', or empty for the default) names."""
+    def resolve(self, ref: str, field: str = "model", pair: LanguagePair = LanguagePair()) -> ServedModel:
+        """The model version `ref` ('NAME', 'NAME:VERSION', or empty for the default) names; with
+        `ref` empty and a language `pair`, the default model if it serves the pair, else the first
+        served one that does (by name and version). A pair that the model (named or found) does
+        not serve: NOT_FOUND naming the pair's fields (beside `field`: request.source_language...)."""
         name, version = parse_model_ref(ref, field)
+        if not name and pair:
+            return self._by_pair(pair, field)
         name = name or self.default_name
         if not version:
             version = self.default_versions.get(name, "")
         served = self.served.get((name, version))
         if served is None:
             raise NotFound(f"{field}: {self._unknown(name, version)}")
+        if pair and not served.engine.languages.serves(pair):
+            fields = self._pair_fields(field)
+            raise NotFound(f"{fields}: model {served.ref} does not translate {pair} (it serves: {_pairs_of([served])})")
         return served
+
+    @staticmethod
+    def _pair_fields(field: str) -> str:
+        """The request's language fields, beside its model field `field` ("model", "request.model";
+        KServe's "model_name" has them as parameters)."""
+        prefix = field[: -len("model")] if field.endswith("model") else "parameters."
+
+        return f"{prefix}source_language/{prefix}target_language"
+
+    def _by_pair(self, pair: LanguagePair, field: str) -> ServedModel:
+        default = self.served.get((self.default_name, self.default_versions.get(self.default_name, "")))
+        candidates = ([default] if default is not None else []) + [
+            s for s in self.all() if s is not default and self.default_versions.get(s.name) == s.version
+        ]
+        for served in candidates:
+            if served.engine.languages.serves(pair):
+                return served
+        raise NotFound(
+            f"{self._pair_fields(field)}: no served model translates {pair} (served pairs: {_pairs_of(candidates)})"
+        )
 
     def _unknown(self, name: str, version: str) -> str:
         names = sorted({n for n, _ in self.served})
@@ -103,9 +132,10 @@ class ModelRegistry:
         return f"model {name!r} has no version {version!r} loaded (loaded: {', '.join(versions)})"
 
     @contextmanager
-    def lease(self, ref: str, field: str = "model") -> Iterator[ServedModel]:
-        """Hold the model version `ref` names for one request: an unload waits for it."""
-        served = self.resolve(ref, field)
+    def lease(self, ref: str, field: str = "model", pair: LanguagePair = LanguagePair()) -> Iterator[ServedModel]:
+        """Hold the model version that `ref` and the language `pair` pick (`resolve`) for one
+        request: an unload waits for it."""
+        served = self.resolve(ref, field, pair)
         served.leases += 1
         try:
             yield served
@@ -232,7 +262,7 @@ class ModelRegistry:
             self._leases_changed.clear()
             try:
                 await asyncio.wait_for(self._leases_changed.wait(), max(0.0, end - time.monotonic()))
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 break
         if served.leases:
             log.warning(
@@ -261,3 +291,15 @@ class ModelRegistry:
     def shutdown(self) -> None:
         for s in list(self.served.values()):
             s.backend.shutdown()
+
+
+def _pairs_of(models: list[ServedModel], listed: int = LISTED_PAIRS) -> str:
+    """The first `listed` language pairs of `models` ("de->en (de-en:1)"), then how many in all."""
+    shown: list[str] = []
+    total = 0
+    for s in models:
+        pairs = s.engine.languages.pairs
+        total += len(pairs)
+        shown += [f"{a}->{b} ({s.ref})" for a, b in pairs[: max(0, listed - len(shown))]]
+    text = ", ".join(shown) or "none"
+    return text if total <= listed else f"{text}, ... ({total} in all)"

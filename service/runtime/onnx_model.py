@@ -15,9 +15,22 @@ from typing import NamedTuple
 
 import numpy as np
 import onnxruntime as ort
-from tokenizers import Tokenizer
 
-from contract.manifest import GRAPHS, Manifest, load_manifest, resolve_onnx_dir, verify_files
+from contract.graphs import (
+    LOG_PROBS,
+    PAST_MASK,
+    POSITIONS,
+    SRC_IDS,
+    SRC_MASK,
+    TOKENS,
+    TOP_K,
+    cross_key,
+    cross_value,
+    past_key,
+    past_value,
+)
+from contract.manifest import GRAPHS, GraphSpec, Manifest, Variant, load_manifest, resolve_onnx_dir, verify_files
+from service.runtime.tokenizer import TextTokenizer, load_tokenizer
 
 log = logging.getLogger("mtserve.onnx")
 
@@ -93,7 +106,7 @@ class OnnxSeq2Seq:
 
     Attributes: manifest, tokenizer, provider ("cpu"/"cuda", the one in use), precision, graph
     ("portable"/"fused", the decoder step in use), and the model's dims and special ids for convenience (n_layers, n_heads, d_k, vocab_size, pad_id,
-    bos_id, eos_id, max_positions)."""
+    bos_id, eos_id, start_id (the decoder's first input token), max_positions)."""
 
     def __init__(
         self,
@@ -132,9 +145,10 @@ class OnnxSeq2Seq:
         self.encoder = ort.InferenceSession(str(self.dir / variant.encoder.file), so, providers=providers)
         self.decoder = ort.InferenceSession(str(self.dir / variant.decoder.file), so, providers=providers)
 
-        def fused(spec) -> ort.InferenceSession | None:
-            fused = self.graph == "fused" and spec is not None
-            return ort.InferenceSession(str(self.dir / spec.file), so, providers=providers) if fused else None
+        def fused(spec: GraphSpec | None) -> ort.InferenceSession | None:
+            if self.graph != "fused" or spec is None:
+                return None
+            return ort.InferenceSession(str(self.dir / spec.file), so, providers=providers)
 
         # The fused step for batches of one row (a lone greedy request), where it is faster; and
         # both again ending with the argmax alone, for greedy batches that want no scores.
@@ -149,39 +163,24 @@ class OnnxSeq2Seq:
                 raise RuntimeError(msg)
             log.warning("%s; running on the CPU", msg)
             self.provider = "cpu"
-        self.tokenizer = Tokenizer.from_file(str(self.dir / self.manifest.tokenizer.file))
-        self._check_tokenizer()
+        self.tokenizer: TextTokenizer = load_tokenizer(self.dir, self.manifest)
 
         d, ids = self.manifest.dims, self.manifest.special_ids
         self.n_layers, self.n_heads, self.d_k = d.n_decoder_layers, d.n_heads, d.d_k
         self.vocab_size, self.max_positions = d.vocab_size, d.max_positions
         self.pad_id, self.bos_id, self.eos_id, self.unk_id = ids.pad_id, ids.bos_id, ids.eos_id, ids.unk_id
+        self.start_id = ids.start_id
         L = self.n_layers
         self._enc_out = [o.name for o in variant.encoder.outputs]
-        self._past_names = [(f"past_key_{i}", f"past_value_{i}") for i in range(L)]
+        self._past_names = [(past_key(i), past_value(i)) for i in range(L)]
         # The contract's order: top_log_probs, top_ids, eos_log_prob, present k/v per layer,
         # cross_attention; log_probs (the full distribution) only on request.
-        self._step_out = [o.name for o in variant.decoder.outputs if o.name != "log_probs"]
-        self._step_out_lp = self._step_out + ["log_probs"]
-        self._cross_names = [(f"cross_key_{i}", f"cross_value_{i}") for i in range(L)]
+        self._step_out = [o.name for o in variant.decoder.outputs if o.name != LOG_PROBS]
+        self._step_out_lp = self._step_out + [LOG_PROBS]
+        self._cross_names = [(cross_key(i), cross_value(i)) for i in range(L)]
         self._check_io(variant)
 
-    def _check_tokenizer(self) -> None:
-        """The tokenizer must be the model's: same vocabulary size, special tokens at their ids.
-        (A wrong one would otherwise load fine and fail every request, or translate garbage.)"""
-        d, ids = self.manifest.dims, self.manifest.special_ids
-        got = self.tokenizer.get_vocab_size(with_added_tokens=True)
-        if got != d.vocab_size:
-            raise RuntimeError(
-                f"wrong tokenizer: {self.dir / self.manifest.tokenizer.file} has {got} tokens, the model {d.vocab_size}"
-            )
-        for name, want in (("<pad>", ids.pad_id), ("<s>", ids.bos_id), ("</s>", ids.eos_id), ("<unk>", ids.unk_id)):
-            if self.tokenizer.token_to_id(name) != want:
-                raise RuntimeError(
-                    f"wrong tokenizer: {name} has id {self.tokenizer.token_to_id(name)}, the model expects {want}"
-                )
-
-    def _check_io(self, variant) -> None:
+    def _check_io(self, variant: Variant) -> None:
         # the decoder steps' sessions are attributes named as the manifest's fields
         checks = [(self.encoder, variant.encoder, "encoder")]
         checks += [(getattr(self, field), spec, field) for field, spec in variant.decoder_steps().items()]
@@ -203,15 +202,23 @@ class OnnxSeq2Seq:
 
     # -- text <-> ids ---------------------------------------------------------
 
-    def source_ids(self, texts: list[str]) -> list[list[int]]:
-        """Texts -> source ids ending with </s>, cut to fit the position table (as at training)."""
-        limit = self.max_positions - 1
-        return [
-            e.ids[: limit - 1] + [self.eos_id] for e in self.tokenizer.encode_batch(texts, add_special_tokens=False)
-        ]
+    def prefixes(self, source_language: str = "", target_language: str = "") -> tuple[list[int], list[int]]:
+        """A multilingual model's language tokens: (the source's first ids, the target's forced first
+        ids) for a pair, the manifest's src_lang/tgt_lang by default; ([], []) for one-pair models."""
+        langs = self.manifest.languages
+        source = [langs.source_tokens[source_language or self.manifest.src_lang]] if langs.source_tokens else []
+        target = [langs.target_tokens[target_language or self.manifest.tgt_lang]] if langs.target_tokens else []
+        return source, target
+
+    def source_ids(self, texts: list[str], source_language: str = "") -> list[list[int]]:
+        """Texts -> source ids ([source language token] + the text's + </s>), cut to fit the
+        position table (as at training)."""
+        lead = self.prefixes(source_language)[0]
+        limit = self.max_positions - 1 - len(lead)
+        return [lead + self.tokenizer.encode(t)[: limit - 1] + [self.eos_id] for t in texts]
 
     def detokenize(self, batch: list[list[int]]) -> list[str]:
-        return [s.strip() for s in self.tokenizer.decode_batch(batch, skip_special_tokens=True)]
+        return [self.tokenizer.decode(ids).strip() for ids in batch]
 
     # -- graphs ---------------------------------------------------------------
 
@@ -223,8 +230,8 @@ class OnnxSeq2Seq:
         out = self.encoder.run(
             self._enc_out,
             {
-                "src_ids": np.ascontiguousarray(src_ids, dtype=np.int64),
-                "src_mask": np.ascontiguousarray(src_mask, dtype=np.int64),
+                SRC_IDS: np.ascontiguousarray(src_ids, dtype=np.int64),
+                SRC_MASK: np.ascontiguousarray(src_mask, dtype=np.int64),
             },
         )
         return out[0], out[1::2], out[2::2]
@@ -252,11 +259,11 @@ class OnnxSeq2Seq:
             raise RuntimeError(f"step runs the portable graph; this model runs the {self.graph} one (bind_step)")
         tokens = np.asarray(tokens, dtype=np.int64)
         feed = {
-            "tokens": tokens.reshape(-1, 1),
-            "positions": np.asarray(positions, dtype=np.int64),
-            "past_mask": np.asarray(past_mask, dtype=np.float32),
-            "src_mask": np.asarray(src_mask, dtype=np.int64),
-            "top_k": np.array([top_k], dtype=np.int64),
+            TOKENS: tokens.reshape(-1, 1),
+            POSITIONS: np.asarray(positions, dtype=np.int64),
+            PAST_MASK: np.asarray(past_mask, dtype=np.float32),
+            SRC_MASK: np.asarray(src_mask, dtype=np.int64),
+            TOP_K: np.array([top_k], dtype=np.int64),
         }
         for (kn, vn), k, v in zip(self._past_names, past_k, past_v):
             feed[kn], feed[vn] = k, v
@@ -289,7 +296,7 @@ class OnnxSeq2Seq:
         search output is top_ids (B, 1)."""
         if self.graph != "fused":
             raise RuntimeError(f"bind_step runs the fused graph; this model runs the {self.graph} one")
-        return BoundStep(self._step_session(len(inputs["tokens"]), scored), inputs, outputs)
+        return BoundStep(self._step_session(len(inputs[TOKENS]), scored), inputs, outputs)
 
     def run_fused(self, inputs: dict[str, np.ndarray], names: list[str]) -> list[np.ndarray]:
         """One fused step without IO binding, ONNX Runtime allocating the outputs: for a batch's first
@@ -297,7 +304,7 @@ class OnnxSeq2Seq:
         would cost more than the step saves."""
         if self.graph != "fused":
             raise RuntimeError(f"run_fused runs the fused graph; this model runs the {self.graph} one")
-        return self._step_session(len(inputs["tokens"])).run(names, inputs)
+        return self._step_session(len(inputs[TOKENS])).run(names, inputs)
 
     def _step_session(self, rows: int, scored: bool = True) -> ort.InferenceSession:
         """The fused step's session for `rows` rows: the one-row graph where the export has it."""

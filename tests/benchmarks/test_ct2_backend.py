@@ -15,8 +15,6 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 import pytest
 
-ctranslate2 = pytest.importorskip("ctranslate2")
-
 from benchmarks.ct2_backend import Ct2Backend
 from benchmarks.ct2_convert import Ct2Translator, convert
 from benchmarks.ct2_server import backend_factory
@@ -26,6 +24,8 @@ from service.decoding.generator import Finished
 from service.errors import DeadlineExceeded, ResourceExhausted, Unavailable
 from service.metrics import Metrics
 from service.settings import Settings
+
+ctranslate2 = pytest.importorskip("ctranslate2")
 
 
 def code_of(call) -> tuple[grpc.StatusCode, str]:
@@ -299,7 +299,8 @@ def test_ct2_server_runs_as_replicas(tiny_model_dir, tiny_onnx_dir, ct2_dir, tmp
         proc = subprocess.Popen(
             [
                 sys.executable,
-                str(Path(__file__).resolve().parents[2] / "benchmarks" / "ct2_server.py"),
+                "-m",
+                "benchmarks.ct2_server",
                 "--model-dir",
                 str(tiny_model_dir),
                 "--onnx-dir",
@@ -317,6 +318,7 @@ def test_ct2_server_runs_as_replicas(tiny_model_dir, tiny_onnx_dir, ct2_dir, tmp
             ],
             stdout=out,
             stderr=subprocess.STDOUT,
+            cwd=Path(__file__).resolve().parents[2],
         )
     try:
         assert wait_for(lambda: "2 replicas serving" in log.read_text() or proc.poll() is not None, 120)

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-ctranslate2 = pytest.importorskip("ctranslate2")
-
 from benchmarks.ct2_convert import Ct2Translator, convert, sinusoidal_table
+
+ctranslate2 = pytest.importorskip("ctranslate2")
 
 
 def test_position_table_is_the_models():

@@ -1,22 +1,28 @@
-"""benchmarks/run.py: the headline ratios measured in interleaved pairs (CTranslate2 offline next to
+"""python -m benchmarks.run: the headline ratios measured in interleaved pairs (CTranslate2 offline next to
 a real server, the ORT engine offline, and the same server decoding with CTranslate2), and the
 summary that turns the parts into the targets' ratios and the last line's keys."""
 
 from __future__ import annotations
 
-from benchmarks.run import HEADLINE_RATIOS, headline, run_pairs, summarize
+import dataclasses
+
+from benchmarks.plan import quick_plan
+from benchmarks.report import report_tracing
+from benchmarks.runners import run_pairs
+from benchmarks.summary import HEADLINE_FIGURES, HEADLINE_RATIOS, Summary, headline, summarize
 
 
 def test_pairs_measure_ct2_and_the_server_side_by_side(tiny_onnx_dir, tiny_model_dir, data_dir, test_split):
-    plan = {
-        "online_beams": [1, 2],
-        "pairs": 2,
-        "pair_sentences": 12,
-        "pair_requests": 70,
-        "rounds": 1,
-        "latency_n": 3,
-        "offline_layouts": {"ct2": [(1, 8)], "ort": [(1, 8)]},
-    }
+    plan = dataclasses.replace(
+        quick_plan(),
+        online_beams=[1, 2],
+        pairs=2,
+        pair_sentences=12,
+        pair_requests=70,
+        rounds=1,
+        latency_n=3,
+        offline_layouts={"ct2": [(1, 8)], "ort": [(1, 8)]},
+    )
     texts, refs = test_split
     rows = run_pairs(plan, str(tiny_model_dir), 1, texts, refs, offline_rows=[], data_dir=data_dir)
     assert [(r["beam"], r["pair"]) for r in rows] == [(1, 0), (1, 1), (2, 0), (2, 1)]
@@ -188,6 +194,18 @@ def test_the_last_line_keeps_its_keys_and_gains_the_new_ratios_per_beam():
     assert line["by_beam"] == {"1": {k: line[k] for k in HEADLINE_RATIOS}}
 
 
+def test_the_summary_has_every_key_of_its_type_and_the_last_line_only_those():
+    s = summarize(_results([_full_pair(0, 300, 600, 12, 10, 540, 8, 400, 15)]), 1)
+    assert list(s) == list(Summary.__annotations__)
+    assert set(HEADLINE_RATIOS + HEADLINE_FIGURES) <= set(Summary.__annotations__)
+
+
+def test_the_plan_is_recorded_as_the_dict_a_report_reads_back():
+    recorded = dataclasses.asdict(quick_plan())
+    assert recorded["online_beams"][-1] == 4 and recorded["limits"]["default"] == 200
+    assert quick_plan().limit("torch-eager") == 12 and quick_plan().limit("ort-int8") == 200
+
+
 def test_summary_without_pairs_uses_the_best_samples():
     s = summarize(_results([]), 1)
     assert s["pairs"] == 0 and s["pairs_service_c64_sentences_per_s"] is None
@@ -199,8 +217,6 @@ def test_summary_without_pairs_uses_the_best_samples():
 def test_the_last_line_carries_the_tracing_figures_when_they_were_measured():
     """c64 throughput with tracing off and on (benchmarks/tracing_overhead.py) reaches the JSON
     line and the report; without a tracing part neither has it."""
-    from benchmarks.run import report_tracing
-
     res = _results([_full_pair(0, 300, 600, 12, 10, 540, 8, 400, 15)])
     res.update(
         mode="quick",

@@ -457,7 +457,7 @@ def test_cli_export_with_the_torchscript_fallback_keeps_variants_side_by_side(ti
         "encoder.fused.int8.onnx",
         "encoder.int8.onnx",
     ]
-    assert json.loads((out / "manifest.json").read_text())["format_version"] == FORMAT_VERSION == 4
+    assert json.loads((out / "manifest.json").read_text())["format_version"] == FORMAT_VERSION == 5
 
 
 def test_an_export_of_an_older_format_is_redone(tiny_model_dir, tmp_path):

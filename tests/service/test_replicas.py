@@ -21,7 +21,7 @@ import grpc
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from benchmarks.online import replica_pids, terminate
+from benchmarks.processes import replica_pids, terminate
 from service.api.inference import grpc_service_pb2 as kpb
 from service.api.inference import grpc_service_pb2_grpc as kpb_grpc
 from service.api.mtserve.v1 import translation_pb2 as pb

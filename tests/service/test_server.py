@@ -137,13 +137,20 @@ def test_model_info_says_what_zero_means_to_a_reflection_only_client(client, ser
         limits = next(m for m in db.FindFileContainingSymbol("mtserve.v1.Limits").message_type if m.name == "Limits")
         assert "zero_means" in {f.name for f in limits.field}
     zero = dict(client.model_info().limits.zero_means)
-    assert set(zero) == {"options.beam_size", "options.max_output_tokens", "options.length_penalty", "timeout_ms"}
+    assert set(zero) == {
+        "options.beam_size",
+        "options.max_output_tokens",
+        "options.min_output_tokens",
+        "options.length_penalty",
+        "timeout_ms",
+    }
     st, gen = server.server.settings, server.server.engine.manifest.generation
     assert f"default_beam_size ({st.default_beam_size})" in zero["options.beam_size"]
     assert f"max_beam_size ({st.max_beam_size})" in zero["options.beam_size"]
     assert f"max_output_tokens ({st.max_output_tokens})" in zero["options.max_output_tokens"]
     assert f"({gen.length_penalty:g})" in zero["options.length_penalty"]
     assert "stream's deadline" in zero["timeout_ms"]
+    assert "no minimum" in zero["options.min_output_tokens"]
 
 
 # ----------------------------------------------------------------------------- batching

@@ -1,0 +1,104 @@
+"""The language pairs a model serves, and what a request's pair adds to its sentences: the source
+language token a multilingual model puts first on the source, and the target language token it is
+forced to generate first (`contract.manifest.LanguageSpec`). No gRPC here."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from contract.manifest import LanguageSpec
+from service.errors import InvalidArgument
+
+# Pairs named in a status message (NOT_FOUND for a pair no model serves) before "... N in all".
+LISTED_PAIRS = 20
+
+
+@dataclass(frozen=True)
+class LanguagePair:
+    """A request's source_language and target_language; empty: not given."""
+
+    source: str = ""
+    target: str = ""
+
+    def __bool__(self) -> bool:
+        return bool(self.source or self.target)
+
+    def __str__(self) -> str:
+        return f"{self.source or '*'}->{self.target or '*'}"
+
+
+@dataclass(frozen=True)
+class Prefixes:
+    """What a pair adds to a sentence: ids before the source text, ids forced first on the target."""
+
+    source: tuple[int, ...] = ()
+    target: tuple[int, ...] = ()
+
+
+class ModelLanguages:
+    """The languages of one model version: the pairs it serves and the tokens that select them."""
+
+    def __init__(self, spec: LanguageSpec):
+        self.spec = spec
+        self.multilingual = bool(spec.target_tokens)
+        src, tgt = spec.source, spec.target
+        self._pairs = [(s, t) for s in src for t in tgt if s != t or len(src) == len(tgt) == 1]
+
+    @property
+    def pairs(self) -> list[tuple[str, str]]:
+        """Every (source, target) pair, sources in the model's order, then targets; a
+        multilingual model does not translate a language into itself."""
+        return self._pairs
+
+    def serves(self, pair: LanguagePair) -> bool:
+        """Whether the model translates `pair` (a side left empty matches any language)."""
+        spec = self.spec
+        if pair.source and pair.source not in spec.source:
+            return False
+        if pair.target and pair.target not in spec.target:
+            return False
+        return not (self.multilingual and pair.source and pair.source == pair.target)
+
+    def prefixes(self, pair: LanguagePair, prefix: str = "", need_target: bool = True) -> Prefixes:
+        """The language tokens of `pair` for this model (`serves(pair)` holds); InvalidArgument
+        naming the field (`prefix` + source_language / target_language) that a multilingual
+        model needs and the request left empty. `need_target=False`: the source side only (Encode)."""
+        spec = self.spec
+        source: tuple[int, ...] = ()
+        target: tuple[int, ...] = ()
+        if spec.source_tokens:
+            if not pair.source:
+                langs = ", ".join(spec.source[:LISTED_PAIRS])
+                raise InvalidArgument(f"{prefix}source_language", f"this model needs the source language ({langs}...)")
+            source = (spec.source_tokens[pair.source],)
+        if spec.target_tokens and need_target:
+            if not pair.target:
+                langs = ", ".join(spec.target[:LISTED_PAIRS])
+                raise InvalidArgument(
+                    f"{prefix}target_language", f"this model is multilingual: name the target language ({langs}...)"
+                )
+            target = (spec.target_tokens[pair.target],)
+        return Prefixes(source, target)
+
+
+def describe_pairs(pairs: list[tuple[str, str]], listed: int = LISTED_PAIRS) -> str:
+    """Up to `listed` pairs "de->en, fr->en", then how many there are in all."""
+    shown = ", ".join(f"{s}->{t}" for s, t in pairs[:listed])
+    return shown if len(pairs) <= listed else f"{shown}, ... ({len(pairs)} in all)"
+
+
+DEFAULT_PAGE_SIZE = 100
+MAX_PAGE_SIZE = 1000
+
+
+def pair_page(pairs: list[tuple[str, str]], page_size: int, page_token: str) -> tuple[list[tuple[str, str]], str]:
+    """One page of a model's pairs (GetModelInfoRequest's page_size, 0 = DEFAULT_PAGE_SIZE, and
+    page_token, the offset an earlier page ended at) and the next page's token ("" at the end)."""
+    if not 0 <= page_size <= MAX_PAGE_SIZE:
+        raise InvalidArgument("page_size", f"{page_size} is outside 0..{MAX_PAGE_SIZE} (0 = {DEFAULT_PAGE_SIZE})")
+    size = page_size or DEFAULT_PAGE_SIZE
+    if page_token and not (page_token.isascii() and page_token.isdigit()):
+        raise InvalidArgument("page_token", "not a token from ServedModel.next_page_token")
+    start = int(page_token or 0)
+    page = pairs[start : start + size]
+    return page, str(start + size) if start + size < len(pairs) else ""

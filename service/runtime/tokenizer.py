@@ -1,0 +1,166 @@
+"""Text <-> token ids on the serving path, whichever tokenizer the export ships (no torch).
+
+`TextTokenizer` is what the engine and the offline translator use. Two implement it:
+- `BpeTokenizer`: mtserve's own byte-level BPE (`tokenizer.json`, the `tokenizers` library);
+- `SentencePieceTokenizer`: an imported Hugging Face model's SentencePiece models and vocabularies
+  (the manifest's `sentencepiece`): the source model cuts a text into pieces, the source vocabulary
+  maps each piece to its id (a piece it lacks is `unk_id`); decoding maps ids to pieces through the
+  target vocabulary and joins them with the target model (a leading "▁" is a space). Special and
+  language tokens are dropped from decoded text, as `transformers`' decode(skip_special_tokens=True).
+
+`load_tokenizer` reads the one the manifest names and checks that it is the model's own.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Protocol
+
+import sentencepiece as spm
+from tokenizers import Tokenizer
+
+from contract.manifest import Manifest
+
+
+class TextTokenizer(Protocol):
+    """Texts to token ids (no special tokens added) and back."""
+
+    @property
+    def vocab_size(self) -> int:
+        """Entries of the vocabulary, special and language tokens included."""
+
+    def encode(self, text: str) -> list[int]:
+        """The ids of `text`'s tokens, nothing added."""
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """The text of `ids` without special or language tokens, not stripped."""
+
+    def id_to_token(self, token_id: int) -> str | None:
+        """The vocabulary entry of `token_id` (a subword piece), None when it has none."""
+
+    def token_to_id(self, token: str) -> int | None:
+        """The id of a vocabulary entry, None when it is not one."""
+
+
+class BpeTokenizer:
+    """mtserve's own byte-level BPE tokenizer (`tokenizer.json`)."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.tokenizer = Tokenizer.from_file(str(path))
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.tokenizer.get_vocab_size(with_added_tokens=True))
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False).ids)
+
+    def decode(self, ids: Iterable[int]) -> str:
+        return str(self.tokenizer.decode(list(ids), skip_special_tokens=True))
+
+    def id_to_token(self, token_id: int) -> str | None:
+        token = self.tokenizer.id_to_token(token_id)
+        return None if token is None else str(token)
+
+    def token_to_id(self, token: str) -> int | None:
+        found = self.tokenizer.token_to_id(token)
+        return None if found is None else int(found)
+
+
+def _read_vocab(path: Path) -> dict[str, int]:
+    try:
+        vocab = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{path}: not a JSON vocabulary: {e}") from e
+    if not isinstance(vocab, dict) or not all(isinstance(k, str) and isinstance(v, int) for k, v in vocab.items()):
+        raise ValueError(f"{path}: a vocabulary is a JSON object of {{piece: id}}")
+    return vocab
+
+
+class SentencePieceTokenizer:
+    """SentencePiece models and {piece: id} vocabularies of an imported model (module doc).
+    `special_ids`: ids never shown in decoded text (pad, bos, eos, unk and language tokens);
+    `named`: entries the vocabularies lack but the model has (language tokens), by id."""
+
+    def __init__(
+        self,
+        source_model: Path,
+        target_model: Path,
+        source_vocab: Path,
+        target_vocab: Path,
+        unk_id: int,
+        special_ids: Iterable[int],
+        named: dict[int, str] | None = None,
+    ):
+        self.source = spm.SentencePieceProcessor(model_file=str(source_model))
+        self.target = spm.SentencePieceProcessor(model_file=str(target_model))
+        self.source_vocab = _read_vocab(source_vocab)
+        target = self.source_vocab if target_vocab == source_vocab else _read_vocab(target_vocab)
+        self.pieces: dict[int, str] = {i: p for p, i in target.items()}
+        for i, name in (named or {}).items():
+            self.pieces.setdefault(i, name)
+        self.ids: dict[str, int] = {**{p: i for i, p in self.pieces.items()}, **self.source_vocab}
+        self.unk_id = unk_id
+        self.special_ids = frozenset(special_ids)
+
+    @property
+    def vocab_size(self) -> int:
+        return max(max(self.ids.values()), max(self.pieces)) + 1
+
+    def encode(self, text: str) -> list[int]:
+        vocab, unk = self.source_vocab, self.unk_id
+        return [vocab.get(p, unk) for p in self.source.encode(text, out_type=str)]
+
+    def decode(self, ids: Iterable[int]) -> str:
+        skip, pieces = self.special_ids, self.pieces
+        kept = [pieces[i] for i in ids if i not in skip and i in pieces]
+        return str(self.target.decode_pieces(kept)) if kept else ""
+
+    def id_to_token(self, token_id: int) -> str | None:
+        return self.pieces.get(token_id)
+
+    def token_to_id(self, token: str) -> int | None:
+        return self.ids.get(token)
+
+
+def load_tokenizer(export_dir: Path, manifest: Manifest) -> TextTokenizer:
+    """The tokenizer the manifest of `export_dir` names, checked against the model
+    (`check_tokenizer`); RuntimeError when it is not the model's."""
+    sp = manifest.sentencepiece
+    tokenizer: TextTokenizer
+    if sp is not None:
+        ids, langs = manifest.special_ids, manifest.languages
+        lang_ids = {**langs.source_tokens, **langs.target_tokens}
+        tokenizer = SentencePieceTokenizer(
+            export_dir / sp.source_model.file,
+            export_dir / sp.target_model.file,
+            export_dir / sp.source_vocab.file,
+            export_dir / sp.target_vocab.file,
+            unk_id=ids.unk_id,
+            special_ids={ids.pad_id, ids.bos_id, ids.eos_id, ids.unk_id, *lang_ids.values()},
+            named={i: lang for lang, i in lang_ids.items()},
+        )
+        check_tokenizer(tokenizer, manifest, f"{export_dir / sp.source_vocab.file}", exact_size=False)
+        return tokenizer
+    if manifest.tokenizer is None:
+        raise RuntimeError(f"{export_dir}: the manifest names no tokenizer")
+    tokenizer = BpeTokenizer(export_dir / manifest.tokenizer.file)
+    check_tokenizer(tokenizer, manifest, f"{export_dir / manifest.tokenizer.file}", exact_size=True)
+    return tokenizer
+
+
+def check_tokenizer(tokenizer: TextTokenizer, manifest: Manifest, where: str, exact_size: bool) -> None:
+    """The tokenizer must be the model's: its vocabulary the model's size (`exact_size`; else no
+    larger: an imported model's embedding may have rows no piece uses), the special tokens it
+    names at the model's ids. A wrong one would load fine and translate garbage."""
+    d, ids = manifest.dims, manifest.special_ids
+    got = tokenizer.vocab_size
+    if got > d.vocab_size or (exact_size and got != d.vocab_size):
+        raise RuntimeError(f"wrong tokenizer: {where} has {got} tokens, the model {d.vocab_size}")
+    for name, want in (("<pad>", ids.pad_id), ("<s>", ids.bos_id), ("</s>", ids.eos_id), ("<unk>", ids.unk_id)):
+        found = tokenizer.token_to_id(name)
+        if found != want and (exact_size or found is not None):
+            raise RuntimeError(f"wrong tokenizer: {name} has id {found} in {where}, the model expects {want}")

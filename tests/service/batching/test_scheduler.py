@@ -1,0 +1,148 @@
+"""The scheduler's admission policy, without a model: when a worker admits waiting sentences
+(`_admission_due`) and which ones it takes (`_admit`). The decoding side is covered through the
+server in test_server.py and test_faults.py."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from service.batching.scheduler import Scheduler, Sentence
+from service.errors import DeadlineExceeded
+from service.metrics import Metrics
+from service.settings import Settings
+
+
+def make_scheduler(**overrides) -> Scheduler:
+    fields = {
+        "continuous_batching": True,
+        "admit_fraction": 0.25,
+        "admit_delay_ms": 20.0,
+        "max_batch_sentences": 64,
+        "max_batch_tokens": 4096,
+        "max_queue_size": 1024,
+    }
+    return Scheduler([], Settings(**{**fields, **overrides}), Metrics().for_model("m", "1"))
+
+
+def sentence(n_tokens: int, beam: int = 1, age_s: float = 0.0, deadline: float | None = None) -> Sentence:
+    return Sentence(
+        src_ids=[5] * (n_tokens - 1) + [2],
+        beam=beam,
+        length_penalty=1.0,
+        max_len=20,
+        deadline=deadline,
+        enqueued=time.monotonic() - age_s,
+    )
+
+
+def due(sch: Scheduler, running: int) -> bool:
+    with sch._cond:
+        return sch._admission_due(running)
+
+
+def gauge(sch: Scheduler, name: str, **labels) -> float | None:
+    return sch.metrics.registry.get_sample_value(name, {"model": "m", "version": "1", **labels})
+
+
+def admit(sch: Scheduler, running_rows: int = 0, running_src_len: int = 0) -> list[Sentence]:
+    with sch._cond:
+        return sch._admit(running_rows, running_src_len)
+
+
+def test_nothing_waiting_is_never_due():
+    assert not due(make_scheduler(), 0)
+    assert not due(make_scheduler(), 10)
+
+
+def test_an_idle_worker_admits_at_once_in_both_modes():
+    for continuous in (True, False):
+        sch = make_scheduler(continuous_batching=continuous)
+        sch.submit([sentence(5)])
+        assert due(sch, 0)
+
+
+def test_static_batching_never_joins_a_running_batch():
+    sch = make_scheduler(continuous_batching=False)
+    sch.submit([sentence(5, age_s=10.0) for _ in range(40)])
+    assert not due(sch, 8)
+
+
+def test_a_running_batch_admits_in_bulk_or_after_the_delay():
+    sch = make_scheduler()
+    sch.submit([sentence(5) for _ in range(3)])
+    assert not due(sch, 16)  # 3 waiting < 0.25 x 16, and none has waited 20 ms
+    assert due(sch, 12)  # 3 >= 0.25 x 12
+    sch.submit([sentence(5)])
+    assert due(sch, 16)  # 4 >= 0.25 x 16
+
+    old = make_scheduler()
+    old.submit([sentence(5, age_s=0.05)])  # waited 50 ms > admit_delay_ms
+    assert due(old, 16)
+
+
+def test_admission_takes_the_oldest_then_the_closest_lengths():
+    sch = make_scheduler(max_batch_sentences=3)
+    first, near, far, nearer = sentence(10, age_s=1.0), sentence(13), sentence(40), sentence(11)
+    sch.submit([first, near, far, nearer])
+    assert admit(sch) == [first, nearer, near]
+    assert sch.queue_depth == 1 and gauge(sch, "mtserve_queue_depth") == 1
+
+
+def test_admission_counts_beam_rows_and_padded_source_tokens():
+    sch = make_scheduler(max_batch_sentences=8, max_batch_tokens=100)
+    beams = [sentence(10, beam=4) for _ in range(3)]
+    sch.submit(beams)
+    assert len(admit(sch)) == 2  # 2 x 4 rows fill 8
+    assert len(admit(sch, running_rows=6, running_src_len=10)) == 0  # 6 + 4 rows > 8
+
+    tokens = make_scheduler(max_batch_sentences=64, max_batch_tokens=100)
+    tokens.submit([sentence(20) for _ in range(8)])
+    assert len(admit(tokens)) == 5  # 5 rows x 20 tokens = 100
+
+
+def test_an_idle_worker_starts_a_static_batch_with_its_share_of_the_rows_in_flight():
+    """With static batches, one idle worker taking all that waits leaves the other worker the
+    stragglers (c64 greedy: 11-12 rows a step); each takes its share of the rows in flight instead."""
+    sch = make_scheduler(continuous_batching=False)
+    sch.models = [object(), object()]  # two decode workers
+    sch.submit([sentence(10) for _ in range(64)])
+    assert len(admit(sch)) == 32  # 64 rows in flight over 2 workers
+    with sch._cond:
+        sch._busy_rows = 40  # the other worker's batch
+    assert len(admit(sch)) == 32  # (40 + 32 waiting) / 2 = 36 rows, and 32 wait
+    beams = make_scheduler(continuous_batching=False)
+    beams.models = [object(), object()]
+    beams.submit([sentence(10, beam=4) for _ in range(10)])
+    assert len(admit(beams)) == 5  # 40 rows in flight: 20 rows, 5 sentences of 4 beams
+    one = make_scheduler(continuous_batching=False)
+    one.models = [object()]
+    one.submit([sentence(10) for _ in range(64)])
+    assert len(admit(one)) == 64  # a lone worker takes up to max_batch_sentences
+    cont = make_scheduler(continuous_batching=True)
+    cont.models = [object(), object()]
+    cont.submit([sentence(10) for _ in range(64)])
+    assert len(admit(cont)) == 64  # continuous batching admits by its own rules
+
+
+def test_a_lone_sentence_is_admitted_even_beyond_the_limits():
+    """The limits bound what joins a batch, they never starve a sentence: an idle worker takes
+    the oldest sentence whatever its size (its length was validated at the API)."""
+    sch = make_scheduler(max_batch_sentences=2, max_batch_tokens=16)
+    big = sentence(40, beam=4)
+    sch.submit([big])
+    assert admit(sch) == [big]
+
+
+def test_cancelled_and_expired_sentences_leave_the_queue_unadmitted():
+    sch = make_scheduler()
+    cancelled, expired, live = sentence(5), sentence(5, deadline=time.monotonic() - 1), sentence(5)
+    sch.submit([cancelled, expired, live])
+    assert cancelled.future.cancel()
+    assert admit(sch) == [live]
+    assert sch.queue_depth == 0 and gauge(sch, "mtserve_queue_depth") == 0
+    with pytest.raises(DeadlineExceeded):
+        expired.future.result(timeout=0)
+    for outcome in ("cancelled", "deadline_exceeded"):
+        assert gauge(sch, "mtserve_sentences_total", outcome=outcome) == 1
