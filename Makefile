@@ -11,7 +11,7 @@ MODEL ?= models/de-en/1
 ADDRESS ?= localhost:50051
 METRICS_PORT ?= 9090
 
-.PHONY: install serve export lint test test-slow test-container fuzz soak overload bench bench-quick perf-analyzer clean
+.PHONY: install serve export lint test test-slow test-container fuzz soak overload bench bench-quick bench-real-size perf-analyzer clean
 
 $(STAMP): pyproject.toml setup.py $(wildcard protos/*/*.proto protos/*/*/*.proto)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -73,7 +73,9 @@ overload: $(STAMP)
 
 # Benchmarks side by side (python -m benchmarks.run, docs/benchmarks.md): offline engines (PyTorch with and
 # without a cache, ONNX Runtime, CTranslate2), the server under load, a thread-layout sweep.
-# bench-quick is the short mode (~3 minutes); both end with one JSON line of headline ratios.
+# bench-quick is the short mode (~3 minutes, and a few more for the real-size part: an OPUS-MT-sized model,
+# built once into benchmarks/.cache/; BENCH_ARGS=--no-real-size skips it); both end with one JSON line of
+# headline ratios. bench-real-size runs the real-size part alone (benchmarks/real_size.py) and its profile.
 BENCH_ARGS ?=
 
 BENCH_DEPS = $(PY) -c "import ctranslate2, matplotlib" 2>/dev/null && test -x $(VENV)/bin/py-spy \
@@ -86,6 +88,11 @@ bench: $(STAMP)
 bench-quick: $(STAMP)
 	$(BENCH_DEPS)
 	$(PY) -m benchmarks.run --quick $(BENCH_ARGS)
+
+bench-real-size: $(STAMP)
+	$(BENCH_DEPS)
+	$(PY) -m benchmarks.real_size --quick
+	$(PY) -m benchmarks.real_size_profile
 
 # Triton's perf_analyzer, unchanged, against the KServe endpoint of `mtserve serve` (default settings,
 # a free loopback port) at concurrency 1, 2, 4, 8, then benchmarks/online.py on the same server and

@@ -84,6 +84,7 @@ async def _load(
     api: str = "unary",
     streams: int = 1,
     connections: int = 1,
+    options: dict | None = None,
 ) -> dict:
     # A subchannel pool of each channel's own: channels with the same arguments would otherwise share
     # one connection, and a server's replicas (SO_REUSEPORT) are spread by connection.
@@ -91,12 +92,12 @@ async def _load(
     channels = [grpc.aio.insecure_channel(address, options=opts) for _ in range(max(1, min(connections, concurrency)))]
     try:
         stubs = [pb_grpc.TranslationServiceStub(ch) for ch in channels]
-        options = pb.TranslationOptions(beam_size=beam)
+        request_options = pb.TranslationOptions(beam_size=beam, **(options or {}))
         n_streams = min(streams, concurrency) if api == "many" else 0
         many = [ManyStream(stubs[k % len(stubs)]) for k in range(n_streams)]
 
         async def one(i: int, w: int):
-            req = pb.TranslateRequest(texts=[texts[i % len(texts)]], options=options)
+            req = pb.TranslateRequest(texts=[texts[i % len(texts)]], options=request_options)
             t = time.perf_counter()
             try:
                 if many:
@@ -144,14 +145,16 @@ def run_level(
     api: str = "unary",
     streams: int = 1,
     connections: int = 1,
+    options: dict | None = None,
 ) -> dict:
     """`n_requests` single-sentence requests, `concurrency` at a time (or fewer when `duration`
     seconds pass first), as Translate calls or as items of `streams` TranslateMany streams, over
-    `connections` client connections (at most one per concurrent request)."""
+    `connections` client connections (at most one per concurrent request). `options`: more
+    TranslationOptions fields of every request (e.g. min_output_tokens)."""
     import sacrebleu
 
     out = asyncio.run(
-        _load(address, texts, concurrency, n_requests, beam, timeout, duration, api, streams, connections)
+        _load(address, texts, concurrency, n_requests, beam, timeout, duration, api, streams, connections, options)
     )
     results, seconds = out["results"], out["seconds"]
     ok = [r for r in results if r[2] == "OK"]

@@ -91,9 +91,17 @@ def write_markdown(res: Results, path: Path, plot_name: str) -> None:
         _report_pairs(res),
         report_tracing(res),
         _report_headline(res, plot_name),
+        report_real_size(res.get("real_size")),
         report_elsewhere(),
     ]
     path.write_text("\n".join(line for section in sections for line in section))
+
+
+def report_real_size(real: Row | None) -> list[str]:
+    """The real-size table (benchmarks/real_size.py) beside the toy-size headline ratios."""
+    from benchmarks.real_size import report_lines
+
+    return report_lines(real) if real else []
 
 
 def report_elsewhere() -> list[str]:

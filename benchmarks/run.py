@@ -23,6 +23,9 @@
    server decoding with CTranslate2 int8 (benchmarks/ct2_server.py: mtserve's gRPC front, Engine
    and limits on a CTranslate2 backend at its best offline layout) at concurrency 64 and 1.
 5. Optionally (`--profile`) a py-spy breakdown of the server at concurrency 64.
+6. The real-size part (benchmarks/real_size.py; `--no-real-size` skips it): a random OPUS-MT-sized
+   model on the engine, the server, CTranslate2, optimum and PyTorch, every engine forced to 30
+   target tokens a sentence; its ratios go to the last line under `real_size`.
 
 Everything goes to benchmarks/results/MODE-DATE.json (and MODE-latest.json); the report (a
 Markdown table with machine, versions, settings and date) and the latency/throughput plot go to
@@ -57,6 +60,10 @@ with the headline ratios:
                             the pairs
   latency_c1_over_ct2_served  the server's p50 at concurrency 1 / the CTranslate2-served server's:
                             the median ratio of the pairs
+  real_size                 the real-size part's `summary` (benchmarks/real_size.py): per beam
+                            engine_over_ct2_int8, engine_latency_over_ct2, service_over_ct2_int8
+                            (c64), latency_c1_over_ct2, engine_over_hf and the figures behind
+                            them; peak_rss_mb of every engine's process
 The ratios are given for beam 4 at the top level and for every beam under `by_beam`.
 
 The code, by what it does: benchmarks/plan.py (what each mode measures: `Plan`),
@@ -95,7 +102,7 @@ from benchmarks.summary import Results, headline, summarize
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "benchmarks" / "results"
-PARTS = ("offline", "online", "batcher", "sweep", "pairs", "tracing")
+PARTS = ("offline", "online", "batcher", "sweep", "pairs", "tracing", "real_size")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -105,6 +112,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--threads", type=int, default=2, help="thread budget of every engine")
     ap.add_argument("--skip", default="", help=f"comma-separated parts to skip: {','.join(PARTS)}")
     ap.add_argument("--profile", action="store_true", help="also profile the server with py-spy at concurrency 64")
+    ap.add_argument(
+        "--no-real-size",
+        action="store_true",
+        help="skip the real-size part (benchmarks/real_size.py; = --skip real_size)",
+    )
     ap.add_argument("--docs", action="store_true", help="write docs/benchmarks.md and .png even for --quick")
     ap.add_argument("--note", default="", help="a line for the top of the report (e.g. the machine was busy)")
     ap.add_argument(
@@ -223,9 +235,14 @@ def main(argv: list[str] | None = None) -> None:
         "offline": [],
         "agreement": [],
     }
-    skip = set(filter(None, args.skip.split(",")))
+    skip = set(filter(None, args.skip.split(","))) | ({"real_size"} if args.no_real_size else set())
     measure_offline(res, p, args.threads, model, skip)
     measure_served(res, p, args.threads, model, skip, args.profile)
+    if "real_size" not in skip:
+        from benchmarks import real_size
+
+        log("real size: the OPUS-MT-sized model on every engine (benchmarks/real_size.py)")
+        res["real_size"] = real_size.measure(real_size.quick_plan() if args.quick else real_size.full_plan())
     res["summary_by_beam"] = [summarize(res, b) for b in p.online_beams]
     res["server_defaults"] = server_defaults()
     res["seconds"] = round(time.time() - t_start, 1)

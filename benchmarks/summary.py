@@ -275,4 +275,6 @@ def headline(res: Results, head_beam: int) -> dict[str, Any]:
         **tracing_figures(res.get("tracing")),
         # offline sentences per engine (0 = all 1,000): quick-mode ratios come from subsets
         "offline_sentences": res["plan"]["limits"],
+        # the OPUS-MT-sized model (benchmarks/real_size.py), when it ran
+        **({"real_size": res["real_size"]["summary"]} if "real_size" in res else {}),
     }

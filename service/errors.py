@@ -6,13 +6,30 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+# A status message's length at most: the statuses travel in gRPC's metadata (16 KiB at most), and
+# the log lines that quote them stay short whatever a client sends.
+MAX_MESSAGE_CHARS = 1024
+
+
+def quote(value: str, limit: int = 64) -> str:
+    """Client input as a status message or a log line quotes it: repr() when short, else its first
+    `limit` characters and its length ("'abcd…' (100000 chars)"). Every message that echoes what a
+    client sent goes through here."""
+    if len(value) <= limit:
+        return repr(value)
+    shown = repr(value[:limit])  # ends with its closing quote
+    return f"{shown[:-1]}…{shown[-1]} ({len(value)} chars)"
+
 
 class ServiceError(Exception):
-    """Base class; `code` is a grpc.StatusCode name."""
+    """Base class; `code` is a grpc.StatusCode name. The message is cut to MAX_MESSAGE_CHARS (a
+    backstop: the messages quote client input with `quote`)."""
 
     code = "INTERNAL"
 
     def __init__(self, message: str):
+        if len(message) > MAX_MESSAGE_CHARS:
+            message = message[: MAX_MESSAGE_CHARS - 20] + f"… ({len(message)} chars)"
         super().__init__(message)
         self.message = message
 

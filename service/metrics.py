@@ -130,7 +130,27 @@ class Metrics:
         self.sentences = Counter(
             "mtserve_sentences_total", "sentences finished, by outcome", [*MODEL_LABELS, "outcome"], registry=r
         )
+        self.texts = Counter("mtserve_texts_total", "texts accepted for translation", MODEL_LABELS, registry=r)
+        self.text_segments = Histogram(
+            "mtserve_text_segments",
+            "segments (sentences, or lines) of each text accepted for translation",
+            MODEL_LABELS,
+            buckets=SIZE_BUCKETS,
+            registry=r,
+        )
+        self.split_rows = Counter(
+            "mtserve_split_rows_total",
+            "rows added by splitting texts into segments and over-long sentences into parts",
+            MODEL_LABELS,
+            registry=r,
+        )
         self.model_info = Info("mtserve_model", "each model version being served", MODEL_LABELS, registry=r)
+        self.default_model = Gauge(
+            "mtserve_default_model",
+            "1 for the default model (requests that name none go to it), 0 for the model that was it before",
+            ["model"],
+            registry=r,
+        )
 
     def _add_inference_metrics(self, r: CollectorRegistry) -> None:
         # Per model (the translation model and the encoder model, whichever API called them): what
@@ -276,4 +296,7 @@ class ModelMetrics:
         self.decoded_rows = metrics.decoded_rows.labels(*v)
         self.padding_ratio = metrics.padding_ratio.labels(*v)
         self.sentences = _Partial(metrics.sentences, v)
+        self.texts = metrics.texts.labels(*v)
+        self.text_segments = metrics.text_segments.labels(*v)
+        self.split_rows = metrics.split_rows.labels(*v)
         self.model_info = metrics.model_info.labels(*v)

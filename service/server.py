@@ -62,11 +62,13 @@ class Server:
         self.metrics_port: int | None = None
         self._metrics_http: WSGIServer | None = None
         self.ready = False  # health SERVING: KServe ServerReady/ModelReady report it
+        self._health_wanted: int = health_pb2.HealthCheckResponse.NOT_SERVING  # SERVING once started, until the drain
         single = settings.model_dir is not None
         self.loader = ModelLoader(settings, self.metrics, backend_factory)
         self.models = ModelRegistry(
             None if single else settings.model_repository, self.loader.load, self.metrics, settings.grace_period_s
         )
+        self.models.on_change = self._models_changed
         self.tls: bool  # set by start()
 
     @property
@@ -92,9 +94,8 @@ class Server:
                 await self.models.add(source)
             if st.default_model:
                 try:
-                    chosen = self.models.resolve(st.default_model, "default_model")
-                    self.models.default_name = chosen.name
-                    self.models.default_versions[chosen.name] = chosen.version  # NAME:VERSION names both
+                    # NAME:VERSION names the default version too
+                    self.models.set_default(self.models.resolve(st.default_model, "default_model"))
                 except ServiceError as e:
                     raise ModelLoadError(e.message) from None
             if before_listen is not None:
@@ -204,12 +205,22 @@ class Server:
     # -- health, warm-up, drain ------------------------------------------------------------------
 
     async def _set_health(self, status: int) -> None:
-        """Report `status` (a HealthCheckResponse.ServingStatus) for the server and mtserve.v1."""
+        """Report `status` (a HealthCheckResponse.ServingStatus) for the server and mtserve.v1;
+        SERVING only while a model is loaded (`_models_changed` follows the loads and unloads)."""
+        self._health_wanted = status
+        if not self.models.served:
+            status = health_pb2.HealthCheckResponse.NOT_SERVING
         self.ready = status == health_pb2.HealthCheckResponse.SERVING
         for name in ("", SERVICE_NAME):
             result = self.health.set(name, status)
             if asyncio.iscoroutine(result):
                 await result
+
+    async def _models_changed(self) -> None:
+        """Health follows what can be served: NOT_SERVING with no model loaded, SERVING again once
+        one is (between the start and the drain)."""
+        if self._health_wanted == health_pb2.HealthCheckResponse.SERVING:
+            await self._set_health(self._health_wanted)
 
     async def drain(self) -> None:
         """NOT_SERVING, refuse new work, finish what was accepted within the grace period, stop."""
@@ -227,9 +238,11 @@ class Server:
         if not finished:
             log.warning("grace period over with work in flight; stopping anyway")
         if self.server is not None:
-            await self.server.stop(grace=max(end - time.monotonic(), 1.0) if finished else 0)
+            await self.server.stop(grace=max(end - time.monotonic(), 0.0) if finished else 0)
         self.models.shutdown()
-        tracing.shutdown()  # exports the spans still buffered
+        # Exports the spans still buffered in what is left of the grace period (a moment at least,
+        # for the spans of the last calls), and stops waiting for a collector that does not answer.
+        tracing.shutdown(timeout_s=max(end - time.monotonic(), 0.5))
         if self._metrics_http is not None:
             self._metrics_http.shutdown()
         log.info("drained; exiting")

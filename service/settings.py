@@ -127,7 +127,7 @@ class Settings(BaseSettings):
     max_texts_per_request: int = Field(64, ge=1)
     max_input_tokens: int = Field(200, ge=1, description="subword tokens of one source text")
     max_output_tokens: int = Field(200, ge=1, description="generated tokens of one text")
-    max_text_bytes: int = Field(10_000, ge=1, description="UTF-8 bytes of one source text")
+    max_text_bytes: int = Field(100_000, ge=1, description="UTF-8 bytes of one source text")
     max_beam_size: int = Field(8, ge=1)
     default_beam_size: int = Field(4, ge=1)
     max_receive_message_bytes: int = Field(4 * 1024 * 1024, ge=1024)

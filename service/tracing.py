@@ -24,17 +24,27 @@ The scheduler's hooks (`joined`, `stepped`, `batch_ended`) run in its worker thr
 carries its trace through it as `Sentence.trace` (a `SentenceTrace`, set by the engine only for
 a sampled RPC). The per-sentence spans are made with explicit start and end times taken from the
 scheduler's own clocks, so tracing adds no timing calls to the decode loop.
+
+Tracing is bounded against its callers and its collector (docs/security.md "Tracing"): a
+`traceparent` or `tracestate` that is not valid W3C Trace Context (or a `tracestate` longer than
+512 characters) is dropped before extraction, with at most one short log line a minute for all of
+them; OpenTelemetry's own warnings are held to the same rate and cut short. The RPC span is made
+current around each step of its handler (never across a stream's yields, which a cancelled call
+may finish in another task). `shutdown(timeout_s)` stops waiting for the exporter at the time
+given, which the drain takes from its grace period.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import os
+import re
+import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from concurrent.futures import Future
-from contextvars import Token
 from dataclasses import dataclass
 from importlib import metadata
 from typing import Any
@@ -46,8 +56,11 @@ from opentelemetry.trace import Link, Span, SpanKind, Status, StatusCode, Tracer
 
 from service.errors import StartupError
 
+log = logging.getLogger("mtserve.tracing")
+
 tracer: Tracer | None = None  # None: tracing is off
 _provider: Any = None  # the SDK's TracerProvider, for shutdown()
+_exporters: list[Any] = []  # its span exporters, stopped by shutdown() when time runs out
 
 # Services whose RPCs get no span: probes and tooling, not work.
 UNTRACED_SERVICES = ("grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection")
@@ -105,23 +118,129 @@ def configure() -> bool:
     resource = Resource.create()
     if str(resource.attributes.get(SERVICE_NAME, "")).startswith("unknown_service"):
         resource = resource.merge(Resource({SERVICE_NAME: "mtserve"}))
-    provider = TracerProvider(resource=resource)  # the sampler: OTEL_TRACES_SAMPLER
-    for name in names:
-        provider.add_span_processor(BatchSpanProcessor(_exporter(name)))
+    # No shutdown at exit: the drain calls shutdown() with what is left of its grace period.
+    provider = TracerProvider(resource=resource, shutdown_on_exit=False)  # the sampler: OTEL_TRACES_SAMPLER
+    exporters = [_exporter(name) for name in names]
+    for exporter in exporters:
+        provider.add_span_processor(BatchSpanProcessor(exporter))
+    for name in _OTEL_LOGGERS:
+        logging.getLogger(name).addFilter(_otel_log_limit)
     try:
         version = metadata.version("mtserve")
     except metadata.PackageNotFoundError:
         version = "0"
     _provider, tracer = provider, provider.get_tracer("mtserve", version)
+    _exporters[:] = exporters
     return True
 
 
-def shutdown() -> None:
-    """Export what is buffered and stop (the drain after SIGTERM)."""
+def shutdown(timeout_s: float = 30.0) -> bool:
+    """Export what is buffered and stop (the drain after SIGTERM), waiting at most `timeout_s`:
+    an exporter still busy then (a collector that is down, retried with backoff) is stopped and
+    its spans are dropped. True when everything was exported in time (or tracing was off)."""
     global tracer, _provider
     provider, _provider, tracer = _provider, None, None
-    if provider is not None:
-        provider.shutdown()
+    exporters, _exporters[:] = list(_exporters), []
+    if provider is None:
+        return True
+    # The SDK's BatchSpanProcessor waits up to 30 s for its worker and takes no timeout: run it
+    # in a daemon thread and stop waiting when the time is up.
+    stopping = threading.Thread(target=provider.shutdown, name="mtserve-tracing-shutdown", daemon=True)
+    stopping.start()
+    stopping.join(max(timeout_s, 0.0))
+    if not stopping.is_alive():
+        return True
+    log.warning("tracing: spans not exported within %.1fs are dropped (is the collector reachable?)", timeout_s)
+    for exporter in exporters:  # ends their retries: the worker thread exits instead of backing off
+        exporter.shutdown()
+    return False
+
+
+# -- bounded logging of what callers send -------------------------------------------------------
+
+_LOG_INTERVAL_S = 60.0
+_LOG_LINE_CHARS = 200
+
+
+class _RateLimit(logging.Filter):
+    """At most one record per `_LOG_INTERVAL_S` through the loggers it is attached to, its message
+    cut to `_LOG_LINE_CHARS` characters and followed by how many were left out before it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._lock = threading.Lock()
+        self._next = 0.0  # time.monotonic() from which the next record may pass
+        self._dropped = 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        with self._lock:
+            now = time.monotonic()
+            if now < self._next:
+                self._dropped += 1
+                return False
+            self._next, dropped, self._dropped = now + _LOG_INTERVAL_S, self._dropped, 0
+        message = record.getMessage()
+        if len(message) > _LOG_LINE_CHARS:
+            message = f"{message[:_LOG_LINE_CHARS]}... ({len(message)} characters)"
+        if dropped:
+            message += f" ({dropped} more like it in the last minute not logged)"
+        record.msg, record.args, record.exc_info, record.exc_text = message, None, None, None
+        return True
+
+
+# OpenTelemetry's loggers that quote what a caller sent (trace state, baggage).
+_OTEL_LOGGERS = (
+    "opentelemetry.trace.span",
+    "opentelemetry.trace.propagation.tracecontext",
+    "opentelemetry.baggage",
+    "opentelemetry.baggage.propagation",
+)
+_otel_log_limit = _RateLimit()
+_dropped_log = logging.getLogger("mtserve.tracing.headers")
+_dropped_log.addFilter(_RateLimit())
+
+# W3C Trace Context (https://www.w3.org/TR/trace-context/): traceparent (any version but ff, whose
+# later versions may add fields), and a tracestate of at most 32 list members key=value.
+_TRACEPARENT = re.compile(r"(?!ff)[0-9a-f]{2}-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}(-[ -~]*)?")
+_TRACESTATE_MEMBER = re.compile(
+    r"(?:[a-z][_0-9a-z\-*/]{0,255}|[a-z0-9][_0-9a-z\-*/]{0,240}@[a-z][_0-9a-z\-*/]{0,13})"
+    r"=[\x20-\x2b\x2d-\x3c\x3e-\x7e]{0,255}[\x21-\x2b\x2d-\x3c\x3e-\x7e]"
+)
+_TRACESTATE_MAX_CHARS = 512
+_TRACESTATE_MAX_MEMBERS = 32
+
+
+def _valid_tracestate(value: str) -> bool:
+    if len(value) > _TRACESTATE_MAX_CHARS:
+        return False
+    members = [m.strip(" \t") for m in value.split(",")]
+    members = [m for m in members if m]
+    keys = [m.split("=", 1)[0] for m in members]
+    return (
+        len(members) <= _TRACESTATE_MAX_MEMBERS
+        and len(set(keys)) == len(keys)
+        and all(_TRACESTATE_MEMBER.fullmatch(m) for m in members)
+    )
+
+
+def _carrier(metadata: Iterable[tuple[str, Any]] | None, method: str) -> dict[str, str]:
+    """gRPC metadata as the propagator's carrier, without trace headers that are not valid W3C
+    Trace Context (an invalid traceparent takes its tracestate with it)."""
+    carrier = {k: v for k, v in metadata or () if isinstance(v, str)}
+    dropped = []
+    parent = carrier.get("traceparent")
+    if parent is not None and (len(parent) > 512 or not _TRACEPARENT.fullmatch(parent.strip(" \t"))):
+        dropped.append(("traceparent", len(parent)))
+        carrier.pop("traceparent")
+    state = carrier.get("tracestate")
+    if state is not None and ("traceparent" not in carrier or not _valid_tracestate(state)):
+        if "traceparent" in carrier:
+            dropped.append(("tracestate", len(state)))
+        carrier.pop("tracestate")
+    if dropped:
+        what = ", ".join(f"{name} ({n} characters)" for name, n in dropped)
+        _dropped_log.warning("dropped invalid trace headers of a %s call: %s", method, what)
+    return carrier
 
 
 # -- RPC spans --------------------------------------------------------------------------------
@@ -129,34 +248,38 @@ def shutdown() -> None:
 
 class RpcSpan:
     """The SERVER span of one RPC, current while its handler runs (the engine's spans become its
-    children). `enter` and `exit` run in the RPC's task."""
+    children)."""
 
     def __init__(self, full_method: str, metadata: Iterable[tuple[str, Any]] | None):
         assert tracer is not None
         name = full_method.lstrip("/")
         service, _, method = name.rpartition("/")
         # gRPC metadata as the propagator's carrier: W3C traceparent/tracestate (OTEL_PROPAGATORS).
-        carrier = {k: v for k, v in metadata or () if isinstance(v, str)}
         self.span = tracer.start_span(
             name,
-            context=propagate.extract(carrier),
+            context=propagate.extract(_carrier(metadata, method)),
             kind=SpanKind.SERVER,
             attributes={"rpc.system": "grpc", "rpc.service": service, "rpc.method": method},
         )
-        self._token: Token[Context] | None = None
+        self._context = trace.set_span_in_context(self.span)
 
-    def enter(self) -> None:
-        self._token = otel_context.attach(trace.set_span_in_context(self.span))
+    @contextlib.contextmanager
+    def current(self) -> Iterator[None]:
+        """The span current in the block, which must not span a yield of a streaming handler:
+        attach and detach happen in the same task, the one that runs the block."""
+        token = otel_context.attach(self._context)
+        try:
+            yield
+        finally:
+            otel_context.detach(token)
 
-    def exit(self, code: str, code_number: int, error: BaseException | None, message: str = "") -> None:
+    def end(self, code: str, code_number: int, error: BaseException | None, message: str = "") -> None:
         """End the span with the status the client saw."""
         self.span.set_attribute("rpc.grpc.status_code", code_number)
         if code != "OK":
             self.span.set_status(Status(StatusCode.ERROR, f"{code}: {message}" if message else code))
             if error is not None and code in ("INTERNAL", "UNKNOWN"):
                 self.span.record_exception(error)
-        if self._token is not None:
-            otel_context.detach(self._token)
         self.span.end()
 
 

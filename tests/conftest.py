@@ -452,3 +452,57 @@ def hf_m2m100_dir(tmp_path_factory, hf_spm_models) -> Path:
     """An M2M100 folder (8 languages, `wmt21` codes) with ReLU."""
     out = tmp_path_factory.mktemp("hf-m2m100") / "m2m100-tiny"
     return hf_m2m100_folder(out, hf_spm_models["joint"], "relu", seed=3)
+
+
+NLLB_LANGUAGES = ["deu_Latn", "eng_Latn", "fra_Latn", "ces_Latn"]
+
+
+def hf_nllb_folder(out: Path, spm: Path, seed: int) -> Path:
+    """An NLLB folder as transformers saves one: tokenizer.json and tokenizer_config.json converted
+    from the SentencePiece model (fairseq's ids, the language codes added as special tokens), the
+    model itself shipped beside them as on the hub, and an M2M100 model with two unused rows."""
+    import shutil
+
+    import torch
+    from transformers import M2M100Config, M2M100ForConditionalGeneration, NllbTokenizer
+
+    spm_only = out.with_name(out.name + "-spm")
+    spm_only.mkdir(parents=True)
+    shutil.copyfile(spm, spm_only / "sentencepiece.bpe.model")
+    tok = NllbTokenizer.from_pretrained(
+        str(spm_only), src_lang="deu_Latn", tgt_lang="eng_Latn", extra_special_tokens=NLLB_LANGUAGES
+    )
+    tok.save_pretrained(str(out))
+    shutil.copyfile(spm, out / "sentencepiece.bpe.model")
+    config = M2M100Config(
+        vocab_size=len(tok) + 2,
+        d_model=32,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=64,
+        decoder_ffn_dim=64,
+        max_position_embeddings=128,
+        activation_function="relu",
+        scale_embedding=True,
+        pad_token_id=1,
+        bos_token_id=0,
+        eos_token_id=2,
+        decoder_start_token_id=2,
+        forced_eos_token_id=2,
+        dropout=0.0,
+        init_std=0.1,
+    )
+    torch.manual_seed(seed)
+    model = M2M100ForConditionalGeneration(config)
+    _hf_scale_weights(model, 2.0)
+    model.save_pretrained(str(out))
+    return out
+
+
+@pytest.fixture(scope="session")
+def hf_nllb_dir(tmp_path_factory, hf_spm_models) -> Path:
+    """An NLLB folder (4 FLORES-200 language codes) on the joint BPE model, with ReLU."""
+    out = tmp_path_factory.mktemp("hf-nllb") / "nllb-tiny"
+    return hf_nllb_folder(out, hf_spm_models["joint"], seed=4)

@@ -74,11 +74,12 @@ def _load_hf(src: Path, arch: str) -> Any:
 
 
 def _build(
-    src: Path, work: Path, hf_config: dict[str, Any], arch: str, langs: tuple[str | None, str | None]
+    src: Path, work: Path, hf_config: dict[str, Any], arch: str, langs: tuple[str | None, str | None], texts: list[str]
 ) -> tuple[Transformer, Any, ImportedTokenizer, list[int]]:
-    """Write the model dir into `work`: weights, config.json and the tokenizer files."""
+    """Write the model dir into `work`: weights, config.json and the tokenizer files (an NLLB
+    tokenizer's SentencePiece pieces checked against transformers' on `texts`)."""
     work.mkdir()
-    tok = import_tokenizer(src, work, arch, *langs)
+    tok = import_tokenizer(src, work, arch, langs, texts)
     spec = model_config(hf_config, tok.unk_id, _generation_config(src))
     hf = _load_hf(src, arch)
     model = Transformer(spec.cfg)
@@ -132,9 +133,9 @@ def import_model(
     root.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix=f".import-{version}-", dir=root))
     try:
-        work = scratch / "model"
-        model, hf, tok, suppressed = _build(src, work, hf_config, arch, (src_lang, tgt_lang))
-        parity = _parity(work, model, hf, tok, suppressed, texts or PROBE_SENTENCES)
+        work, texts = scratch / "model", texts or PROBE_SENTENCES
+        model, hf, tok, suppressed = _build(src, work, hf_config, arch, (src_lang, tgt_lang), texts)
+        parity = _parity(work, model, hf, tok, suppressed, texts)
         if not parity.ok():
             raise HFImportError(
                 f"the imported model differs from transformers: {parity.identical}/{parity.sentences} greedy outputs "

@@ -5,11 +5,20 @@ model dir, and the languages it translates with their tokens.
 Marian (`MarianTokenizer`): source.spm, target.spm, vocab.json (target_vocab.json too when the
 vocabularies are separate); one language pair, from tokenizer_config.json's source_lang/target_lang
 unless given. M2M100 (`M2M100Tokenizer`): sentencepiece.bpe.model and vocab.json; every language of
-the tokenizer, its `__xx__` token first on the source and forced first on the target."""
+the tokenizer, its `__xx__` token first on the source and forced first on the target.
+
+NLLB (`NllbTokenizer`, an M2M100 model): sentencepiece.bpe.model (tokenizer.json when there is one)
+with fairseq's ids (<s> 0, <pad> 1, </s> 2, <unk> 3, SentencePiece id + 1, then the added tokens);
+vocab.json is written from get_vocab(). Every language code of the tokenizer (`deu_Latn`, ...) is a
+language under its own name, its token first on the source and forced first on the target (the
+non-legacy layout; `legacy_behaviour` is refused). The SentencePiece model must give the pieces
+that the HF tokenizer gives: checked on the parity texts, stripped (for trailing whitespace the HF
+tokenizer adds a "▁" that SentencePiece, and so mtserve, does not)."""
 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,8 +26,12 @@ from typing import Any
 
 from export.hf.config import M2M100, MARIAN, HFImportError
 
-TOKENIZER_CLASSES = {MARIAN: "MarianTokenizer", M2M100: "M2M100Tokenizer"}
+NLLB = "NllbTokenizer"
+# The tokenizer classes each architecture takes (a `Fast` suffix is the same tokenizer); the first is
+# the one a folder without tokenizer_config.json's `tokenizer_class` has.
+TOKENIZER_CLASSES = {MARIAN: ("MarianTokenizer",), M2M100: ("M2M100Tokenizer", NLLB)}
 TOKENIZER_CONFIG = "tokenizer_config.json"
+NLLB_LANGUAGE_CODE = re.compile(r"[a-z]{3}_[A-Z][a-z]{3}")  # FLORES-200: deu_Latn, zho_Hans
 
 
 @dataclass
@@ -35,18 +48,32 @@ def tokenizer_config(src: Path) -> dict[str, Any]:
     return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
 
 
+def tokenizer_class(src: Path, arch: str) -> str:
+    """The tokenizer class of the folder (without `Fast`); HFImportError for one `arch` does not take."""
+    tok_cfg = tokenizer_config(src)
+    cls = str(tok_cfg.get("tokenizer_class") or TOKENIZER_CLASSES[arch][0]).removesuffix("Fast")
+    if cls not in TOKENIZER_CLASSES[arch]:
+        raise HFImportError(
+            f"{TOKENIZER_CONFIG}: `tokenizer_class` {cls!r} is not supported for {arch}; "
+            f"mtserve imports {' or '.join(TOKENIZER_CLASSES[arch])}"
+        )
+    if cls == NLLB and tok_cfg.get("legacy_behaviour"):
+        raise HFImportError(
+            f"{TOKENIZER_CONFIG}: `legacy_behaviour` is true (the language code after </s> on the source); "
+            "mtserve takes the default layout, the language code first"
+        )
+    return cls
+
+
 def required_files(src: Path, arch: str) -> list[str]:
     """The tokenizer files `arch` needs; HFImportError for another tokenizer class."""
     tok_cfg = tokenizer_config(src)
-    cls = tok_cfg.get("tokenizer_class") or TOKENIZER_CLASSES[arch]
-    if cls.removesuffix("Fast") != TOKENIZER_CLASSES[arch]:
-        raise HFImportError(
-            f"{TOKENIZER_CONFIG}: `tokenizer_class` {cls!r} is not supported for {arch}; "
-            f"mtserve imports {TOKENIZER_CLASSES[arch]}"
-        )
     if arch == MARIAN:
+        tokenizer_class(src, arch)
         separate = tok_cfg.get("separate_vocabs") or (src / "target_vocab.json").is_file()
         return ["source.spm", "target.spm", "vocab.json", *(["target_vocab.json"] if separate else [])]
+    if tokenizer_class(src, arch) == NLLB:  # the vocabulary is in tokenizer.json, or made from the model
+        return ["sentencepiece.bpe.model"]
     return ["sentencepiece.bpe.model", "vocab.json"]
 
 
@@ -100,8 +127,66 @@ def import_m2m100(src: Path, dst: Path, src_lang: str | None, tgt_lang: str | No
     return ImportedTokenizer(files, tok.unk_token_id, source, target, languages)
 
 
-def import_tokenizer(src: Path, dst: Path, arch: str, src_lang: str | None, tgt_lang: str | None) -> ImportedTokenizer:
-    """Write the tokenizer files of the HF folder `src` into the model dir `dst`."""
+def _check_pieces(tok: Any, model: Path, vocab: dict[str, int], texts: list[str]) -> None:
+    """The SentencePiece model and vocab.json must give the HF tokenizer's ids: every piece is in
+    the vocabulary, and each (stripped) text has the same ids both ways."""
+    import sentencepiece
+
+    sp = sentencepiece.SentencePieceProcessor(model_file=str(model))
+    pieces = [sp.id_to_piece(i) for i in range(sp.get_piece_size()) if not (sp.is_control(i) or sp.is_unknown(i))]
+    missing = [p for p in pieces if p not in vocab]
+    if missing:
+        raise HFImportError(
+            f"tokenizer.json: its vocabulary lacks {len(missing)} pieces of {model.name} (e.g. {missing[0]!r}); "
+            "they are not the same tokenizer"
+        )
+    for text in (t.strip() for t in texts):
+        ours = [vocab.get(p, tok.unk_token_id) for p in sp.encode(text, out_type=str)]
+        theirs = list(tok(text, add_special_tokens=False)["input_ids"])
+        if ours != theirs:
+            raise HFImportError(
+                f"tokenizer.json: its `normalizer`/`model` tokenizes {text!r} as {tok.convert_ids_to_tokens(theirs)}, "
+                f"{model.name} as {sp.encode(text, out_type=str)}; mtserve needs them equal"
+            )
+
+
+def import_nllb(
+    src: Path, dst: Path, src_lang: str | None, tgt_lang: str | None, texts: list[str]
+) -> ImportedTokenizer:
+    from transformers import NllbTokenizer
+
+    tok = NllbTokenizer.from_pretrained(str(src))
+    vocab = {str(p): int(i) for p, i in tok.get_vocab().items()}  # pieces, specials, language codes, <mask>
+    extra = tok.extra_special_tokens  # the language codes (a list; a dict when the tokens are named)
+    added = map(str, extra.values() if isinstance(extra, dict) else extra)
+    tokens = {code: vocab[code] for code in added if NLLB_LANGUAGE_CODE.fullmatch(code) and code in vocab}
+    if not tokens:
+        raise HFImportError(f"{TOKENIZER_CONFIG}: `extra_special_tokens` has no language code (like deu_Latn)")
+    shutil.copyfile(src / "sentencepiece.bpe.model", dst / "sentencepiece.bpe.model")
+    _check_pieces(tok, dst / "sentencepiece.bpe.model", vocab, texts)
+    (dst / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False, indent=0) + "\n", encoding="utf-8")
+    tok_cfg = tokenizer_config(src)
+    source, target = _language(src_lang, tok_cfg, "src_lang"), _language(tgt_lang, tok_cfg, "tgt_lang")
+    for key, lang in (("src_lang", source), ("tgt_lang", target)):
+        if lang not in tokens:
+            raise HFImportError(f"`{key}` {lang!r} is not a language of the tokenizer ({', '.join(tokens)})")
+    files = {
+        "source_model": "sentencepiece.bpe.model",
+        "target_model": "sentencepiece.bpe.model",
+        "source_vocab": "vocab.json",
+        "target_vocab": "vocab.json",
+    }
+    languages = {"source": list(tokens), "target": list(tokens), "source_tokens": tokens, "target_tokens": tokens}
+    return ImportedTokenizer(files, tok.unk_token_id, source, target, languages)
+
+
+def import_tokenizer(
+    src: Path, dst: Path, arch: str, langs: tuple[str | None, str | None], texts: list[str]
+) -> ImportedTokenizer:
+    """Write the tokenizer files of the HF folder `src` into the model dir `dst`; `langs` are the
+    source and target language given (None: the tokenizer's), `texts` those the NLLB pieces are checked on."""
     if arch == MARIAN:
-        return import_marian(src, dst, src_lang, tgt_lang)
-    return import_m2m100(src, dst, src_lang, tgt_lang)
+        return import_marian(src, dst, *langs)
+    if tokenizer_class(src, arch) == NLLB:
+        return import_nllb(src, dst, *langs, texts)
+    return import_m2m100(src, dst, *langs)

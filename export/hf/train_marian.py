@@ -296,7 +296,8 @@ def evaluate(args: argparse.Namespace) -> list[dict[str, Any]]:
     for beams in args.beams:
         start = time.perf_counter()
         hyps = translate(model, tok, src, beams, args.batch_size)
-        bleu = sacrebleu.corpus_bleu(hyps, [refs])
+        metric = sacrebleu.BLEU()
+        bleu = metric.corpus_score(hyps, [refs])
         rows.append(
             {
                 "engine": "transformers",
@@ -304,7 +305,7 @@ def evaluate(args: argparse.Namespace) -> list[dict[str, Any]]:
                 "sentences": len(src),
                 "beam": beams,
                 "bleu": round(bleu.score, 2),
-                "signature": str(sacrebleu.BLEU().get_signature()),
+                "signature": str(metric.get_signature()),
                 "seconds": round(time.perf_counter() - start, 1),
             }
         )

@@ -10,6 +10,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from service.decoding.sampling import Sampling
+
 _keys = itertools.count()
 
 
@@ -25,6 +27,10 @@ class Sentence:
     # out of the result; min_len: tokens the output has at least before </s> (the prefix not counted).
     target_prefix: list[int] = field(default_factory=list)
     min_len: int = 0
+    # The request's target prefix: forced after target_prefix and kept in the output (min_len counts it).
+    output_prefix: list[int] = field(default_factory=list)
+    num_hypotheses: int = 1  # beam search's n-best list when > 1
+    sampling: Sampling | None = None  # greedy search draws its tokens (service.decoding.sampling)
     want_alignment: bool = False
     want_scores: bool = True  # False: greedy search may skip the log-probabilities (score None)
     deadline: float | None = None  # time.monotonic() after which it is dropped if still queued

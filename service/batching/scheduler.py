@@ -184,6 +184,9 @@ class Scheduler(SentenceQueue):
                     max_lens=[s.max_len for s in group],
                     min_lens=[s.min_len for s in group],
                     target_prefixes=[s.target_prefix for s in group],
+                    kept_prefixes=[s.output_prefix for s in group],
+                    num_hypotheses=[s.num_hypotheses for s in group],
+                    sampling=[s.sampling for s in group],
                     want_alignment=any(s.want_alignment for s in group),
                     want_scores=[s.want_scores for s in group],
                 )

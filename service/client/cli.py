@@ -66,6 +66,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_model_argument(p)
     add_security_arguments(p)
     p.add_argument("--input", help="file with one source sentence per line ('-' = stdin)")
+    p.add_argument(
+        "--document",
+        metavar="FILE",
+        help="translate FILE as one text ('-' = stdin): sentence by sentence, its paragraphs and line breaks kept",
+    )
+    p.add_argument(
+        "--split",
+        choices=["sentences", "newlines", "none"],
+        default="",
+        help="how the server cuts each text into rows (default: sentences; docs/documents.md)",
+    )
     p.add_argument("--output", help="write translations here, one per line (default stdout)")
     p.add_argument("--concurrency", type=int, default=8, help="requests in flight with --input")
     p.add_argument("--batch-size", type=int, default=16, help="lines per request with --input")
@@ -78,6 +89,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--source-language", default="", help="language of the texts (with --target-language, picks the model)"
     )
     p.add_argument("--target-language", default="", help="language to translate into (required by multilingual models)")
+    add_decoding_arguments(p)
     p.add_argument("--stream", action="store_true", help="print tokens as they are decoded")
     p.add_argument("--json", action="store_true", help="print each result as JSON (scores, tokens)")
     p.add_argument(
@@ -89,6 +101,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout", type=float, default=60.0)
 
 
+def add_decoding_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("decoding (README: Decoding options)")
+    g.add_argument(
+        "--num-hypotheses", type=int, default=0, help="n-best list of this many hypotheses (at most the beam size)"
+    )
+    g.add_argument("--target-prefix", default="", help="forced start of every translation (part of it)")
+    g.add_argument("--sampling-topk", type=int, default=0, help="sample among the k most likely tokens (k > 1)")
+    g.add_argument("--sampling-topp", type=float, default=None, help="nucleus sampling: in (0, 1]")
+    g.add_argument("--sampling-temperature", type=float, default=None, help="divides the logits when sampling (> 0)")
+    g.add_argument("--seed", type=int, default=0, help="seed of sampling (0 = random)")
+
+
 def _fail(e: grpc.RpcError) -> None:
     sys.exit(f"mtserve: {e.code().name}: {e.details()}")
 
@@ -98,7 +122,9 @@ def run(args: argparse.Namespace) -> None:
         with connect(args) as client:
             if args.alignment and (args.input or args.stream):
                 sys.exit("mtserve translate: --alignment works with texts given as arguments, without --stream")
-            if args.input:
+            if args.document:
+                _translate_document(client, args)
+            elif args.input:
                 _translate_file(client, args)
             elif args.texts:
                 _translate_texts(client, args)
@@ -115,6 +141,12 @@ class _RequestFields(TypedDict):
     beam_size: int
     max_output_tokens: int
     min_output_tokens: int
+    num_hypotheses: int
+    sampling_topk: int
+    sampling_topp: float | None
+    sampling_temperature: float | None
+    seed: int
+    split: str
 
 
 def _request_fields(args: argparse.Namespace) -> _RequestFields:
@@ -126,26 +158,40 @@ def _request_fields(args: argparse.Namespace) -> _RequestFields:
         beam_size=args.beam,
         max_output_tokens=args.max_output_tokens,
         min_output_tokens=args.min_output_tokens,
+        num_hypotheses=args.num_hypotheses,
+        sampling_topk=args.sampling_topk,
+        sampling_topp=args.sampling_topp,
+        sampling_temperature=args.sampling_temperature,
+        seed=args.seed,
+        split=args.split,
     )
+
+
+def _prefixes(args: argparse.Namespace, n: int) -> list[str]:
+    """--target-prefix for each of `n` texts (none without it)."""
+    return [args.target_prefix] * n if args.target_prefix else []
 
 
 def _translate_texts(client: Client, args: argparse.Namespace) -> None:
     if args.stream:
         for text in args.texts:
-            for msg in client.translate_stream(text, **_request_fields(args)):
+            for msg in client.translate_stream(text, target_prefix=args.target_prefix, **_request_fields(args)):
                 if msg.HasField("chunk"):
                     print(msg.chunk.text, end="", flush=True)
             print()
         return
     results = client.translate(
         args.texts,
+        target_prefixes=_prefixes(args, len(args.texts)),
         **_request_fields(args),
-        return_scores=args.json,
+        return_scores=args.json or args.num_hypotheses > 1,
         return_tokens=args.json,
         return_alignment=bool(args.alignment),
     )
     for r in results:
         print(to_json(r) if args.json else r.text)
+        if r.hypotheses and not args.json:  # the n-best list, best first: score, tab, text
+            print("".join(f"  {h.score:.4f}\t{h.text}\n" for h in r.hypotheses), end="")
     if args.alignment:
         _draw_alignments(args.alignment, args.texts, results)
 
@@ -156,6 +202,23 @@ def _draw_alignments(picture: str, texts: list[str], results: list[pb.Translatio
         out = path if len(texts) == 1 else path.with_name(f"{path.stem}-{i}{path.suffix}")
         save_alignment(r, out, source_text=text)
         print(f"alignment: {out}", file=sys.stderr)
+
+
+def _translate_document(client: Client, args: argparse.Namespace) -> None:
+    """--document: the whole file as one text; the translation keeps its paragraphs."""
+    src = sys.stdin if args.document == "-" else open(args.document, encoding="utf-8")
+    with src:
+        text = src.read()
+    dst = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
+    with dst if args.output else open(1, "w", closefd=False) as f:
+        if args.stream:
+            for msg in client.translate_stream(text, target_prefix=args.target_prefix, **_request_fields(args)):
+                if msg.HasField("chunk"):
+                    f.write(msg.chunk.text)
+                    f.flush()
+        else:
+            (result,) = client.translate([text], target_prefixes=_prefixes(args, 1), **_request_fields(args))
+            f.write(result.text)
 
 
 def _translate_file(client: Client, args: argparse.Namespace) -> None:
@@ -173,7 +236,9 @@ def _translate_file(client: Client, args: argparse.Namespace) -> None:
         if keep:
             for i, r in zip(
                 keep,
-                client.translate([chunk[i] for i in keep], **_request_fields(args)),
+                client.translate(
+                    [chunk[i] for i in keep], target_prefixes=_prefixes(args, len(keep)), **_request_fields(args)
+                ),
             ):
                 out[i] = r.text
         return out

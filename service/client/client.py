@@ -37,6 +37,8 @@ from service.api.mtserve.v1 import translation_pb2_grpc as pb_grpc
 
 DEFAULT_SERVER = "localhost:50051"
 STATUS_BY_NUMBER = {c.value[0]: c for c in grpc.StatusCode}  # an ItemError's `code` -> grpc.StatusCode
+# TranslationOptions.split by name (docs/documents.md).
+SPLITS = {"": pb.SPLIT_DEFAULT, "sentences": pb.SPLIT_SENTENCES, "newlines": pb.SPLIT_NEWLINES, "none": pb.SPLIT_NONE}
 
 
 class ItemFailed(Exception):
@@ -72,6 +74,12 @@ class OptionFields(TypedDict, total=False):
     return_tokens: bool
     return_alignment: bool
     min_output_tokens: int
+    num_hypotheses: int
+    sampling_topk: int
+    sampling_topp: float | None
+    sampling_temperature: float | None
+    seed: int
+    split: str
 
 
 def options(
@@ -82,7 +90,15 @@ def options(
     return_tokens: bool = False,
     return_alignment: bool = False,
     min_output_tokens: int = 0,
+    num_hypotheses: int = 0,
+    sampling_topk: int = 0,
+    sampling_topp: float | None = None,
+    sampling_temperature: float | None = None,
+    seed: int = 0,
+    split: str = "",
 ) -> pb.TranslationOptions:
+    """The TranslationOptions message; None leaves an optional field unset (the server's default).
+    `split`: "sentences", "newlines", "none" (SPLITS), or "" for the default (sentences)."""
     opts = pb.TranslationOptions(
         beam_size=beam_size,
         max_output_tokens=max_output_tokens,
@@ -90,9 +106,17 @@ def options(
         return_scores=return_scores,
         return_tokens=return_tokens,
         return_alignment=return_alignment,
+        num_hypotheses=num_hypotheses,
+        sampling_topk=sampling_topk,
+        seed=seed,
+        split=SPLITS[split],
     )
     if length_penalty is not None:
         opts.length_penalty = length_penalty
+    if sampling_topp is not None:
+        opts.sampling_topp = sampling_topp
+    if sampling_temperature is not None:
+        opts.sampling_temperature = sampling_temperature
     return opts
 
 
@@ -163,12 +187,18 @@ class Client:
         model: str = "",
         source_language: str = "",
         target_language: str = "",
+        target_prefixes: Sequence[str] = (),
         **opts: Unpack[OptionFields],
     ) -> list[pb.Translation]:
         """`model`: "NAME", "NAME:VERSION", or empty for the server's default model (the response's
         `model`, the version that answered, is in `translate_response`); the languages pick the
-        model when `model` is empty, and a multilingual model needs target_language."""
-        return list(self.translate_response(texts, model, source_language, target_language, **opts).translations)
+        model when `model` is empty, and a multilingual model needs target_language.
+        `target_prefixes`: none, or each text's forced start of its translation ("" = none)."""
+        return list(
+            self.translate_response(
+                texts, model, source_language, target_language, target_prefixes, **opts
+            ).translations
+        )
 
     def translate_response(
         self,
@@ -176,6 +206,7 @@ class Client:
         model: str = "",
         source_language: str = "",
         target_language: str = "",
+        target_prefixes: Sequence[str] = (),
         **opts: Unpack[OptionFields],
     ) -> pb.TranslateResponse:
         """Translate, answered with the whole response: its translations and its `model`."""
@@ -185,6 +216,7 @@ class Client:
             model=model,
             source_language=source_language,
             target_language=target_language,
+            target_prefixes=list(target_prefixes),
         )
         return self.stub.Translate(req, timeout=self.timeout, metadata=self.metadata)
 
@@ -194,6 +226,7 @@ class Client:
         model: str = "",
         source_language: str = "",
         target_language: str = "",
+        target_prefix: str = "",
         **opts: Unpack[OptionFields],
     ) -> Iterator[pb.TranslateStreamResponse]:
         req = pb.TranslateStreamRequest(
@@ -202,6 +235,7 @@ class Client:
             model=model,
             source_language=source_language,
             target_language=target_language,
+            target_prefix=target_prefix,
         )
         return self.stub.TranslateStream(req, timeout=self.timeout, metadata=self.metadata)
 
@@ -216,10 +250,13 @@ class Client:
         model: str = "",
         source_language: str = "",
         target_language: str = "",
+        target_prefixes: Sequence[str] = (),
         **opts: Unpack[OptionFields],
     ) -> list[pb.Translation]:
         """Each text as its own TranslateMany item over one stream, each with the client's timeout;
-        the translations in input order. A failed item raises ItemFailed (the rest still finish)."""
+        the translations in input order. A failed item raises ItemFailed (the rest still finish).
+        `target_prefixes`: none, or one per text. A seed makes each item reproducible on its own
+        (every item is its request's text 0)."""
         o = options(**opts)
         timeout_ms = int(self.timeout * 1000) if self.timeout else 0
         reqs = (
@@ -231,6 +268,7 @@ class Client:
                     model=model,
                     source_language=source_language,
                     target_language=target_language,
+                    target_prefixes=[target_prefixes[i]] if target_prefixes else [],
                 ),
                 timeout_ms=timeout_ms,
             )

@@ -44,6 +44,7 @@ import numpy as np
 
 from service.decoding.cache import ConcatCache, RowCache, StepResult, fill_order, new_cache, row_moves, stack_padded
 from service.decoding.model import DecoderModel
+from service.decoding.sampling import Sampling, draw
 
 NEG_INF = float("-inf")
 # The encoder runs over a batch's sources in length-sorted chunks, each padded only to its own longest
@@ -82,6 +83,9 @@ class Finished:
     #                               the final </s>, the last decoder layer's cross-attention over
     #                               the source tokens (</s> included), averaged over heads
     steps: int  # decoder steps this sentence took
+    # num_hypotheses > 1 (beam search): the n best finished hypotheses, best first (the first is
+    # this one), without alignment.
+    hypotheses: list[Hypothesis] = field(default_factory=list)
 
     def hypothesis(self) -> Hypothesis:
         return Hypothesis(self.tokens, self.score, self.log_prob, self.alignment)
@@ -282,11 +286,18 @@ class DecodeBatch:
     # Per decoder layer the cross-attention keys and values (n, H, S, d_k), once for all beams.
     cross_k: list[np.ndarray] = _per("sentence", list, padded="source", layers=True)
     cross_v: list[np.ndarray] = _per("sentence", list, padded="source", layers=True)
-    # The tokens forced first on each sentence's output (left out of it), and the position from
-    # which it may end: its min_len plus its prefix's length.
+    # The tokens forced first on each sentence's output: a language token, left out of it, then a
+    # requested target prefix, kept in it; where its output starts (after the left-out tokens);
+    # and the position from which it may end: its min_len after that start, past its prefix.
     target_prefix: list[list[int]] = _per("sentence", list)
     prefix_len: np.ndarray = _per("sentence", _zeros(0, dtype=np.int64))
+    output_from: np.ndarray = _per("sentence", _zeros(0, dtype=np.int64))
     eos_from: np.ndarray = _per("sentence", _zeros(0, dtype=np.int64))
+    # Beam search: the finished hypotheses a sentence returns (its n-best list when > 1).
+    num_hypotheses: np.ndarray = _per("sentence", _zeros(0, dtype=np.int64))
+    # Greedy only: how each sentence samples its tokens (None: it takes the best), and whether any does.
+    sampling: list[Sampling | None] = _per("sentence", list)
+    samples: np.ndarray = _per("sentence", _zeros(0, dtype=bool))
     # Greedy only: the token each sentence emitted at the last step, by key (`last_tokens`).
     last_emitted: dict[Hashable, list[int]] = _per("sentence", dict)
 
@@ -321,11 +332,17 @@ class DecodeBatch:
         want_scores: bool | Sequence[bool] = True,
         min_lens: int | Sequence[int] = 0,
         target_prefixes: Sequence[Sequence[int]] | None = None,
+        kept_prefixes: Sequence[Sequence[int]] | None = None,
+        num_hypotheses: int | Sequence[int] = 1,
+        sampling: Sequence[Sampling | None] | None = None,
     ) -> DecodeBatch:
         """Run the encoder over `src_ids_lists` (each ending with </s>) and set up their decoding.
         `keys` identify the sentences (unique, hashable); `max_lens` overrides the length rule per
         sentence (clamped to 1..max_positions-1); both count the target prefix as emitted tokens,
-        as the reference does. `min_lens` and `target_prefixes`: see the module doc."""
+        as the reference does. `min_lens` and `target_prefixes`: see the module doc.
+        `kept_prefixes`: tokens forced after the target prefix and kept in the output (min_lens
+        then counts them). `num_hypotheses`: beam search's n-best list (`Finished.hypotheses`).
+        `sampling`: greedy sentences that draw their tokens (`service.decoding.sampling`)."""
         n = len(src_ids_lists)
         if len(keys) != n:
             raise ValueError(f"{len(keys)} keys for {n} sentences")
@@ -346,9 +363,21 @@ class DecodeBatch:
         prefixes = [list(p) for p in target_prefixes] if target_prefixes is not None else [[] for _ in range(n)]
         if len(prefixes) != n:
             raise ValueError(f"target_prefixes: {len(prefixes)} values for {n} sentences")
-        self.target_prefix = prefixes
-        self.prefix_len = np.array([len(p) for p in prefixes], dtype=np.int64)
-        self.eos_from = np.array(_as_list(min_lens, n, "min_lens"), dtype=np.int64) + self.prefix_len
+        kept = [list(p) for p in kept_prefixes] if kept_prefixes is not None else [[] for _ in range(n)]
+        if len(kept) != n:
+            raise ValueError(f"kept_prefixes: {len(kept)} values for {n} sentences")
+        self.target_prefix = [p + k for p, k in zip(prefixes, kept)]
+        self.output_from = np.array([len(p) for p in prefixes], dtype=np.int64)
+        self.prefix_len = np.array([len(p) for p in self.target_prefix], dtype=np.int64)
+        min_len = np.array(_as_list(min_lens, n, "min_lens"), dtype=np.int64)
+        self.eos_from = np.maximum(min_len + self.output_from, self.prefix_len)
+        self.num_hypotheses = np.array(_as_list(num_hypotheses, n, "num_hypotheses"), dtype=np.int64)
+        self.sampling = list(sampling) if sampling is not None else [None] * n
+        if len(self.sampling) != n:
+            raise ValueError(f"sampling: {len(self.sampling)} values for {n} sentences")
+        if beam > 1 and any(self.sampling):
+            raise ValueError("sampling needs beam 1")
+        self.samples = np.array([x is not None for x in self.sampling], dtype=bool)
         rule = [max_output_len(int(L), max_len_a, max_len_b, model.max_positions) for L in lens]
         if max_lens is not None:
             rule = [max(1, min(int(m), model.max_positions - 1)) for m in _as_list(max_lens, n, "max_lens")]
@@ -428,8 +457,12 @@ class DecodeBatch:
         # a sentence's 2K best candidates over K rows x V tokens are among its rows' 2K best).
         # Greedy rows that may not end yet need the second best too, should the best be </s>.
         k_row = (2 if rules is not None and rules[1].any() else 1) if K == 1 else min(2 * K, model.vocab_size)
+        sampling = K == 1 and bool(self.samples.any()) and bool((self.samples & ~self.done).any())
+        if sampling:  # the candidates of the sentences that sample
+            live = [x for x, d in zip(self.sampling, self.done) if x is not None and not d]
+            k_row = max(k_row, *(x.candidates(model.vocab_size) for x in live))
         if self.n_sentences == 1:
-            return self._lone_step(model, k_row, rules)
+            return self._lone_step(model, k_row, rules, sampling)
         live_before = ~self.done
         # A batch's first step with beams runs one row per sentence (its beams are identical then).
         # A lone sentence (`_lone_step`) does not gain: its step of K rows costs about what the separate call adds.
@@ -442,6 +475,8 @@ class DecodeBatch:
             scored = K > 1 or k_row > 1 or bool(self.want_scores[live_before].any())
             out = self.cache.step(*step_args, scored=scored)
         top_lp, top_ids, att = out.top_log_probs, out.top_ids, out.cross_attention
+        if sampling:
+            top_ids, top_lp = self._sample(top_ids, top_lp, rules)
         if rules is not None:
             top_ids, top_lp = self._apply_rules(top_ids, top_lp, *rules)
         last = self.max_len - 1  # (R,) at a sentence's last allowed step only </s> may follow
@@ -484,7 +519,7 @@ class DecodeBatch:
         self.done[r] = True
         eos, pad = self.eos_id, self.pad_id
         toks = self.out_ids[r, : int(self.positions[r]) + 1].tolist()  # </s> last
-        start = int(self.prefix_len[r])  # the forced prefix is no part of the output
+        start = int(self.output_from[r])  # the forced language token is no part of the output
         keep = [j for j, t in enumerate(toks) if t != pad and j >= start]  # the reference drops pad ids
         alignment = None
         if self.want_alignment[r]:
@@ -535,8 +570,30 @@ class DecodeBatch:
                 top_lp[rows, 0] = 0.0
         return top_ids, top_lp
 
+    def _sample(
+        self, top_ids: np.ndarray, top_lp: np.ndarray | None, rules: tuple[np.ndarray, np.ndarray] | None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The step's candidates with each live sampling row's drawn token (and its log-probability)
+        in column 0, where greedy search takes it; </s> is not drawn where `rules` forbid it.
+        Copies; the step's own arrays stay."""
+        if top_lp is None:
+            raise RuntimeError("sampling needs the step's log-probabilities")
+        top_ids, top_lp = top_ids.copy(), top_lp.copy()
+        no_eos = None if rules is None else rules[1]
+        for r in np.flatnonzero(self.samples & ~self.done).tolist():
+            how = self.sampling[r]
+            assert how is not None
+            banned = top_ids[r] == self.eos_id if no_eos is not None and no_eos[r] else None
+            j = draw(how, top_lp[r], banned)
+            top_ids[r, 0], top_lp[r, 0] = top_ids[r, j], top_lp[r, j]
+        return top_ids, top_lp
+
     def _lone_step(
-        self, model: DecoderModel, k_row: int, rules: tuple[np.ndarray, np.ndarray] | None = None
+        self,
+        model: DecoderModel,
+        k_row: int,
+        rules: tuple[np.ndarray, np.ndarray] | None = None,
+        sampling: bool = False,
     ) -> list[Finished]:
         """`step` for a batch of one sentence (a lone request): the same step and results, its
         bookkeeping on Python scalars and in place (the sentence's K rows share one position),
@@ -546,6 +603,9 @@ class DecodeBatch:
         scored = K > 1 or k_row > 1 or (live and bool(self.want_scores[0]))
         step_args = (model, self.tokens, self.positions, self.cross_k, self.cross_v, self.src_mask, k_row)
         out = self.cache.step(*step_args, scored=scored)
+        if sampling:
+            drawn_ids, drawn_lp = self._sample(out.top_ids, out.top_log_probs, rules)
+            out = out._replace(top_ids=drawn_ids, top_log_probs=drawn_lp)
         if rules is not None:
             top_ids, top_lp = self._apply_rules(out.top_ids, out.top_log_probs, *rules)
             out = out._replace(top_ids=top_ids, top_log_probs=top_lp)
@@ -695,18 +755,24 @@ class DecodeBatch:
     def _conclude(self, i: int) -> Finished:
         """Sentence i stops: its best finished hypothesis (by length-normalised score)."""
         self.done[i] = True
-        if self.finished[i]:
-            score, s, node, eos_att = max(self.finished[i], key=lambda h: h[0])
+        ranked = sorted(self.finished[i], key=lambda h: h[0], reverse=True)  # stable: ties keep their order
+        if ranked:
+            score, s, node, eos_att = ranked[0]
         else:  # cannot happen with a vocabulary larger than 2 * beam; kept for safety
             score, s, node, eos_att = NEG_INF, NEG_INF, None, None
         toks, atts = _walk(node)
-        start = int(self.prefix_len[i])  # the forced prefix is no part of the output
+        start = int(self.output_from[i])  # the forced language token is no part of the output
         toks, atts = toks[start:], atts[start:]
         alignment = None
         if self.want_alignment[i] and eos_att is not None:
             alignment = _alignment([*atts, eos_att], self.src_lens[i])
         self.finished[i] = []
-        return Finished(self.keys[i], toks, score, s, alignment, int(self.steps[i]) + 1)
+        best = Finished(self.keys[i], toks, score, s, alignment, int(self.steps[i]) + 1)
+        if self.num_hypotheses[i] > 1:
+            best.hypotheses = [best.hypothesis()] + [
+                Hypothesis(_walk(h[2])[0][start:], h[0], h[1]) for h in ranked[1 : int(self.num_hypotheses[i])]
+            ]
+        return best
 
     # -- batch surgery --------------------------------------------------------
 

@@ -8,6 +8,7 @@ service.engine.requests and `ServiceError`s."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 import time
 from collections.abc import AsyncIterator
@@ -18,16 +19,30 @@ from contract.manifest import Manifest
 from service import tracing
 from service.batching.jobs import EncodeJob, Sentence
 from service.decoding.generator import Finished, max_output_len
+from service.decoding.sampling import Sampling, sampling_rng
+from service.engine import documents
 from service.engine.backend import Backend
 from service.engine.inference import Inference
 from service.engine.languages import LanguagePair, ModelLanguages, Prefixes
-from service.engine.requests import Alignment, Chunk, EncodingResult, TranslateOptions, TranslationResult
+from service.engine.requests import (
+    Alignment,
+    Alternative,
+    Chunk,
+    EncodingResult,
+    TranslateOptions,
+    TranslationResult,
+)
 from service.engine.streaming import translate_stream
 from service.engine.text import normalize_text
 from service.errors import Cancelled, DeadlineExceeded, Internal, InvalidArgument
 from service.metrics import ModelMetrics
 from service.runtime.tokenizer import TextTokenizer
 from service.settings import Settings
+
+
+def samples(opts: TranslateOptions) -> bool:
+    """Whether `opts` ask for random sampling rather than greedy or beam search."""
+    return opts.sampling_topk > 1 or (opts.sampling_topp is not None and opts.sampling_topp < 1.0)
 
 
 def model_names(name: str) -> tuple[str, str]:
@@ -92,9 +107,67 @@ class Engine:
                 raise InvalidArgument(name, f"{len(s) + 1} tokens exceed max_input_tokens ({limit})")
         return [s + [self.eos_id] for s in ids]
 
+    # -- texts as documents (service.engine.documents) ----------------------------------
+
+    def plans(
+        self,
+        texts: list[str],
+        opts: TranslateOptions,
+        pair: LanguagePair,
+        prefixes: Prefixes,
+        field_prefix: str = "",
+        field: str = "texts",
+    ) -> list[documents.Plan]:
+        """Each text's segments and source rows, as `opts.split` asks."""
+        if opts.split not in documents.SPLIT_MODES:
+            raise InvalidArgument(
+                f"{field_prefix}options.split", f"{opts.split!r} is not one of {', '.join(documents.SPLIT_MODES)}"
+            )
+        rules = documents.Rules(
+            split=opts.split,
+            language=pair.source or self.manifest.src_lang,
+            lead=tuple(prefixes.source),
+            eos_id=self.eos_id,
+            limit=min(self.settings.max_input_tokens, self.manifest.dims.max_positions - 1),
+            max_text_bytes=self.settings.max_text_bytes,
+        )
+        return [
+            documents.plan_text(t, f"{field}[{i}]" if field == "texts" else field, rules, self.tokenizer)
+            for i, t in enumerate(texts)
+        ]
+
+    def row_options(
+        self, opts: TranslateOptions, plans: list[documents.Plan], prefixes: Prefixes, field_prefix: str
+    ) -> TranslateOptions:
+        """`opts` for the rows of `plans`: each text's target prefix (checked against its text's
+        field) goes to its first row only."""
+        if all(p.row_count == 1 for p in plans) or not (opts.target_prefix or any(opts.target_prefixes)):
+            return opts
+        room = min(self._cap(opts), self.manifest.dims.max_positions - 1 - len(prefixes.target))
+        self._output_prefixes(opts, len(plans), room, field_prefix)
+        wanted = opts.target_prefixes or [opts.target_prefix] * len(plans)
+        return dataclasses.replace(opts, target_prefix="", target_prefixes=documents.first_row_prefixes(wanted, plans))
+
+    def count_texts(self, plans: list[documents.Plan]) -> None:
+        self.metrics.texts.inc(len(plans))
+        for p in plans:
+            self.metrics.text_segments.observe(len(p.spans))
+        self.metrics.split_rows.inc(sum(p.row_count - 1 for p in plans))
+
+    def _assemble(
+        self, plans: list[documents.Plan], rows: list[TranslationResult], split: str
+    ) -> list[TranslationResult]:
+        """Each text's translation from its rows' (in plan order)."""
+        out, at = [], 0
+        for p in plans:
+            out.append(documents.assemble(p, rows[at : at + p.row_count], split))
+            at += p.row_count
+        return out
+
     def _mode(self, opts: TranslateOptions) -> tuple[int, float]:
         st, gen = self.settings, self.manifest.generation
-        beam = opts.beam_size or st.default_beam_size
+        # sampling_topk 1 asks for greedy search, sampling for its greedy path: beam 1 by default.
+        beam = opts.beam_size or (1 if opts.sampling_topk == 1 or samples(opts) else st.default_beam_size)
         if not 1 <= beam <= st.max_beam_size:
             raise InvalidArgument(
                 "options.beam_size", f"{opts.beam_size} is outside 0..{st.max_beam_size} (0 = default)"
@@ -114,7 +187,67 @@ class Engine:
                 f"{opts.min_output_tokens} is outside 0..{cap - 1} (below the cap of {cap} generated tokens, "
                 "which counts the final </s>)",
             )
+        self._check_search(opts, beam)
         return beam, float(lp)
+
+    def _check_search(self, opts: TranslateOptions, beam: int) -> None:
+        """num_hypotheses and the sampling options, against the `beam` the search runs with."""
+        if not 0 <= opts.num_hypotheses <= beam:
+            raise InvalidArgument(
+                "options.num_hypotheses",
+                f"{opts.num_hypotheses} is outside 0..{beam}: at most the beam size ({beam}; greedy search "
+                "and sampling: 1), 0 = 1",
+            )
+        if opts.sampling_topk < 0:
+            raise InvalidArgument("options.sampling_topk", f"{opts.sampling_topk} is negative (0 or 1 = no sampling)")
+        topp, temperature = opts.sampling_topp, opts.sampling_temperature
+        if topp is not None and not (math.isfinite(topp) and 0.0 < topp <= 1.0):
+            raise InvalidArgument("options.sampling_topp", f"{topp} is outside (0, 1]")
+        if temperature is not None and not (math.isfinite(temperature) and temperature > 0.0):
+            raise InvalidArgument("options.sampling_temperature", f"{temperature} is not above 0")
+        if not 0 <= opts.seed < 2**64:
+            raise InvalidArgument("options.seed", f"{opts.seed} is outside 0..2**64-1 (0 = a random seed)")
+        if samples(opts) and beam > 1:
+            raise InvalidArgument(
+                "options.beam_size", f"{beam}: sampling (sampling_topk > 1 or sampling_topp < 1) needs beam_size 1"
+            )
+
+    def _output_prefixes(self, opts: TranslateOptions, n: int, room: int, field_prefix: str) -> list[list[int]]:
+        """Each text's requested target prefix as target token ids: `target_prefixes` (one per text),
+        else `target_prefix` for every text. Each must leave room for </s> within `room` tokens."""
+        if opts.target_prefixes:
+            if len(opts.target_prefixes) != n:
+                raise InvalidArgument(
+                    f"{field_prefix}target_prefixes",
+                    f"{len(opts.target_prefixes)} prefixes for {n} texts (give none, or one per text)",
+                )
+            texts, names = opts.target_prefixes, [f"{field_prefix}target_prefixes[{i}]" for i in range(n)]
+        else:
+            texts, names = [opts.target_prefix] * n, [f"{field_prefix}target_prefix"] * n
+        out = []
+        for text, name in zip(texts, names):
+            if len(text.encode("utf-8", "surrogatepass")) > self.settings.max_text_bytes:
+                raise InvalidArgument(name, f"prefix exceeds max_text_bytes ({self.settings.max_text_bytes})")
+            ids = self.tokenizer.encode_target(text) if text else []
+            if len(ids) + 1 > room:
+                raise InvalidArgument(
+                    name,
+                    f"{len(ids)} tokens leave no room for </s> within the cap of {room} generated tokens "
+                    "(max_output_tokens, which counts the final </s>)",
+                )
+            out.append(ids)
+        return out
+
+    @staticmethod
+    def _sampling(opts: TranslateOptions, n: int) -> list[Sampling | None]:
+        """How each of `n` texts samples (None each unless `opts` sample): text i draws from a
+        generator of its own, derived from the seed and i."""
+        if not samples(opts):
+            return [None] * n
+        topp = 1.0 if opts.sampling_topp is None else float(opts.sampling_topp)
+        temperature = 1.0 if opts.sampling_temperature is None else float(opts.sampling_temperature)
+        topk = opts.sampling_topk if opts.sampling_topk > 1 else 0
+        return [Sampling(topk, topp, temperature, sampling_rng(opts.seed, i)) for i in range(n)]
 
     def _cap(self, opts: TranslateOptions) -> int:
         """Generated tokens a sentence may have at most, </s> included: the request's
@@ -123,17 +256,25 @@ class Engine:
         return min(cap, self.manifest.dims.max_positions - 1)
 
     def sentences(
-        self, src: list[list[int]], opts: TranslateOptions, timeout: float | None, prefixes: Prefixes = Prefixes()
+        self,
+        src: list[list[int]],
+        opts: TranslateOptions,
+        timeout: float | None,
+        prefixes: Prefixes = Prefixes(),
+        field_prefix: str = "",
     ) -> list[Sentence]:
         """The sentences of `src` to queue. A sentence's max_len (tokens it may emit) is the model's
-        length rule, which counts the forced target prefix as the reference does, raised to fit
-        min_output_tokens, within the request's cap; the cap and min_output_tokens count output
-        tokens, without the prefix (which the decoder emits first and leaves out of the output)."""
+        length rule, which counts the forced target language token as the reference does, raised to
+        fit min_output_tokens and the requested target prefix, within the request's cap; the cap and
+        min_output_tokens count output tokens, the requested prefix included, without the language
+        token (which the decoder emits first and leaves out of the output)."""
         beam, lp = self._mode(opts)
         gen = self.manifest.generation
         cap = self._cap(opts)
         forced = list(prefixes.target)
         room = self.manifest.dims.max_positions - 1 - len(forced)  # the position table's room left
+        kept = self._output_prefixes(opts, len(src), min(cap, room), field_prefix)
+        sampling = self._sampling(opts, len(src))
         if timeout is not None and timeout <= 0:
             raise DeadlineExceeded("deadline expired before the request was queued")
         deadline = time.monotonic() + timeout if timeout is not None else None
@@ -146,17 +287,20 @@ class Engine:
                     cap + len(forced),
                     room + len(forced),
                     max(
-                        opts.min_output_tokens + 1 + len(forced),
+                        max(opts.min_output_tokens, len(k)) + 1 + len(forced),
                         max_output_len(len(s), gen.max_len_a, gen.max_len_b, self.manifest.dims.max_positions),
                     ),
                 ),
                 min_len=opts.min_output_tokens,
                 target_prefix=forced,
+                output_prefix=k,
+                num_hypotheses=max(1, opts.num_hypotheses),
+                sampling=how,
                 want_alignment=opts.return_alignment,
                 want_scores=opts.return_scores,
                 deadline=deadline,
             )
-            for s in src
+            for s, k, how in zip(src, kept, sampling)
         ]
 
     def _token_strings(self, ids: list[int]) -> list[str]:
@@ -188,6 +332,15 @@ class Engine:
                 target_tokens=tokens + ["</s>"],
                 weights=np.asarray(finished.alignment, dtype=np.float32)[: len(ids) + 1, : len(src)],
             )
+        result.hypotheses = [
+            Alternative(
+                text=self.tokenizer.decode(h.tokens).strip(),
+                score=float("-inf") if h.score is None else float(h.score),
+                tokens=self._token_strings(h.tokens) if opts.return_tokens else [],
+                token_ids=list(h.tokens),
+            )
+            for h in finished.hypotheses
+        ]
         return result
 
     # -- the calls ------------------------------------------------------------------------
@@ -206,11 +359,14 @@ class Engine:
         try:
             self._check_texts(texts)
             prefixes = self.languages.prefixes(pair, field_prefix)
-            src = self.source_ids(texts, prefixes=prefixes)
-            sentences = self.sentences(src, opts, timeout, prefixes)
+            plans = self.plans(texts, opts, pair, prefixes, field_prefix)
+            src = [row for p in plans for segment in p.rows for row in segment]
+            row_opts = self.row_options(opts, plans, prefixes, field_prefix)
+            sentences = self.sentences(src, row_opts, timeout, prefixes, field_prefix)
             self.trace(self.translation_model, sentences)
             inference.submit()
-            self.scheduler.submit(sentences)
+            self.scheduler.submit(sentences)  # all the rows of all the texts, or none
+            self.count_texts(plans)
             futures = [asyncio.wrap_future(s.future) for s in sentences]
             try:
                 finished = await asyncio.gather(*futures)
@@ -219,7 +375,8 @@ class Engine:
                     f.cancel()
                 raise
             inference.compute_done(sentences)
-            results = [self.result(s, f, opts) for s, f in zip(src, finished)]
+            rows = [self.result(s, f, opts) for s, f in zip(src, finished)]
+            results = self._assemble(plans, rows, opts.split)
         except BaseException:
             inference.failed()
             raise
@@ -312,6 +469,7 @@ class Engine:
                 "max_batch_sentences": st.max_batch_sentences,
                 "max_batch_tokens": st.max_batch_tokens,
                 "max_queue_size": st.max_queue_size,
+                "max_text_bytes": st.max_text_bytes,
                 "zero_means": self.zero_means(),
             },
         }
@@ -330,5 +488,19 @@ class Engine:
             "else at least that many tokens before </s>, below the cap on generated tokens",
             "options.length_penalty": f"unset: the model's length_penalty ({gen.length_penalty:g}); "
             "0 is 0 (scores not normalised by length); at most 10",
+            "options.num_hypotheses": "1: no n-best list; else Translation.hypotheses holds the n best, "
+            "at most the beam size (greedy search and sampling: 1)",
+            "options.sampling_topk": "no sampling: greedy or beam search; 1 = greedy search; k > 1 draws each "
+            "token among the k most likely (with 1 and k > 1 beam_size 0 means 1; sampling with beam_size > 1 "
+            "is refused)",
+            "options.sampling_topp": "unset: 1, no nucleus cut; else in (0, 1], and below 1 it samples "
+            "(from the whole vocabulary when sampling_topk is 0)",
+            "options.sampling_temperature": "unset: 1; else above 0 (the logits are divided by it when sampling)",
+            "options.seed": "a random seed; else the same seed, texts and options give the same samples",
+            "target_prefixes": "no forced prefix; else one per text, forced then decoded on, part of the "
+            "translation (TranslateStreamRequest.target_prefix: the same for its text)",
             "timeout_ms": "no deadline of the item's own: only the stream's deadline applies",
+            "options.split": "SPLIT_SENTENCES: each text is translated sentence by sentence (splitter rules of "
+            f"{documents.splitter_language(self.manifest.src_lang)!r}), its whitespace and line breaks kept; texts "
+            f"up to max_text_bytes ({st.max_text_bytes}) are never refused for length",
         }

@@ -7,10 +7,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from contract.manifest import LanguageSpec
-from service.errors import InvalidArgument
+from service.errors import InvalidArgument, quote
 
 # Pairs named in a status message (NOT_FOUND for a pair no model serves) before "... N in all".
 LISTED_PAIRS = 20
+# A language code as a message shows it: longer ones (client input) are quoted and cut.
+SHOWN_CODE_CHARS = 16
 
 
 @dataclass(frozen=True)
@@ -24,7 +26,16 @@ class LanguagePair:
         return bool(self.source or self.target)
 
     def __str__(self) -> str:
-        return f"{self.source or '*'}->{self.target or '*'}"
+        return f"{_shown(self.source)}->{_shown(self.target)}"
+
+
+def _shown(code: str) -> str:
+    """A request's language code in a message: '*' when empty; cut and quoted when long or odd."""
+    if not code:
+        return "*"
+    if len(code) <= SHOWN_CODE_CHARS and code.isascii() and code.isprintable():
+        return code
+    return quote(code, SHOWN_CODE_CHARS)
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from service import tracing
 from service.engine.requests import StreamItem, TranslationResult
-from service.errors import DeadlineExceeded, InvalidArgument, ServiceError
+from service.errors import DeadlineExceeded, InvalidArgument, ServiceError, quote
 from service.metrics import Metrics
 from service.settings import Settings
 
@@ -62,9 +62,16 @@ async def translate_many(
             yield answer.item, answer.outcome
             stream.slots.release()  # the answer has been taken (written): one more item may be read
     finally:
-        reader.cancel()
-        for task in list(stream.pending):  # the stream ended early (cancelled, failed): drop its items
-            task.cancel()
+        await _stop([reader, *stream.pending])  # the stream ended early (cancelled, failed): drop its items
+
+
+async def _stop(tasks: list[asyncio.Task]) -> None:
+    """Cancel `tasks` and wait until they have ended, so that none outlives its stream (their
+    sentences leave the scheduler's queue and nothing is left pending when the call ends)."""
+    for task in tasks:
+        task.cancel()
+    if tasks:
+        await asyncio.wait(tasks)
 
 
 class _ManyStream:
@@ -108,7 +115,7 @@ class _ManyStream:
 
     def _refuse_duplicate(self, item: StreamItem) -> None:
         self.metrics.requests.labels("TranslateMany.item", "INVALID_ARGUMENT").inc()
-        error = InvalidArgument("id", f"{item.id!r} is the id of an item not answered yet on this stream")
+        error = InvalidArgument("id", f"{quote(item.id)} is the id of an item not answered yet on this stream")
         self.answers.put_nowait(_Answer(item, error, owns_id=False))
 
     async def answer(self, item: StreamItem) -> None:

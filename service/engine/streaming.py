@@ -1,15 +1,18 @@
 """TranslateStream: one text, its translation sent as chunks of text as the decoder emits tokens,
-then the full result. The engine validates and tokenises; this module follows the sentence's
-decoder steps and turns them into chunks."""
+then the full result. The engine validates, splits the text into segments (options.split) and
+tokenises; all the rows run at once, and this module follows them in document order: the text
+between segments as it was sent, then each sentence's chunks as its decoder steps come."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import TYPE_CHECKING
 
 from service.batching.jobs import Sentence
+from service.engine import documents
 from service.engine.inference import Inference
 from service.engine.languages import LanguagePair
 from service.engine.requests import Chunk, TranslateOptions, TranslationResult
@@ -21,28 +24,68 @@ if TYPE_CHECKING:
 async def translate_stream(
     engine: Engine, text: str, opts: TranslateOptions, timeout: float | None = None, pair: LanguagePair = LanguagePair()
 ) -> AsyncIterator[Chunk | TranslationResult]:
-    """Chunks of the translation of `text` as they are decoded, then its TranslationResult (with
+    """Chunks of the translation of `text` as they are decoded, then its TranslationResult. The
+    chunks' texts add up to the result's: the whitespace between sentences (SPLIT_NONE: none)
+    and each sentence's translation (its parts, for one cut for length, joined by a space)."""
+    inference = Inference(engine.metrics, engine.translation_model)
+    plan, src, rows, start = _submit(engine, text, opts, timeout, inference, pair)
+    keep_gaps = opts.split != documents.SPLIT_NONE
+    results: list[TranslationResult] = []
+    first = True
+    try:
+        at, r = 0, 0
+        for (a, b), parts in zip(plan.spans, plan.rows):
+            if keep_gaps and a > at:
+                yield Chunk(text=text[at:a], token_ids=[])
+            at = b
+            for k in range(len(parts)):
+                if k:
+                    yield Chunk(text=" ", token_ids=[])
+                async with contextlib.aclosing(_follow(engine, src[r], *rows[r], opts)) as events:
+                    async for event in events:
+                        if isinstance(event, TranslationResult):
+                            results.append(event)
+                            continue
+                        if first:
+                            engine.metrics.time_to_first_chunk.observe(time.perf_counter() - start)
+                            first = False
+                        yield event
+                r += 1
+        if keep_gaps and at < len(text):
+            yield Chunk(text=text[at:], token_ids=[])
+        inference.compute_done([sentence for sentence, _ in rows])
+        result = documents.assemble(plan, results, opts.split)
+        inference.succeeded(1)
+        yield result
+    except BaseException:
+        inference.failed()  # no-op once succeeded: the client may go away after the result
+        raise
+    finally:
+        for sentence, _ in rows:  # every exit: nothing of this call stays queued
+            sentence.future.cancel()
+
+
+async def _follow(
+    engine: Engine, src: list[int], sentence: Sentence, steps: asyncio.Queue[list[int]], opts: TranslateOptions
+) -> AsyncGenerator[Chunk | TranslationResult, None]:
+    """Chunks of one row's translation as its decoder steps come, then its TranslationResult (with
     a last chunk first when the result's text is not what the chunks added up to). A chunk holds
     whole characters only: text that ends in an incomplete UTF-8 sequence waits for the next token.
     The forced target language token of a multilingual model is no part of the translation."""
-    inference = Inference(engine.metrics, engine.translation_model)
-    src, sentence, steps, start = _submit(engine, text, opts, timeout, inference, pair)
     forced = len(sentence.target_prefix)  # the first tokens emitted, never shown
     done = asyncio.wrap_future(sentence.future)
     ids: list[int] = []
     sent = ""
-    first = True
+    getter: asyncio.Future[list[int]] | None = None
     try:
         while True:
             getter = asyncio.ensure_future(steps.get())
             await asyncio.wait({getter, done}, return_when=asyncio.FIRST_COMPLETED)
-            if getter.done():
-                new = [t for t in getter.result() if t != engine.eos_id]
-                skip, forced = min(forced, len(new)), forced - min(forced, len(new))
-                new = new[skip:]
-            else:
-                getter.cancel()
+            if not getter.done():
                 break
+            new = [t for t in getter.result() if t != engine.eos_id]
+            skip, forced = min(forced, len(new)), forced - min(forced, len(new))
+            new = new[skip:]
             if not new:
                 continue
             ids += new
@@ -50,24 +93,16 @@ async def translate_stream(
             if text_now.endswith("\ufffd"):  # an incomplete UTF-8 sequence: wait for more bytes
                 continue
             delta, sent = text_now[len(sent) :], text_now
-            if first:
-                engine.metrics.time_to_first_chunk.observe(time.perf_counter() - start)
-                first = False
             yield Chunk(text=delta, token_ids=new)
-        finished = done.result()
-        inference.compute_done([sentence])
-        result = engine.result(src[0], finished, opts)
+        result = engine.result(src, done.result(), opts)
         if result.text != sent:  # beam search, or text held back at the end
-            if first:
-                engine.metrics.time_to_first_chunk.observe(time.perf_counter() - start)
             tail = result.text[len(sent) :] if result.text.startswith(sent) else result.text
             yield Chunk(text=tail, token_ids=[] if ids == result.token_ids else result.token_ids)
-        inference.succeeded(1)
         yield result
-    except BaseException:
-        inference.failed()  # no-op once succeeded: the client may go away after the result
-        raise
     finally:
+        # Every exit, a client's cancel while waiting included: nothing of this call stays pending.
+        if getter is not None:
+            getter.cancel()
         done.cancel()
 
 
@@ -78,30 +113,36 @@ def _submit(
     timeout: float | None,
     inference: Inference,
     pair: LanguagePair,
-) -> tuple[list[list[int]], Sentence, asyncio.Queue[list[int]], float]:
-    """Validate and queue the text's sentence with a callback that puts the tokens of each of its
-    decoder steps on the returned queue; (source ids, the sentence, that queue, the
-    time.perf_counter() at submission, from which the time to the first chunk counts)."""
+) -> tuple[documents.Plan, list[list[int]], list[tuple[Sentence, asyncio.Queue[list[int]]]], float]:
+    """Validate, split and queue the text's rows, each with a callback that puts the tokens of each
+    of its decoder steps on a queue of its own; (the plan, the rows' source ids, each row's
+    sentence and queue, the time.perf_counter() at submission, from which the time to the first
+    chunk counts)."""
     try:
         prefixes = engine.languages.prefixes(pair)
-        src = engine.source_ids([text], field="text", prefixes=prefixes)
-        (sentence,) = engine.sentences(src, opts, timeout, prefixes)
-        engine.trace(engine.translation_model, [sentence])
+        (plan,) = engine.plans([text], opts, pair, prefixes, field="text")
+        src = [row for segment in plan.rows for row in segment]
+        sentences = engine.sentences(src, engine.row_options(opts, [plan], prefixes, ""), timeout, prefixes)
+        engine.trace(engine.translation_model, sentences)
     except BaseException:
         inference.failed()
         raise
     loop = asyncio.get_running_loop()
-    steps: asyncio.Queue[list[int]] = asyncio.Queue()
+    rows = []
+    for sentence in sentences:
+        steps: asyncio.Queue[list[int]] = asyncio.Queue()
 
-    def on_tokens(toks: list[int]) -> None:  # called from a decode worker's thread
-        loop.call_soon_threadsafe(steps.put_nowait, list(toks))
+        def on_tokens(toks: list[int], steps: asyncio.Queue[list[int]] = steps) -> None:  # a decode worker's thread
+            loop.call_soon_threadsafe(steps.put_nowait, list(toks))
 
-    sentence.on_tokens = on_tokens
+        sentence.on_tokens = on_tokens
+        rows.append((sentence, steps))
     start = time.perf_counter()
     inference.submit()
     try:
-        engine.scheduler.submit([sentence])
+        engine.scheduler.submit(sentences)  # all the rows, or none
     except BaseException:
         inference.failed()
         raise
-    return src, sentence, steps, start
+    engine.count_texts([plan])
+    return plan, src, rows, start

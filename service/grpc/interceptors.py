@@ -4,6 +4,7 @@ where every RPC is counted and timed."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import logging
 import time
@@ -120,7 +121,7 @@ class _ObservedCall:
     gauge, records its status (and whether the client or the deadline cut it short), and maps
     whatever the handler raised to a status. Both wrappers use it, so unary and streaming calls
     are counted and mapped the same way. With tracing on, it also holds the RPC's server span,
-    current while the handler runs."""
+    made current by `current()` around each step of the handler."""
 
     def __init__(self, metrics: Metrics, activity: RpcActivity, full_method: str, context: grpc.aio.ServicerContext):
         self.metrics, self.activity, self.method, self.context = metrics, activity, _short(full_method), context
@@ -136,7 +137,13 @@ class _ObservedCall:
         self.activity.arrived()
         if tracing.traced_method(self.full_method):
             self.span = tracing.RpcSpan(self.full_method, self.context.invocation_metadata())
-            self.span.enter()
+
+    def current(self) -> contextlib.AbstractContextManager[None]:
+        """The RPC's span current in the block (nothing without one). A streaming handler gets it
+        around each message it makes, never across a yield: grpc may finish a cancelled stream's
+        generator in a task of its own, where a context attached in the call's task cannot be
+        detached."""
+        return self.span.current() if self.span is not None else contextlib.nullcontext()
 
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
@@ -157,7 +164,7 @@ class _ObservedCall:
             name = self._record(cancelled)
             if self.span is not None:
                 error, message = self.error or (None, "")
-                self.span.exit(name, getattr(grpc.StatusCode, name, grpc.StatusCode.UNKNOWN).value[0], error, message)
+                self.span.end(name, getattr(grpc.StatusCode, name, grpc.StatusCode.UNKNOWN).value[0], error, message)
 
     def _record(self, cancelled: bool) -> str:
         name = self._code_name(cancelled)
@@ -229,8 +236,10 @@ class ErrorAndMetricsInterceptor(grpc.aio.ServerInterceptor):
 
     def _wrap_unary(self, method: str, inner: Handler, streaming_request: bool = False) -> Handler:
         async def behaviour(request: Any, context: grpc.aio.ServicerContext) -> Any:
-            async with _ObservedCall(self.metrics, self.activity, method, context):
-                return await inner(_parsed(request, streaming_request), context)
+            call = _ObservedCall(self.metrics, self.activity, method, context)
+            async with call:
+                with call.current():
+                    return await inner(_parsed(request, streaming_request), context)
 
         return behaviour
 
@@ -240,9 +249,20 @@ class ErrorAndMetricsInterceptor(grpc.aio.ServerInterceptor):
         if inspect.isasyncgenfunction(inner):
 
             async def behaviour(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-                async with _ObservedCall(self.metrics, self.activity, method, context):
-                    async for message in inner(_parsed(request, streaming_request), context):
-                        yield message
+                call = _ObservedCall(self.metrics, self.activity, method, context)
+                async with call:
+                    messages = inner(_parsed(request, streaming_request), context)
+                    try:
+                        while True:
+                            with call.current():
+                                try:
+                                    message = await anext(messages)
+                                except StopAsyncIteration:
+                                    break
+                            yield message
+                    finally:
+                        with call.current():
+                            await messages.aclose()
 
             return behaviour
         return self._wrap_unary(method, inner, streaming_request)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 
 import grpc
 
@@ -12,6 +12,7 @@ from service.api.mtserve.v1 import translation_pb2_grpc as pb_grpc
 from service.engine.languages import LanguagePair, pair_page
 from service.engine.many import translate_many
 from service.engine.requests import StreamItem, TranslateOptions, TranslationResult
+from service.errors import quote
 from service.grpc.context import deadline, request_id
 from service.grpc.interceptors import error_status
 from service.metrics import Metrics
@@ -19,7 +20,9 @@ from service.repository.registry import ModelRegistry
 from service.settings import Settings
 
 
-def _options(msg: pb.TranslationOptions) -> TranslateOptions:
+def _options(
+    msg: pb.TranslationOptions, target_prefixes: Iterable[str] = (), target_prefix: str = ""
+) -> TranslateOptions:
     return TranslateOptions(
         beam_size=msg.beam_size,
         max_output_tokens=msg.max_output_tokens,
@@ -28,7 +31,23 @@ def _options(msg: pb.TranslationOptions) -> TranslateOptions:
         return_tokens=msg.return_tokens,
         return_alignment=msg.return_alignment,
         min_output_tokens=msg.min_output_tokens,
+        num_hypotheses=msg.num_hypotheses,
+        sampling_topk=msg.sampling_topk,
+        sampling_topp=msg.sampling_topp if msg.HasField("sampling_topp") else None,
+        sampling_temperature=msg.sampling_temperature if msg.HasField("sampling_temperature") else None,
+        seed=msg.seed,
+        target_prefix=target_prefix,
+        target_prefixes=list(target_prefixes),
+        split=SPLITS.get(msg.split, str(msg.split)),  # an unknown number: INVALID_ARGUMENT from the engine
     )
+
+
+SPLITS = {
+    pb.SPLIT_DEFAULT: "sentences",
+    pb.SPLIT_SENTENCES: "sentences",
+    pb.SPLIT_NEWLINES: "newlines",
+    pb.SPLIT_NONE: "none",
+}
 
 
 def _pair(msg: pb.TranslateRequest | pb.TranslateStreamRequest) -> LanguagePair:
@@ -46,12 +65,27 @@ def translation_pb(r: TranslationResult, opts: TranslateOptions) -> pb.Translati
         msg.alignment.source_tokens.extend(r.alignment.source_tokens)
         msg.alignment.target_tokens.extend(r.alignment.target_tokens)
         msg.alignment.weights.extend(r.alignment.weights.ravel().tolist())
+    for h in r.hypotheses:  # num_hypotheses > 1
+        msg.hypotheses.add(text=h.text, score=h.score, tokens=h.tokens, token_ids=h.token_ids)
+    for seg in r.segments:
+        part = translation_pb(seg.translation, opts)
+        msg.segments.add(
+            start=seg.start,
+            end=seg.end,
+            text=part.text,
+            score=part.score,
+            tokens=part.tokens,
+            token_ids=part.token_ids,
+            alignment=part.alignment if part.HasField("alignment") else None,
+            input_tokens=part.input_tokens,
+            output_tokens=part.output_tokens,
+        )
     return msg
 
 
 def _item_request_id(context: grpc.aio.ServicerContext, item_id: str) -> str:
-    """A TranslateMany item's request id in the logs: the call's, then the item's id."""
-    return f"{request_id(context)}/{item_id}"
+    """A TranslateMany item's request id in the logs: the call's, then the item's id (cut)."""
+    return f"{request_id(context)}/{item_id if len(item_id) <= 64 and item_id.isprintable() else quote(item_id)}"
 
 
 class TranslationServicer(pb_grpc.TranslationServiceServicer):
@@ -59,7 +93,7 @@ class TranslationServicer(pb_grpc.TranslationServiceServicer):
         self.models, self.settings, self.metrics = models, settings, metrics
 
     async def Translate(self, request: pb.TranslateRequest, context: grpc.aio.ServicerContext) -> pb.TranslateResponse:
-        opts, pair = _options(request.options), _pair(request)
+        opts, pair = _options(request.options, request.target_prefixes), _pair(request)
         with self.models.lease(request.model, pair=pair) as served:
             results = await served.engine.translate(list(request.texts), opts, timeout=deadline(context), pair=pair)
             return pb.TranslateResponse(
@@ -69,7 +103,7 @@ class TranslationServicer(pb_grpc.TranslationServiceServicer):
     async def TranslateStream(
         self, request: pb.TranslateStreamRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.TranslateStreamResponse]:
-        opts, pair = _options(request.options), _pair(request)
+        opts, pair = _options(request.options, target_prefix=request.target_prefix), _pair(request)
         with self.models.lease(request.model, pair=pair) as served:
             async for event in served.engine.translate_stream(request.text, opts, deadline(context), pair):
                 if isinstance(event, TranslationResult):
@@ -87,7 +121,7 @@ class TranslationServicer(pb_grpc.TranslationServiceServicer):
                 yield StreamItem(
                     id=r.id,
                     texts=list(r.request.texts),
-                    options=_options(r.request.options),
+                    options=_options(r.request.options, r.request.target_prefixes),
                     timeout=r.timeout_ms / 1000.0 if r.timeout_ms else None,
                     model=r.request.model,
                     pair=_pair(r.request),
@@ -134,7 +168,7 @@ class TranslationServicer(pb_grpc.TranslationServiceServicer):
         limits = info.pop("limits")
         files = info.pop("files_sha256")
         tools = info.pop("tool_versions")
-        default = self.models.default()
+        default = self.models.default_or_none()
         served = sorted(self.models.all(), key=lambda s: s is not default)
         models = []
         for s in served:

@@ -7,7 +7,13 @@ Two models, named after the export's manifest (`de-en` for the shipped one):
     NAME          input TEXT BYTES [N]  ->  output TRANSLATION BYTES [N]
                   request parameters: beam_size, max_output_tokens, min_output_tokens (int),
                   length_penalty (double), source_language, target_language (string: validated
-                  against the model, and a multilingual model needs target_language)
+                  against the model, and a multilingual model needs target_language); the
+                  decoding options of mtserve.v1's TranslationOptions: num_hypotheses,
+                  sampling_topk, seed (int), sampling_topp, sampling_temperature (double), and
+                  target_prefix (string: the same forced prefix for every text of the request),
+                  split (string: "sentences", the default, "newlines" or "none"; docs/documents.md).
+                  TRANSLATION holds each text's best hypothesis: n-best lists
+                  (num_hypotheses, validated here) come back on mtserve.v1 only.
     NAME-encoder  input TEXT BYTES [N]  ->  output EMBEDDING FP32 [N, d_model] (mean-pooled encoder states)
                   request parameter: source_language (string; a multilingual model may need it)
 
@@ -34,7 +40,7 @@ from contract.manifest import Manifest
 from service.api.inference import grpc_service_pb2 as pb
 from service.api.inference import model_config_pb2 as mc
 from service.engine.engine import model_names
-from service.errors import InvalidArgument
+from service.errors import InvalidArgument, quote
 from service.settings import Settings
 
 PLATFORM = "onnxruntime_onnx"
@@ -80,6 +86,13 @@ def model_specs(name: str, manifest: Manifest) -> dict[str, ModelSpec]:
                 "length_penalty": float,
                 "source_language": str,
                 "target_language": str,
+                "num_hypotheses": int,
+                "sampling_topk": int,
+                "sampling_topp": float,
+                "sampling_temperature": float,
+                "seed": int,
+                "target_prefix": str,
+                "split": str,
             },
         ),
         encoder: ModelSpec(
@@ -203,13 +216,15 @@ def input_texts(request: pb.ModelInferRequest) -> tuple[int, list[str]]:
     inputs = request.inputs
     for i, t in enumerate(inputs):
         if t.name != INPUT:
-            raise InvalidArgument(f"inputs[{i}].name", f"unknown input {t.name!r} (the model's input is {INPUT})")
+            raise InvalidArgument(f"inputs[{i}].name", f"unknown input {quote(t.name)} (the model's input is {INPUT})")
     if len(inputs) != 1:
         raise InvalidArgument("inputs", f"expected exactly one input ({INPUT}), got {len(inputs)}")
     t = inputs[0]
     field = "inputs[0]"
     if t.datatype != "BYTES":
-        raise InvalidArgument(f"{field}.datatype", f"{INPUT} must be BYTES, got {t.datatype or 'none'}")
+        raise InvalidArgument(
+            f"{field}.datatype", f"{INPUT} must be BYTES, got {quote(t.datatype) if t.datatype else 'none'}"
+        )
     # [N], or [N, 1]: ModelConfig describes each text as dims [1] (reshaped to []).
     if not (len(t.shape) == 1 or (len(t.shape) == 2 and t.shape[1] == 1)) or t.shape[0] < 0:
         raise InvalidArgument(f"{field}.shape", f"{INPUT} must have shape [N] or [N, 1], got {list(t.shape)}")
@@ -250,7 +265,7 @@ def check_outputs(request: pb.ModelInferRequest, spec: ModelSpec) -> None:
     for i, o in enumerate(request.outputs):
         if o.name != spec.output:
             raise InvalidArgument(
-                f"outputs[{i}].name", f"model {spec.name!r} has no output {o.name!r} (outputs: {spec.output})"
+                f"outputs[{i}].name", f"model {spec.name!r} has no output {quote(o.name)} (outputs: {spec.output})"
             )
 
 
@@ -273,7 +288,7 @@ def request_parameters(request: pb.ModelInferRequest, spec: ModelSpec) -> dict[s
     type `spec.parameters` gives it, hence Any); standard ones of other clients are dropped."""
     out: dict[str, Any] = {}
     for key in sorted(request.parameters):
-        field = f"parameters.{key}"
+        field = f"parameters.{key}" if len(key) <= 64 and key.isprintable() else f"parameters[{quote(key)}]"
         if key in spec.parameters:
             out[key] = parameter_value(request.parameters[key], field, spec.parameters[key])
         elif key not in STANDARD_PARAMETERS:
@@ -292,7 +307,7 @@ def v2_argument_error(exc: InvalidArgument, input_index: int) -> InvalidArgument
         return InvalidArgument(f"inputs[{input_index}]{f[len('texts') :]}", f"{INPUT}: {problem}")
     if f.startswith("options."):
         return InvalidArgument("parameters." + f[len("options.") :], problem)
-    if f in ("source_language", "target_language"):
+    if f in ("source_language", "target_language", "target_prefix"):
         return InvalidArgument("parameters." + f, problem)
     return exc
 

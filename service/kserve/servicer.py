@@ -23,7 +23,7 @@ from service.api.inference import grpc_service_pb2_grpc as pb_grpc
 from service.engine.engine import model_names
 from service.engine.languages import LanguagePair
 from service.engine.requests import TranslateOptions
-from service.errors import FailedPrecondition, InvalidArgument, NotFound, PermissionDenied
+from service.errors import FailedPrecondition, InvalidArgument, NotFound, PermissionDenied, quote
 from service.grpc.context import deadline
 from service.kserve.codec import (
     INPUT,
@@ -38,7 +38,7 @@ from service.kserve.codec import (
     v2_argument_error,
 )
 from service.metrics import ModelStatistics as ModelStats
-from service.repository.layout import is_version
+from service.repository.layout import check_name, check_version
 from service.repository.registry import ModelRegistry, ServedModel
 from service.settings import Settings
 
@@ -74,7 +74,7 @@ class KServeServicer(pb_grpc.GRPCInferenceServiceServicer):
     ) -> pb.ModelReadyResponse:
         try:
             self._model(request.name, request.version, "name", "version")
-        except NotFound:
+        except (NotFound, InvalidArgument):  # no model of that name or version (tools probe with any)
             return pb.ModelReadyResponse(ready=False)
         return pb.ModelReadyResponse(ready=self.ready())
 
@@ -111,7 +111,10 @@ class KServeServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     def _model(self, name: str, version: str, name_field: str, version_field: str) -> tuple[ModelSpec, ServedModel]:
         """The KServe model `name` (a served model, or its encoder) at `version` (empty: the
-        model's default version)."""
+        model's default version). A malformed name or version is INVALID_ARGUMENT."""
+        check_name(name, name_field)
+        if version:
+            check_version(version, version_field)
         base_of = {kserve: n for n, _ in self.models.served for kserve in model_names(n)}
         if name not in base_of:
             raise NotFound(f"{name_field}: unknown model {name!r} (served: {', '.join(sorted(base_of))})")
@@ -138,6 +141,8 @@ class KServeServicer(pb_grpc.GRPCInferenceServiceServicer):
             spec, served = self._model(request.name, request.version, "name", "version")
             wanted = [(spec, served)]
         else:
+            if request.version:
+                check_version(request.version, "version")
             wanted = [
                 (spec, s)
                 for s in self.models.all()
@@ -145,7 +150,7 @@ class KServeServicer(pb_grpc.GRPCInferenceServiceServicer):
                 for spec in model_specs(s.name, s.engine.manifest).values()
             ]
             if not wanted:
-                raise NotFound(f"version: no model has version {request.version!r}")
+                raise NotFound(f"version: no model has version {quote(request.version)}")
         # A scrape of the server's own registry: with engine processes it asks each of them for its
         # decoder steps over a pipe, so off the event loop.
         stats = await asyncio.to_thread(self.models.metrics.model_statistics)
@@ -185,6 +190,7 @@ class KServeServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def RepositoryIndex(
         self, request: pb.RepositoryIndexRequest, context: grpc.aio.ServicerContext
     ) -> pb.RepositoryIndexResponse:
+        _one_repository(request.repository_name)
         index = pb.RepositoryIndexResponse.ModelIndex
         ready = self.ready()
         rows = []
@@ -210,19 +216,15 @@ class KServeServicer(pb_grpc.GRPCInferenceServiceServicer):
                 "model_name: loading and unloading are off with replicas > 1: a call reaches one replica, "
                 "so the replicas would serve different models (restart with the MODELS setting instead)"
             )
-        if request.repository_name:
-            raise NotFound(
-                f"repository_name: this server has one repository, unnamed (got {request.repository_name!r})"
-            )
+        _one_repository(request.repository_name)
         if not request.model_name:
             raise InvalidArgument("model_name", "a model name is required")
+        check_name(request.model_name, "model_name")
         version, default = "", False
         for key, p in request.parameters.items():
             kind = p.WhichOneof("parameter_choice")
             if key == "version" and kind in ("string_param", "int64_param"):
-                version = str(getattr(p, kind))
-                if not is_version(version):
-                    raise InvalidArgument('parameters["version"]', f"{version!r} is not a positive integer")
+                version = check_version(str(getattr(p, kind)), 'parameters["version"]')
             elif key == "default" and kind == "bool_param":
                 default = p.bool_param
             elif unload and key == "unload_dependents" and kind == "bool_param":
@@ -231,7 +233,7 @@ class KServeServicer(pb_grpc.GRPCInferenceServiceServicer):
                 pass
             else:
                 raise InvalidArgument(
-                    f"parameters[{key!r}]",
+                    f"parameters[{quote(key)}]",
                     'unknown or mistyped: "version" (string or int64) and "default" (bool) are accepted',
                 )
         return version, default
@@ -276,3 +278,9 @@ class KServeServicer(pb_grpc.GRPCInferenceServiceServicer):
             except InvalidArgument as e:
                 raise v2_argument_error(e, index) from None
         return infer_response(request, spec, served.version, output)
+
+
+def _one_repository(repository_name: str) -> None:
+    """The repository calls' `repository_name`: empty, as this server has one repository."""
+    if repository_name:
+        raise NotFound(f"repository_name: this server has one repository, unnamed (got {quote(repository_name)})")

@@ -25,6 +25,7 @@ from prometheus_client.metrics_core import Metric
 
 from service.batching.jobs import Sentence
 from service.decoding.generator import Finished
+from service.decoding.sampling import Sampling
 from service.errors import ServiceError
 
 # ----------------------------------------------------------------------------- parent -> child
@@ -45,6 +46,9 @@ class SentenceSpec:
     stream: bool  # the caller wants a Tokens message at each decoder step
     target_prefix: tuple[int, ...] = ()  # forced first target tokens (a multilingual model's language)
     min_len: int = 0  # tokens the output has at least before </s>
+    output_prefix: tuple[int, ...] = ()  # the request's target prefix, kept in the output
+    num_hypotheses: int = 1
+    sampling: Sampling | None = None  # its generator crosses with its state
 
     @classmethod
     def of(cls, sentence: Sentence) -> SentenceSpec:
@@ -61,6 +65,9 @@ class SentenceSpec:
             stream=sentence.on_tokens is not None,
             target_prefix=tuple(sentence.target_prefix),
             min_len=sentence.min_len,
+            output_prefix=tuple(sentence.output_prefix),
+            num_hypotheses=sentence.num_hypotheses,
+            sampling=sentence.sampling,
         )
 
     def sentence(self, on_tokens: Callable[[list[int]], None] | None = None) -> Sentence:
@@ -73,6 +80,9 @@ class SentenceSpec:
             max_len=self.max_len,
             target_prefix=list(self.target_prefix),
             min_len=self.min_len,
+            output_prefix=list(self.output_prefix),
+            num_hypotheses=self.num_hypotheses,
+            sampling=self.sampling,
             want_alignment=self.want_alignment,
             want_scores=self.want_scores,
             deadline=self.deadline,

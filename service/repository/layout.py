@@ -1,6 +1,8 @@
 """The model repository on disk, in Triton's layout: `REPOSITORY/NAME/VERSION/`, each version a
 model directory (config.json, tokenizer.json, onnx/ with its manifest). VERSION is a positive
-integer; other entries are ignored, as Triton ignores them. A model directory given on its own
+integer written in ASCII digits without leading zeros; other entries are ignored, as Triton ignores
+them. NAME is at most MAX_NAME_CHARS of [A-Za-z0-9._-], not starting with a dot: what a request
+names is checked against that at the edge (`check_name`, `parse_model_ref`). A model directory given on its own
 (`--model-dir`) is a repository of one version, served under its manifest's name.
 
 `NAME/serving.json`, when present, holds the model's own values of the per-model settings
@@ -10,10 +12,15 @@ config.pbtxt does; the server's settings give the rest."""
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from service.errors import InvalidArgument, ModelLoadError, NotFound
+from service.errors import InvalidArgument, ModelLoadError, NotFound, quote
+
+MAX_NAME_CHARS = 128
+_NAME = re.compile(rf"[A-Za-z0-9_-][A-Za-z0-9._-]{{0,{MAX_NAME_CHARS - 1}}}")
+_VERSION = re.compile(r"[1-9][0-9]{0,17}")  # ASCII digits, no leading zero, fits an int64
 
 SERVING_FILE = "serving.json"
 PER_MODEL = frozenset(
@@ -52,7 +59,30 @@ class VersionDir:
 
 
 def is_version(entry: str) -> bool:
-    return entry.isdecimal() and int(entry) > 0
+    """A positive integer in ASCII digits without leading zeros ('1', '12'; not '01', '１', '+1')."""
+    return _VERSION.fullmatch(entry) is not None
+
+
+def is_name(entry: str) -> bool:
+    return _NAME.fullmatch(entry) is not None
+
+
+def check_name(name: str, field: str) -> str:
+    """`name` if it can name a model; else INVALID_ARGUMENT naming `field`."""
+    if not is_name(name):
+        raise InvalidArgument(
+            field,
+            f"{quote(name)} is not a model name (at most {MAX_NAME_CHARS} characters of A-Z a-z 0-9 . _ -, "
+            "not starting with '.')",
+        )
+    return name
+
+
+def check_version(version: str, field: str) -> str:
+    """`version` if it is one (`is_version`); else INVALID_ARGUMENT naming `field`."""
+    if not is_version(version):
+        raise InvalidArgument(field, f"{quote(version)} is not a positive integer (ASCII digits, no leading zero)")
+    return version
 
 
 def scan(repository: Path) -> dict[str, list[VersionDir]]:
@@ -60,7 +90,7 @@ def scan(repository: Path) -> dict[str, list[VersionDir]]:
     if not repository.is_dir():
         raise NotFound(f"model_repository: {repository} is not a directory")
     found: dict[str, list[VersionDir]] = {}
-    for model in sorted(p for p in repository.iterdir() if p.is_dir() and not p.name.startswith(".")):
+    for model in sorted(p for p in repository.iterdir() if p.is_dir() and is_name(p.name)):
         versions = sorted((p for p in model.iterdir() if p.is_dir() and is_version(p.name)), key=lambda p: int(p.name))
         if versions:
             found[model.name] = [VersionDir(model.name, v.name, v) for v in versions]
@@ -70,11 +100,15 @@ def scan(repository: Path) -> dict[str, list[VersionDir]]:
 def parse_model_ref(ref: str, field: str = "model") -> tuple[str, str]:
     """'NAME' or 'NAME:VERSION' (what TranslateResponse.model reports) as (name, version); an
     empty version means the name's default version."""
-    name, _, version = ref.partition(":")
+    name, colon, version = ref.partition(":")
     if ref and not name:
-        raise InvalidArgument(field, f"{ref!r} has no model name before ':'")
-    if version and not is_version(version):
-        raise InvalidArgument(field, f"version {version!r} of {ref!r} is not a positive integer")
+        raise InvalidArgument(field, f"{quote(ref)} has no model name before ':'")
+    if name:
+        check_name(name, field)
+    if colon and not is_version(version):
+        raise InvalidArgument(
+            field, f"version {quote(version)} of {quote(ref)} is not a positive integer (ASCII digits, no leading zero)"
+        )
     return name, version
 
 

@@ -1,6 +1,11 @@
 """The models a server serves, by name and version: routing, the default model, and loading and
 unloading while requests run (KServe's repository extension).
 
+The default model is a name: the operator's (MTSERVE_DEFAULT_MODEL), else the first model loaded,
+or the last one loaded with `default: true`. It never moves to another model on its own: while it
+is unloaded, a request that names no model (and no language pair that another model serves) gets
+UNAVAILABLE naming it, until it is loaded again.
+
 Each model version has its own backend (sessions, decode workers, queue and limits) and its own
 Engine. A request takes a lease on the version it resolves to, and holds it until its answer is
 written; an unload first takes the version out of routing, then waits for its leases to end, so
@@ -10,6 +15,7 @@ unloads run one at a time. Knows nothing of gRPC."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import gc
 import logging
 import time
@@ -21,7 +27,7 @@ from pathlib import Path
 from service.engine.backend import Backend
 from service.engine.engine import Engine
 from service.engine.languages import LISTED_PAIRS, LanguagePair
-from service.errors import FailedPrecondition, ModelLoadError, NotFound
+from service.errors import FailedPrecondition, ModelLoadError, NotFound, Unavailable
 from service.metrics import Metrics
 from service.repository.layout import VersionDir, parse_model_ref, scan
 from service.runtime.memory import release_freed_memory
@@ -77,10 +83,12 @@ class ModelRegistry:
         self.unload_timeout_s = unload_timeout_s
         self.served: dict[tuple[str, str], ServedModel] = {}
         self.default_versions: dict[str, str] = {}  # name -> the version a request without one gets
-        self.default_name = ""
+        self.default_name = ""  # the default model; set once a model is loaded, then only on purpose
         self.busy: dict[tuple[str, str], str] = {}  # LOADING / UNLOADING
+        self.on_change: Callable[[], Awaitable[None]] | None = None  # after a version is served or no more
         self._change = asyncio.Lock()  # loads and unloads, one at a time
         self._leases_changed = asyncio.Event()
+        self._loads: dict[tuple[str, str], asyncio.Task[ServedModel]] = {}  # running on after callers gave up
         self._unloads: set[asyncio.Task] = set()  # running on after their callers gave up
 
     # -- routing ----------------------------------------------------------------------------
@@ -89,11 +97,12 @@ class ModelRegistry:
         """The model version `ref` ('NAME', 'NAME:VERSION', or empty for the default) names; with
         `ref` empty and a language `pair`, the default model if it serves the pair, else the first
         served one that does (by name and version). A pair that the model (named or found) does
-        not serve: NOT_FOUND naming the pair's fields (beside `field`: request.source_language...)."""
+        not serve: NOT_FOUND naming the pair's fields (beside `field`: request.source_language...).
+        `ref` empty while the default model is not loaded: UNAVAILABLE naming it."""
         name, version = parse_model_ref(ref, field)
         if not name and pair:
             return self._by_pair(pair, field)
-        name = name or self.default_name
+        name = name or self._loaded_default(field)
         if not version:
             version = self.default_versions.get(name, "")
         served = self.served.get((name, version))
@@ -124,6 +133,30 @@ class ModelRegistry:
             f"{self._pair_fields(field)}: no served model translates {pair} (served pairs: {_pairs_of(candidates)})"
         )
 
+    def _loaded_default(self, field: str) -> str:
+        """The default model's name; UNAVAILABLE while it is not loaded (never another model)."""
+        if any(n == self.default_name for n, _ in self.served):
+            return self.default_name
+        served = ", ".join(sorted({n for n, _ in self.served})) or "none"
+        if not self.default_name:
+            raise Unavailable(f"{field}: no model is loaded, so there is no default model (served: {served})")
+        raise Unavailable(
+            f"{field}: the default model {self.default_name!r} is not loaded; name a model (served: {served}) "
+            "or load the default again"
+        )
+
+    def set_default(self, served: ServedModel) -> None:
+        """Make `served` the default model and its version the name's default version; a change
+        of default model is logged and shown by the mtserve_default_model gauge."""
+        self.default_versions[served.name] = served.version
+        if served.name == self.default_name:
+            return
+        log.info("default model: %s (was %s)", served.name, self.default_name or "none")
+        if self.default_name:
+            self.metrics.default_model.labels(self.default_name).set(0)
+        self.metrics.default_model.labels(served.name).set(1)
+        self.default_name = served.name
+
     def _unknown(self, name: str, version: str) -> str:
         names = sorted({n for n, _ in self.served})
         if name not in names:
@@ -145,6 +178,10 @@ class ModelRegistry:
 
     def default(self) -> ServedModel:
         return self.resolve("")
+
+    def default_or_none(self) -> ServedModel | None:
+        """The default model's default version, None while it is not loaded."""
+        return self.served.get((self.default_name, self.default_versions.get(self.default_name, "")))
 
     def versions(self, name: str) -> list[ServedModel]:
         return sorted((s for (n, _), s in self.served.items() if n == name), key=lambda s: int(s.version))
@@ -184,7 +221,31 @@ class ModelRegistry:
 
     async def add(self, source: VersionDir, make_default: bool = False) -> ServedModel:
         """Load one version (or find it loaded) and route to it; the first version of a name is
-        its default, and the first name loaded the server's default unless one was set."""
+        its default, and the first name loaded the server's default unless one was set;
+        `make_default`: the version becomes the default model.
+
+        The load runs in a task of its own, and callers asking for the same version wait for the
+        same task. A caller that stops waiting (its deadline, a cancelled RPC) does not stop it
+        half-way, which would leave the half-built sessions' memory in the process with nothing
+        served: the load completes and is served (READY in RepositoryIndex), or fails and gives
+        its memory back."""
+        key = (source.name, source.version)
+        task = self._loads.get(key)
+        if task is None:
+            task = asyncio.ensure_future(self._add(source, make_default))
+            self._loads[key] = task
+            task.add_done_callback(functools.partial(self._load_ended, key))
+        served = await asyncio.shield(task)
+        if make_default:
+            self.set_default(served)
+        return served
+
+    def _load_ended(self, key: tuple[str, str], task: asyncio.Task[ServedModel]) -> None:
+        self._loads.pop(key, None)
+        if not task.cancelled() and task.exception() is not None:  # retrieved: its callers may be gone
+            log.warning("loading %s:%s failed: %s", key[0], key[1], task.exception())
+
+    async def _add(self, source: VersionDir, make_default: bool) -> ServedModel:
         key = (source.name, source.version)
         async with self._change:
             served = self.served.get(key)
@@ -196,16 +257,23 @@ class ModelRegistry:
                 except BaseException:
                     # The series its metrics made (a queue depth of 0...) for a version not served.
                     self.metrics.forget_model(source.name, source.version)
+                    gc.collect()
+                    release_freed_memory()
                     raise
                 finally:
                     del self.busy[key]
                 self.served[key] = served
                 log.info("loaded %s from %s in %.1fs", served.ref, source.path, time.perf_counter() - t0)
-            if make_default or source.name not in self.default_versions:
+            if make_default or not self.default_name:
+                self.set_default(served)
+            elif source.name not in self.default_versions:
                 self.default_versions[source.name] = source.version
-            if not self.default_name:
-                self.default_name = source.name
+            await self._changed()
             return served
+
+    async def _changed(self) -> None:
+        if self.on_change is not None:
+            await self.on_change()
 
     async def load(self, name: str, version: str = "", make_default: bool = False) -> ServedModel:
         """RepositoryModelLoad: the version from disk (the latest when none is named). One that
@@ -238,10 +306,15 @@ class ModelRegistry:
             left = self.versions(name)
             if not left:
                 self.default_versions.pop(name, None)
+                if name == self.default_name:
+                    log.warning(
+                        "the default model %s is unloaded: requests that name no model get UNAVAILABLE "
+                        "until it is loaded again",
+                        name,
+                    )
             elif self.default_versions.get(name) not in {s.version for s in left}:
                 self.default_versions[name] = left[-1].version
-            if self.default_name == name and not left:
-                self.default_name = min((n for n, _ in self.served), default="")
+            await self._changed()
             refs = [s.ref for s in doomed]
             try:
                 for s in doomed:
@@ -289,6 +362,8 @@ class ModelRegistry:
         return all(s.backend.wait_idle(max(0.0, end - time.monotonic())) for s in list(self.served.values()))
 
     def shutdown(self) -> None:
+        for task in list(self._loads.values()):
+            task.cancel()
         for s in list(self.served.values()):
             s.backend.shutdown()
 

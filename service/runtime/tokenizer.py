@@ -34,6 +34,9 @@ class TextTokenizer(Protocol):
     def encode(self, text: str) -> list[int]:
         """The ids of `text`'s tokens, nothing added."""
 
+    def encode_target(self, text: str) -> list[int]:
+        """The ids of `text`'s tokens as a translation (a forced target prefix), nothing added."""
+
     def decode(self, ids: Iterable[int]) -> str:
         """The text of `ids` without special or language tokens, not stripped."""
 
@@ -57,6 +60,9 @@ class BpeTokenizer:
 
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False).ids)
+
+    def encode_target(self, text: str) -> list[int]:
+        return self.encode(text)  # one vocabulary for both sides
 
     def decode(self, ids: Iterable[int]) -> str:
         return str(self.tokenizer.decode(list(ids), skip_special_tokens=True))
@@ -100,6 +106,7 @@ class SentencePieceTokenizer:
         self.source_vocab = _read_vocab(source_vocab)
         target = self.source_vocab if target_vocab == source_vocab else _read_vocab(target_vocab)
         self.pieces: dict[int, str] = {i: p for p, i in target.items()}
+        self.target_ids = target
         for i, name in (named or {}).items():
             self.pieces.setdefault(i, name)
         self.ids: dict[str, int] = {**{p: i for i, p in self.pieces.items()}, **self.source_vocab}
@@ -113,6 +120,10 @@ class SentencePieceTokenizer:
     def encode(self, text: str) -> list[int]:
         vocab, unk = self.source_vocab, self.unk_id
         return [vocab.get(p, unk) for p in self.source.encode(text, out_type=str)]
+
+    def encode_target(self, text: str) -> list[int]:
+        vocab, unk = self.target_ids, self.unk_id
+        return [vocab.get(p, unk) for p in self.target.encode(text, out_type=str)]
 
     def decode(self, ids: Iterable[int]) -> str:
         skip, pieces = self.special_ids, self.pieces

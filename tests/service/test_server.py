@@ -142,7 +142,14 @@ def test_model_info_says_what_zero_means_to_a_reflection_only_client(client, ser
         "options.max_output_tokens",
         "options.min_output_tokens",
         "options.length_penalty",
+        "options.num_hypotheses",
+        "options.sampling_topk",
+        "options.sampling_topp",
+        "options.sampling_temperature",
+        "options.seed",
+        "target_prefixes",
         "timeout_ms",
+        "options.split",
     }
     st, gen = server.server.settings, server.server.engine.manifest.generation
     assert f"default_beam_size ({st.default_beam_size})" in zero["options.beam_size"]
@@ -249,7 +256,7 @@ def test_deadline_expired_while_queued_is_dropped(make_server):
     srv = make_server(max_batch_sentences=1)
     srv.slow_down(0.05)
     with srv.client(timeout=30) as c, ThreadPoolExecutor(4) as pool:
-        blocker = pool.submit(c.translate, [" ".join(SENTENCES)], beam_size=1)
+        blocker = pool.submit(c.translate, [" ".join(SENTENCES)], beam_size=1, split="none")  # one long row
         time.sleep(0.2)
         with Client(srv.address, timeout=0.3) as hurried:
             code, _ = code_of(lambda: hurried.translate([SENTENCES[0]], beam_size=1))
@@ -269,7 +276,7 @@ def test_queue_full_is_resource_exhausted(make_server):
     srv = make_server(max_batch_sentences=1, max_queue_size=2)
     srv.slow_down(0.05)
     with srv.client(timeout=30) as c, ThreadPoolExecutor(4) as pool:
-        blocker = pool.submit(c.translate, [" ".join(SENTENCES)], beam_size=1)
+        blocker = pool.submit(c.translate, [" ".join(SENTENCES)], beam_size=1, split="none")  # one long row
         time.sleep(0.2)
         code, details = code_of(lambda: c.translate(SENTENCES[:3], beam_size=1))
         assert code == grpc.StatusCode.RESOURCE_EXHAUSTED and "max_queue_size" in details
@@ -372,7 +379,7 @@ def test_reflection_lists_the_services(server):
         (["Hallo", "\x00\x00"], {}, "texts[1]"),  # nothing left once controls are removed
         (["\u200b\ufeff"], {}, "texts[0]"),  # nor once format characters are
         (["Hallo"] * 65, {}, "texts"),
-        (["Hund " * 300], {}, "texts[0]"),
+        (["Hund " * 300], {"split": "none"}, "texts[0]"),  # split: cut into rows, not refused
         (["Hallo"], {"beam_size": -1}, "options.beam_size"),
         (["Hallo"], {"beam_size": 9}, "options.beam_size"),
         (["Hallo"], {"max_output_tokens": -5}, "options.max_output_tokens"),

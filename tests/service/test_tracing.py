@@ -24,8 +24,9 @@ from opentelemetry.proto.trace.v1 import trace_pb2
 from service import tracing
 from service.api.inference import grpc_service_pb2 as kserve_pb
 from service.api.inference import grpc_service_pb2_grpc as kserve_grpc
-from service.client import Client, pb
-from tests.support import free_port, wait_serving
+from service.api.mtserve.v1 import translation_pb2_grpc as pb_grpc
+from service.client import Client, healthcheck, pb
+from tests.support import free_port, serve_command, wait_serving
 
 REPO = Path(__file__).resolve().parents[2]
 SENTENCES = ["Ein Hund rennt durch den Schnee.", "Zwei Männer sitzen auf einer Bank."]
@@ -297,3 +298,99 @@ def test_an_unknown_exporter_stops_the_server_at_start_up(tiny_onnx_dir):
     )
     assert proc.returncode == 2
     assert "OTEL_TRACES_EXPORTER: unknown exporter 'zipkin-nope'" in proc.stdout + proc.stderr
+
+
+# -- bounded against callers and an absent collector ---------------------------------------------
+
+BAD_TRACESTATE = "Vendor=" + "x" * 7000  # 7 kB, and an upper-case key: not W3C tracestate
+
+
+def start_toward_absent_collector(onnx_dir: Path, log_path: Path, *extra: str) -> tuple[subprocess.Popen, str]:
+    """`mtserve serve` exporting to an OTLP endpoint nobody listens on; its log in `log_path`."""
+    port = free_port()
+    env = {
+        **os.environ,
+        "OTEL_TRACES_EXPORTER": "otlp",
+        "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{free_port()}",  # a closed port
+        "OTEL_TRACES_SAMPLER": "parentbased_always_on",
+    }
+    address = f"127.0.0.1:{port}"
+    command = serve_command(onnx_dir, address, "--metrics-port", "0", "--decode-workers", "1", *extra)
+    with log_path.open("w") as log:
+        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, text=True, cwd=REPO, env=env)
+    healthcheck.wait_serving(address, 90, alive=lambda: proc.poll() is None)
+    return proc, address
+
+
+@pytest.fixture(scope="module")
+def collector_down(tiny_onnx_dir, tmp_path_factory) -> Iterator[tuple[str, Path]]:
+    log_path = tmp_path_factory.mktemp("collector-down") / "serve.log"
+    proc, address = start_toward_absent_collector(tiny_onnx_dir, log_path)
+    yield address, log_path
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(30)
+
+
+def test_invalid_trace_headers_are_dropped_with_one_short_log_line(collector_down):
+    address, log_path = collector_down
+    before = log_path.stat().st_size
+    metadata = (("traceparent", f"00-{TRACE_ID}-00f067aa0ba902b7-01"), ("tracestate", BAD_TRACESTATE))
+    with Client(address, timeout=60, metadata=metadata) as client:
+        for i in range(100):
+            assert client.translate([f"Ein Hund Nummer {i}."], beam_size=1)[0].text
+    with Client(address, timeout=60, metadata=(("traceparent", "00-" + "z" * 5000),)) as client:
+        client.translate(["Ein Kind lacht."], beam_size=1)
+    grown = log_path.read_text()[before:]
+    assert len(grown) < 50_000, len(grown)
+    header_lines = [line for line in grown.splitlines() if "trace" in line.lower()]
+    assert len(header_lines) <= 1, header_lines  # one a minute at most
+    assert all(len(line) < 1000 for line in header_lines)
+
+
+def test_cancelled_streams_leave_nothing_pending(collector_down):
+    address, log_path = collector_down
+    before = log_path.stat().st_size
+    with grpc.insecure_channel(address) as channel:
+        stub = pb_grpc.TranslationServiceStub(channel)
+        request = pb.TranslateStreamRequest(text=SENTENCES[1] * 3, options=pb.TranslationOptions(beam_size=1))
+        for i in range(200):
+            call = stub.TranslateStream(request, timeout=60, metadata=traceparent(f"{i + 1:016x}"))
+            next(call)  # the first chunk
+            call.cancel()
+        with Client(address, timeout=60) as client:  # the server is still well
+            assert client.translate(["Ein Kind lacht."], beam_size=1)[0].text
+    time.sleep(1.0)
+    grown = log_path.read_text()[before:]
+    errors = ("Task was destroyed but it is pending", "Failed to detach context", "Traceback")
+    assert not any(e in grown for e in errors), ({e: grown.count(e) for e in errors}, grown[-2000:])
+
+
+def test_sigterm_under_load_exits_within_the_grace_period(tiny_onnx_dir, tmp_path):
+    grace = 3.0
+    proc, address = start_toward_absent_collector(tiny_onnx_dir, tmp_path / "serve.log", "--grace-period-s", str(grace))
+    stop = threading.Event()
+    answered = threading.Event()
+
+    def load(i: int) -> None:
+        with Client(address, timeout=30, metadata=traceparent(f"{i + 1:016x}")) as client:
+            while not stop.is_set():
+                try:
+                    client.translate([f"{SENTENCES[0]} Nummer {i}."], beam_size=2)
+                    answered.set()
+                except grpc.RpcError:
+                    return  # refused (UNAVAILABLE) or cut off as the server stops
+
+    with futures.ThreadPoolExecutor(8) as pool:
+        for i in range(8):
+            pool.submit(load, i)
+        assert answered.wait(60)
+        time.sleep(1.0)  # spans buffered for the collector that is not there
+        proc.send_signal(signal.SIGTERM)
+        signalled = time.monotonic()
+        rc = proc.wait(60)
+        took = time.monotonic() - signalled
+        stop.set()
+    log = (tmp_path / "serve.log").read_text()
+    assert rc == 0, log[-3000:]
+    assert took < grace + 2.5, (took, log[-3000:])  # the grace period, plus the interpreter's exit
+    assert "drained" in log

@@ -5,7 +5,9 @@ limits so that generated cases reach them). An oracle written from the documente
 README's error list, the server's limits) says which status each case must get: OK with one
 well-formed result per text, or INVALID_ARGUMENT whose message starts with the exact field at
 fault. Never INTERNAL or UNKNOWN, never a hang (every call has a deadline), and after every case
-the server answers a valid request.
+the server answers a valid request. No status message is longer than 1,024 characters, and
+hostile model names, versions, language codes, KServe names and repository calls (100 kB long,
+malformed) get INVALID_ARGUMENT or NOT_FOUND naming the field with the input cut short.
 
 About 2,100 generated cases run in the default suite. More: `make fuzz`, or
 `MTSERVE_FUZZ_SCALE=10 pytest tests/service/grpc/test_fuzz.py` (ten times as many of each).
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import unicodedata
 
 import grpc
@@ -27,6 +30,7 @@ from hypothesis.control import currently_in_test_context
 from tokenizers import Tokenizer
 
 from service.api.inference import grpc_service_pb2 as kserve_pb
+from service.api.inference import grpc_service_pb2_grpc as kserve_grpc
 from service.api.mtserve.v1 import translation_pb2 as pb
 from service.client import STATUS_BY_NUMBER
 
@@ -337,11 +341,20 @@ def fz(make_server, tiny_onnx_dir):
     channel.close()
 
 
+# docs/security.md: a model name is at most 128 characters of [A-Za-z0-9._-], not starting with a
+# dot; a version is a positive integer in ASCII digits without a leading zero (18 digits at most).
+MODEL_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}")
+VERSION = re.compile(r"[1-9][0-9]{0,17}")
+# docs/security.md: no status message is longer than this, whatever the request.
+MAX_DETAILS = 1024
+
+
 def model_problem(ref: str, field: str = "model") -> tuple[grpc.StatusCode, str] | None:
     """What the server answers for a `model` field before anything else: None when it names the
     one served model ("model", version 1), else NOT_FOUND, or INVALID_ARGUMENT when malformed."""
-    name, _, version = ref.partition(":")
-    if (ref and not name) or (version and not (version.isdecimal() and int(version) > 0)):
+    name, colon, version = ref.partition(":")
+    malformed_name = name and not MODEL_NAME.fullmatch(name)
+    if (ref and not name) or malformed_name or (colon and not VERSION.fullmatch(version)):
         return grpc.StatusCode.INVALID_ARGUMENT, field
     if name not in ("", "model") or version not in ("", "1"):
         return grpc.StatusCode.NOT_FOUND, field
@@ -350,7 +363,8 @@ def model_problem(ref: str, field: str = "model") -> tuple[grpc.StatusCode, str]
 
 def expect(code, details, problem: str | None, model: tuple[grpc.StatusCode, str] | None = None) -> None:
     """OK when there is no problem, else INVALID_ARGUMENT naming exactly the field at fault; a
-    `model` problem comes first."""
+    `model` problem comes first. Never a message longer than MAX_DETAILS."""
+    assert len(details) <= MAX_DETAILS, (code, details[:200], len(details))
     if model is not None:
         assert code == model[0], (code, details, model)
         assert details.startswith(model[1] + ": "), (details, model)
@@ -429,6 +443,7 @@ def check_call(fz, method: str, raw: bytes) -> None:
     else:  # GetModelInfo
         model = model_problem(req.model)
         assert code == (grpc.StatusCode.OK if model is None else model[0]), (code, details)
+        assert len(details) <= MAX_DETAILS
 
 
 # ----------------------------------------------------------------------------- properties
@@ -681,3 +696,135 @@ def test_texts_with_nothing_to_translate_are_refused_on_every_api(fz, api, nothi
         assert check_on_api(fz, api, ["Ein Hund rennt.", nothing]) == expected
     # Beside a word, the same characters are dropped and the word is translated.
     assert check_on_api(fz, api, [nothing + "Hund" + nothing]) is None
+
+
+# ----------------------------------------------------------------------------- hostile names
+
+HUGE = "x" * 100_000  # a 100 kB name: whole in a status it would pass gRPC's 16 KiB metadata limit
+# Names and versions refused at the edge (docs/security.md): (model field, the problem's start).
+BAD_MODELS = [
+    (HUGE, f"{HUGE[:64]!r}"[:-1] + "…' (100000 chars) is not a model name"),
+    ("m" * 129, "'" + "m" * 64 + "…' (129 chars) is not a model name"),
+    ("model:", "version '' of 'model:' is not a positive integer"),
+    ("model:01", "version '01' of 'model:01'"),
+    ("model:\uff11", "version '\uff11'"),
+    ("model:1" + "0" * 18, "version '1000"),
+    (".model", "'.model' is not a model name"),
+    ("../model", "'../model' is not a model name"),
+    ("mo del", "'mo del' is not a model name"),
+    ("modèl", "'modèl' is not a model name"),
+    ("model:" + HUGE, "version 'xxxx"),
+]
+
+
+def mtserve_calls(model: str) -> dict[str, tuple[str, bytes]]:
+    """Every mtserve.v1 call naming `model`: (its model field, the request)."""
+    text, opts = ["Ein Hund rennt."], pb.TranslationOptions(beam_size=1, max_output_tokens=3)
+    return {
+        "Translate": ("model", pb.TranslateRequest(texts=text, model=model, options=opts).SerializeToString()),
+        "TranslateStream": ("model", pb.TranslateStreamRequest(text=text[0], model=model).SerializeToString()),
+        "Encode": ("model", pb.EncodeRequest(texts=text, model=model).SerializeToString()),
+        "GetModelInfo": ("model", pb.GetModelInfoRequest(model=model).SerializeToString()),
+        "TranslateMany": (
+            "request.model",
+            pb.TranslateManyRequest(id="a", request=pb.TranslateRequest(texts=text, model=model)).SerializeToString(),
+        ),
+    }
+
+
+@pytest.mark.parametrize("model, problem", BAD_MODELS, ids=lambda v: v[:24] if isinstance(v, str) else v)
+def test_malformed_model_names_are_invalid_argument_with_a_short_message(fz, model, problem):
+    for method, (field, raw) in mtserve_calls(model).items():
+        code, details, responses = fz.call(method, raw)
+        if method == "TranslateMany":
+            (answer,) = responses
+            code, details = STATUS_BY_NUMBER[answer.error.code], answer.error.message
+        assert code == grpc.StatusCode.INVALID_ARGUMENT, (method, code, details[:200])
+        assert details.startswith(f"{field}: {problem}"), (method, details[:200])
+        assert len(details) <= MAX_DETAILS, (method, len(details))
+    fz.still_serving()
+
+
+KSERVE = "/inference.GRPCInferenceService/"
+
+
+def kserve_status(fz, method: str, request) -> tuple[grpc.StatusCode, str]:
+    with grpc.insecure_channel(fz.server.address) as ch:
+        stub = kserve_grpc.GRPCInferenceServiceStub(ch)
+        try:
+            getattr(stub, method)(request, timeout=TIMEOUT)
+        except grpc.RpcError as e:
+            return e.code(), e.details()
+    return grpc.StatusCode.OK, ""
+
+
+def test_kserve_names_versions_and_parameters_are_checked_and_quoted_short(fz):
+    infer = model_infer_request(fz, ["Ein Hund rennt."])
+    name = infer.model_name
+    invalid = grpc.StatusCode.INVALID_ARGUMENT
+    cases = []
+    for version, shown in (("abc", "'abc'"), ("-1", "'-1'"), ("01", "'01'"), ("\uff11", "'\uff11'"), (HUGE, "'xxx")):
+        req = kserve_pb.ModelInferRequest()
+        req.CopyFrom(infer)
+        req.model_version = version
+        cases.append(("ModelInfer", req, invalid, f"model_version: {shown}"))
+        cases.append(
+            ("ModelMetadata", kserve_pb.ModelMetadataRequest(name=name, version=version), invalid, "version: ")
+        )
+    cases.append(("ModelInfer", kserve_pb.ModelInferRequest(model_name=HUGE), invalid, "model_name: 'xxx"))
+    hostile = kserve_pb.ModelInferRequest()
+    hostile.CopyFrom(infer)
+    hostile.parameters[HUGE].string_param = "x"
+    cases.append(("ModelInfer", hostile, invalid, "parameters['xxx"))
+    wrong_input = kserve_pb.ModelInferRequest()
+    wrong_input.CopyFrom(infer)
+    wrong_input.inputs[0].name = HUGE
+    cases.append(("ModelInfer", wrong_input, invalid, "inputs[0].name: unknown input 'xxx"))
+    wrong_type = kserve_pb.ModelInferRequest()
+    wrong_type.CopyFrom(infer)
+    wrong_type.inputs[0].datatype = HUGE
+    cases.append(("ModelInfer", wrong_type, invalid, "inputs[0].datatype: TEXT must be BYTES, got 'xxx"))
+    language = kserve_pb.ModelInferRequest()
+    language.CopyFrom(infer)
+    language.parameters["target_language"].string_param = HUGE
+    cases.append(("ModelInfer", language, grpc.StatusCode.NOT_FOUND, "parameters.source_language/"))
+    # The repository's calls (a one-model server answers FAILED_PRECONDITION to a valid one).
+    load, unload = kserve_pb.RepositoryModelLoadRequest, kserve_pb.RepositoryModelUnloadRequest
+    cases += [
+        ("RepositoryModelLoad", load(model_name=HUGE), invalid, "model_name: 'xxx"),
+        ("RepositoryModelUnload", unload(model_name=HUGE), invalid, "model_name: 'xxx"),
+        ("RepositoryModelLoad", load(model_name="model:"), invalid, "model_name: 'model:' is not a model name"),
+        ("RepositoryModelLoad", load(model_name="model", repository_name=HUGE), grpc.StatusCode.NOT_FOUND, "repo"),
+        ("RepositoryIndex", kserve_pb.RepositoryIndexRequest(repository_name=HUGE), grpc.StatusCode.NOT_FOUND, "repo"),
+    ]
+    versioned = load(model_name="model")
+    versioned.parameters["version"].string_param = "01"
+    cases.append(("RepositoryModelLoad", versioned, invalid, "parameters[\"version\"]: '01'"))
+    keyed = load(model_name="model")
+    keyed.parameters[HUGE].string_param = "x"
+    cases.append(("RepositoryModelLoad", keyed, invalid, "parameters['xxx"))
+    for method, request, code, start in cases:
+        got, details = kserve_status(fz, method, request)
+        assert got == code and details.startswith(start), (method, got, details[:200])
+        assert len(details) <= MAX_DETAILS, (method, len(details))
+    with grpc.insecure_channel(fz.server.address) as ch:  # a readiness probe answers no, whatever it names
+        ready = kserve_grpc.GRPCInferenceServiceStub(ch).ModelReady
+        assert not ready(kserve_pb.ModelReadyRequest(name=HUGE, version=HUGE), timeout=TIMEOUT).ready
+    fz.still_serving()
+
+
+def test_long_language_codes_and_item_ids_are_quoted_short(fz):
+    for method, raw in (
+        ("Translate", pb.TranslateRequest(texts=["Hund"], source_language=HUGE).SerializeToString()),
+        ("TranslateStream", pb.TranslateStreamRequest(text="Hund", target_language=HUGE).SerializeToString()),
+        ("Encode", pb.EncodeRequest(texts=["Hund"], source_language=HUGE).SerializeToString()),
+    ):
+        code, details, _ = fz.call(method, raw)
+        assert code == grpc.StatusCode.NOT_FOUND and "(100000 chars)" in details, (method, code, details[:200])
+        assert len(details) <= MAX_DETAILS
+    many = [pb.TranslateManyRequest(id=HUGE, request=pb.TranslateRequest(texts=["Hund"], model="nope:0"))] * 2
+    code, details, answers = fz.call("TranslateMany", [m.SerializeToString() for m in many])
+    assert code == grpc.StatusCode.OK and len(answers) == 2
+    for a in answers:
+        assert len(a.error.message) <= MAX_DETAILS, len(a.error.message)
+    fz.still_serving()

@@ -337,7 +337,7 @@ def test_serve_with_an_unreadable_certificate_exits_with_one_line(tiny_onnx_dir,
 
 
 def test_receive_message_size_limit_is_resource_exhausted(make_server):
-    srv = make_server(max_receive_message_bytes=64 * 1024)
+    srv = make_server(max_receive_message_bytes=64 * 1024, max_text_bytes=10_000)
     with srv.client(timeout=30) as c:
         code, details = code_of(lambda: c.translate(["Hund " * 20_000], beam_size=1))  # ~100 KB
         assert code == grpc.StatusCode.RESOURCE_EXHAUSTED, details
@@ -367,7 +367,7 @@ def test_no_request_text_in_logs_above_debug(make_server, caplog):
             assert c.translate([f"Der {canary} singt."], beam_size=2)[0].text
             list(c.translate_stream(f"Ein {canary}.", beam_size=1))
             c.encode([canary])
-            for bad in ([canary, ""], [canary * 2000]):
+            for bad in ([canary, ""], [canary * 4000]):  # empty; past max_text_bytes (100,000)
                 code, details = code_of(lambda bad=bad: c.translate(bad))
                 assert code == grpc.StatusCode.INVALID_ARGUMENT and canary not in details
         time.sleep(0.1)

@@ -220,7 +220,11 @@ def test_not_ready_and_unavailable_while_draining(make_server, triton, names):
     "case, kwargs, code, field",
     [
         ("unknown model", dict(model="no-such-model"), "NOT_FOUND", "model_name"),
-        ("unknown version", dict(version="no-such-version"), "NOT_FOUND", "model_version"),
+        ("unknown version", dict(version="9"), "NOT_FOUND", "model_version"),
+        ("malformed version", dict(version="no-such-version"), "INVALID_ARGUMENT", "model_version"),
+        ("negative version", dict(version="-1"), "INVALID_ARGUMENT", "model_version"),
+        ("version with a leading zero", dict(version="01"), "INVALID_ARGUMENT", "model_version"),
+        ("fullwidth version", dict(version="\uff11"), "INVALID_ARGUMENT", "model_version"),
         (
             "input name",
             dict(inputs=[{"name": "SOURCE", "datatype": "BYTES", "data": [b"Hallo"]}]),

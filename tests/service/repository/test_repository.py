@@ -4,7 +4,9 @@ and KServe v2 (the default model, the default version, NOT_FOUND and INVALID_ARG
 field), GetModelInfo's list of served versions, per-model metrics, KServe's repository extension
 (RepositoryIndex, RepositoryModelLoad/Unload with their parameters, repository_control, bearer
 tokens, tritonclient's own calls), a load and an unload under load with no request failing,
-start-up errors of the repository settings, and the command-line client's --model.
+the model lifecycle (the default model never moves to another one, Health follows what is loaded,
+a load cut short by its deadline completes and gives its memory back on unload), start-up errors
+of the repository settings, and the command-line client's --model.
 
 The repository is the tiny test model three times: tiny-a versions 1 and 2 and tiny-b version 1
 are links to the same model directory, so they translate alike and differ only in where a
@@ -24,11 +26,13 @@ from pathlib import Path
 
 import grpc
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from service.api.inference import grpc_service_pb2 as kpb
 from service.api.inference import grpc_service_pb2_grpc as kpb_grpc
 from service.client import pb
 from service.errors import ModelLoadError
+from service.repository import loader as loader_module
 from service.settings import Settings
 
 TEXT = "Ein Hund rennt durch den Schnee."
@@ -204,7 +208,13 @@ def test_translate_many_mixes_models_in_one_stream(client):
         ("a:x", grpc.StatusCode.INVALID_ARGUMENT, "model: version 'x' of 'a:x' is not a positive integer"),
         ("tiny-a:0", grpc.StatusCode.INVALID_ARGUMENT, "model: version '0'"),
         (":1", grpc.StatusCode.INVALID_ARGUMENT, "model: ':1' has no model name"),
+        ("tiny-a:", grpc.StatusCode.INVALID_ARGUMENT, "model: version '' of 'tiny-a:' is not a positive integer"),
+        ("tiny-a:01", grpc.StatusCode.INVALID_ARGUMENT, "model: version '01' of 'tiny-a:01'"),
+        ("tiny-a:\uff11", grpc.StatusCode.INVALID_ARGUMENT, "model: version '\uff11' of 'tiny-a:\uff11'"),
+        ("tiny a", grpc.StatusCode.INVALID_ARGUMENT, "model: 'tiny a' is not a model name"),
+        ("a" * 100_000, grpc.StatusCode.INVALID_ARGUMENT, "model: '" + "a" * 64 + "…' (100000 chars) is not a"),
     ],
+    ids=lambda v: v[:24] if isinstance(v, str) else None,
 )
 def test_unknown_or_malformed_models_are_refused_naming_the_field(client, model, code, message):
     for call in (
@@ -215,6 +225,7 @@ def test_unknown_or_malformed_models_are_refused_naming_the_field(client, model,
     ):
         got, details = status_of(call)
         assert got == code and details.startswith(message), details
+        assert len(details) <= 1024
 
 
 def test_kserve_routes_by_model_name_and_version(kserve):
@@ -235,7 +246,7 @@ def test_kserve_routes_by_model_name_and_version(kserve):
             "model_name: unknown model 'nope' (served: tiny-a, tiny-a-encoder, tiny-b, tiny-b-encoder)",
         ),
         ("tiny-a", "2", grpc.StatusCode.NOT_FOUND, "model_version: model 'tiny-a' has no version '2' (served: 1)"),
-        ("tiny-b-encoder", "x", grpc.StatusCode.NOT_FOUND, "model_version: model 'tiny-b-encoder' has no version 'x'"),
+        ("tiny-b-encoder", "x", grpc.StatusCode.INVALID_ARGUMENT, "model_version: 'x' is not a positive integer"),
     ):
         got, details = status_of(lambda n=name, v=version: kserve.ModelInfer(infer_request(n, v), timeout=30))
         assert got == code and details.startswith(message), details
@@ -251,6 +262,20 @@ def test_kserve_routes_by_model_name_and_version(kserve):
         ("nope", ""): False,
     }
     assert kserve.ModelMetadata(kpb.ModelMetadataRequest(name="tiny-a"), timeout=30).versions == ["1"]
+
+
+@pytest.mark.parametrize("version", ["abc", "-1", "01", "\uff11", "1" + "0" * 18])
+def test_kserve_malformed_versions_are_invalid_argument(kserve, version):
+    """docs/repository.md: a version is a positive integer in ASCII digits, without a leading zero."""
+    code, details = status_of(lambda: kserve.ModelInfer(infer_request("tiny-a", version), timeout=30))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and details.startswith(f"model_version: {version!r}"), details
+
+
+def test_repository_index_refuses_a_repository_name(kserve):
+    code, details = status_of(
+        lambda: kserve.RepositoryIndex(kpb.RepositoryIndexRequest(repository_name="x"), timeout=30)
+    )
+    assert code == grpc.StatusCode.NOT_FOUND and details.startswith("repository_name: this server has one"), details
 
 
 def test_model_info_lists_every_served_version(client):
@@ -670,7 +695,8 @@ def test_a_broken_version_and_an_abandoned_unload(make_server, tmp_path, tiny_on
         assert eventually(lambda: index_of(k)[("tiny-b", "1")] == ("UNAVAILABLE", "unloaded"), 30)
         assert eventually(lambda: not series(srv, "mtserve_queue_depth"), 30), series(srv, "mtserve_queue_depth")
         code, details = status_of(lambda: c.translate([TEXT], beam_size=1))
-        assert code == grpc.StatusCode.NOT_FOUND and "served: none" in details, details
+        assert code == grpc.StatusCode.UNAVAILABLE and "default model 'tiny-b'" in details, details
+        assert "served: none" in details, details
 
     # At start, a version that cannot be loaded fails the start, and what was loaded before it stops.
     workers = decode_workers()
@@ -719,3 +745,142 @@ def test_settings_that_name_what_is_not_there_fail_the_start(repository, tmp_pat
         start(empty)
     with pytest.raises(ModelLoadError, match="model_repository: .*missing is not a directory"):
         start(tmp_path / "missing")
+
+
+# ----------------------------------------------------------------------------- the model lifecycle
+
+
+def default_gauge(srv) -> dict[str, float]:
+    """mtserve_default_model by model: 1 for the default model, 0 for one that was it."""
+    return {
+        s.labels["model"]: s.value
+        for family in srv.server.metrics.registry.collect()
+        for s in family.samples
+        if s.name == "mtserve_default_model"
+    }
+
+
+def test_the_default_model_never_moves_to_another(make_server, repository):
+    """Unloading the default model under traffic: requests that name no model get UNAVAILABLE
+    naming it, never another model's answer; loading it back restores it; `default: true` moves
+    the default, which the log and the mtserve_default_model gauge show."""
+    srv = serve(make_server, repository, models="tiny-a:1,tiny-b")
+    unavailable = "model: the default model 'tiny-a' is not loaded"
+    with grpc.insecure_channel(srv.address) as ch, srv.client(timeout=30) as c:
+        k = kpb_grpc.GRPCInferenceServiceStub(ch)
+        assert default_gauge(srv) == {"tiny-a": 1.0}
+        answers: list[str] = []
+        stop = threading.Event()
+
+        def traffic() -> None:
+            with srv.client(timeout=30) as own:
+                while not stop.is_set():
+                    try:
+                        answers.append(own.translate_response([TEXT], beam_size=1, max_output_tokens=4).model)
+                    except grpc.RpcError as e:
+                        answers.append(f"{e.code().name} {e.details()}")
+
+        with ThreadPoolExecutor(4) as pool:
+            for _ in range(4):
+                pool.submit(traffic)
+            eventually(lambda: len(answers) >= 8)
+            k.RepositoryModelUnload(unload_request("tiny-a"), timeout=120)
+            seen = len(answers)
+            eventually(lambda: len(answers) >= seen + 8)
+            stop.set()
+        assert set(answers) <= {
+            "tiny-a:1",
+            f"UNAVAILABLE {unavailable}; name a model (served: tiny-b) or load the default again",
+        }, set(answers)
+        assert answers[-1].startswith("UNAVAILABLE")
+
+        for call in (
+            lambda: c.translate([TEXT], beam_size=1),
+            lambda: list(c.translate_stream(TEXT, beam_size=1)),
+            lambda: c.encode([TEXT]),
+            lambda: c.model_info(),
+        ):
+            code, details = status_of(call)
+            assert code == grpc.StatusCode.UNAVAILABLE and details.startswith(unavailable), details
+        (item,) = c.translate_many([pb.TranslateManyRequest(id="1", request=pb.TranslateRequest(texts=[TEXT]))])
+        assert item.error.message.startswith("request.model: the default model 'tiny-a' is not loaded"), item
+        assert c.translate_response([TEXT], model="tiny-b", beam_size=1).model == "tiny-b:1"
+        assert [(m.name, m.default_model) for m in c.model_info("tiny-b").models] == [("tiny-b", False)]
+
+        k.RepositoryModelLoad(load_request("tiny-a", 2), timeout=120)  # the default again, at version 2
+        assert c.translate_response([TEXT], beam_size=1).model == "tiny-a:2"
+        assert default_gauge(srv) == {"tiny-a": 1.0}
+
+        k.RepositoryModelLoad(load_request("tiny-b", default=True), timeout=120)
+        assert c.translate_response([TEXT], beam_size=1).model == "tiny-b:1"
+        assert [(m.name, m.default_model) for m in c.model_info().models] == [("tiny-b", True), ("tiny-a", False)]
+        assert default_gauge(srv) == {"tiny-a": 0.0, "tiny-b": 1.0}
+
+
+def health_of(ch: grpc.Channel) -> tuple[int, int, bool]:
+    """grpc.health.v1 for the server and for mtserve.v1, and KServe ServerReady."""
+    health = health_pb2_grpc.HealthStub(ch)
+    server, service = (
+        health.Check(health_pb2.HealthCheckRequest(service=name), timeout=10).status
+        for name in ("", "mtserve.v1.TranslationService")
+    )
+    ready = kpb_grpc.GRPCInferenceServiceStub(ch).ServerReady(kpb.ServerReadyRequest(), timeout=10).ready
+    return server, service, ready
+
+
+def test_health_follows_what_can_be_served(make_server, repository):
+    """With no model loaded, Health is NOT_SERVING and ServerReady false (Triton's readiness);
+    SERVING again once a model is loaded."""
+    srv = serve(make_server, repository, models="tiny-b")
+    serving, not_serving = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
+    with grpc.insecure_channel(srv.address) as ch:
+        k = kpb_grpc.GRPCInferenceServiceStub(ch)
+        assert health_of(ch) == (serving, serving, True)
+        k.RepositoryModelUnload(unload_request("tiny-b"), timeout=120)
+        assert health_of(ch) == (not_serving, not_serving, False)
+        assert index_of(k, ready=True) == {}
+        k.RepositoryModelLoad(load_request("tiny-a"), timeout=120)
+        assert health_of(ch) == (serving, serving, True)
+
+
+def rss_bytes() -> int:
+    """This process's resident memory (the server runs in it), from /proc/self/status."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS in /proc/self/status")
+
+
+def test_a_load_cut_short_by_its_deadline_completes_or_gives_its_memory_back(make_server, repository, monkeypatch):
+    """RepositoryModelLoad ten times under a 50 ms deadline: the load goes on once, is served
+    (READY in the index), and after its unload the process's memory is back within 10% of where it
+    began. The sessions' load is made to take 0.3 s (the tiny model loads within 50 ms). One load
+    and unload come first, so that what a first load keeps for good (ONNX Runtime's thread pools,
+    the tokenizer's caches) is counted in where it began."""
+    srv = serve(make_server, repository, models="tiny-b")
+    load_in_process = loader_module._load_in_process
+
+    def slow_load(*args):
+        time.sleep(0.3)
+        return load_in_process(*args)
+
+    with grpc.insecure_channel(srv.address) as ch:
+        k = kpb_grpc.GRPCInferenceServiceStub(ch)
+        k.RepositoryModelLoad(load_request("tiny-a", 1), timeout=120)
+        k.RepositoryModelUnload(unload_request("tiny-a"), timeout=120)
+        before = rss_bytes()
+        monkeypatch.setattr(loader_module, "_load_in_process", slow_load)
+        codes = []
+        for _ in range(10):
+            try:
+                k.RepositoryModelLoad(load_request("tiny-a", 1), timeout=0.05)
+                codes.append(grpc.StatusCode.OK)
+            except grpc.RpcError as e:
+                codes.append(e.code())
+        assert set(codes) <= {grpc.StatusCode.OK, grpc.StatusCode.DEADLINE_EXCEEDED}, codes
+        assert grpc.StatusCode.DEADLINE_EXCEEDED in codes
+        assert eventually(lambda: index_of(k).get(("tiny-a", "1"), ("", ""))[0] == "READY"), index_of(k)
+        k.RepositoryModelUnload(unload_request("tiny-a"), timeout=120)
+        after = rss_bytes()
+        assert after <= before * 1.10, (before / 2**20, after / 2**20)
+        assert index_of(k, ready=True).keys() == {("tiny-b", "1"), ("tiny-b-encoder", "1")}

@@ -1,0 +1,424 @@
+"""The real-size benchmark: a random OPUS-MT-sized Marian (benchmarks/real_size_model.py: d_model
+512, 6+6 layers, 8 heads, ffn 2048, vocabulary 58,101) on every engine, each forced to the same
+number of target tokens a sentence (`--tokens`, 30 by default: benchmarks/real_size_worker.py says
+how each engine is told), so that the work per sentence is identical.
+
+    python -m benchmarks.real_size --quick      # a few minutes once the model is built
+    python -m benchmarks.real_size              # more sentences and pairs
+    python -m benchmarks.real_size_profile      # where a greedy step's time goes (ORT's profiler)
+
+Engines, each in a process of its own with its model loaded once (real_size_worker.py):
+  mtserve       the engine offline: service.decoding.generator over OnnxSeq2Seq int8, at the best of
+                the plan's layouts (decode loops x threads), and one sentence on 1 thread
+  ct2           CTranslate2 int8 offline (inter_threads = loops), with CT2_FORCE_CPU_ISA unset
+                (its own pick: AVX2 on AMD) and AVX512: the faster is used; one sentence on 1 thread
+  hf-ort-int8, hf-ort-fp32   optimum's ORTModelForSeq2SeqLM (its own venv: real_size_model.hf_venv),
+                1 loop x 2 threads
+  hf-torch      transformers' generate in PyTorch fp32, 2 threads
+                (--quick runs optimum int8 alone of these three, unless --all-hf)
+  service       `mtserve serve` on the imported model (a replica per core), under
+                benchmarks/online.py's load generator at concurrency 64 and 1
+Per beam, a choice of layout and ISA (one run each), then `rounds` interleaved pairs (A B, B A, ...)
+of each ratio's two sides; a ratio is the median of the pairs'. Peak RSS: VmHWM of each engine's
+offline process at its best layout after its runs (the server: its largest replica, and all its
+processes together). The last line printed is the JSON object `run.py --quick` nests as
+`real_size` (`summary`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from benchmarks.real_size_model import DATA, Dims, Prepared, export_optimum, hf_venv, prepare
+
+REPO = Path(__file__).resolve().parent.parent
+Row = dict[str, Any]
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+@dataclass(frozen=True)
+class RealSizePlan:
+    """Sentences, pairs and layouts of a real-size run."""
+
+    tokens: int = 30  # target tokens a sentence, every engine
+    beams: list[int] = field(default_factory=lambda: [1, 4])
+    sentences: dict[int, int] = field(default_factory=lambda: {1: 128, 4: 64})  # offline, by beam
+    hf_sentences: dict[int, int] = field(default_factory=lambda: {1: 32, 4: 16})  # optimum and PyTorch
+    single: int = 6  # single-sentence calls per latency figure
+    rounds: int = 3  # interleaved pairs per ratio
+    requests: int = 128  # at concurrency 64
+    threads: int = 2
+    batch: int = 32
+    layouts: list[int] = field(default_factory=lambda: [2, 1])  # the engine's decode loops to choose from
+    isas: list[str] = field(default_factory=lambda: ["", "AVX512"])  # CT2_FORCE_CPU_ISA ("": its own pick)
+    hf_engines: list[str] = field(default_factory=lambda: ["hf-ort-int8", "hf-ort-fp32", "hf-torch"])
+
+
+def quick_plan() -> RealSizePlan:
+    """`make bench-quick`'s: optimum int8 only of the Hugging Face engines (engine_over_hf), whose
+    beam-4 runs alone take minutes on 2 cores."""
+    return RealSizePlan(hf_engines=["hf-ort-int8"])
+
+
+def hf_plan() -> RealSizePlan:
+    """The quick plan with every Hugging Face engine (optimum fp32 and PyTorch too)."""
+    return RealSizePlan()
+
+
+def full_plan() -> RealSizePlan:
+    return RealSizePlan(sentences={1: 500, 4: 250}, hf_sentences={1: 100, 4: 50}, single=20, rounds=5, requests=500)
+
+
+class Worker:
+    """One real_size_worker.py process: `ask` sends a command and returns its answer."""
+
+    def __init__(self, name: str, cmd: list[str], env: dict[str, str] | None = None):
+        self.name = name
+        self.proc = subprocess.Popen(
+            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=REPO, env={**os.environ, **(env or {})}
+        )
+        self.ready = self._read()
+
+    def _read(self) -> Row:
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"{self.name} exited with {self.proc.wait()}")
+        answer: Row = json.loads(line)
+        return answer
+
+    def ask(self, **cmd: Any) -> Row:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps(cmd) + "\n")
+        self.proc.stdin.flush()
+        return self._read()
+
+    def close(self) -> None:
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+
+
+def worker(
+    engine: str,
+    model_dir: Path,
+    hf: Path,
+    workers: int,
+    threads: int,
+    batch: int,
+    python: str = sys.executable,
+    isa: str = "",
+) -> Worker:
+    cmd = [python, "-m", "benchmarks.real_size_worker", "--engine", engine, "--dir", str(model_dir), "--hf", str(hf)]
+    cmd += ["--data", str(DATA), "--threads", str(threads), "--workers", str(workers), "--batch", str(batch)]
+    name = f"{engine} {workers}x{max(1, threads // workers)}" + (f" ISA {isa}" if isa else "")
+    return Worker(name, cmd, {"CT2_FORCE_CPU_ISA": isa} if isa else None)
+
+
+@dataclass
+class Engines:
+    """The workers of a run, by role."""
+
+    engine: dict[int, Worker]  # by decode loops
+    engine_single: Worker
+    ct2: dict[str, Worker]  # by ISA
+    ct2_single: dict[str, Worker]
+    hf: dict[str, Worker]
+
+    def all(self) -> list[Worker]:
+        return [
+            *self.engine.values(),
+            self.engine_single,
+            *self.ct2.values(),
+            *self.ct2_single.values(),
+            *self.hf.values(),
+        ]
+
+
+def start_engines(plan: RealSizePlan, prep: Prepared, optimum: tuple[Path, Path] | None, python_hf: str) -> Engines:
+    t, b, hf = plan.threads, plan.batch, prep.hf
+    hf_workers = {}
+    for name in plan.hf_engines:
+        if name == "hf-torch":
+            hf_workers[name] = worker(name, hf, hf, 1, t, b)
+        elif optimum is not None:
+            hf_workers[name] = worker(name, optimum[0 if name.endswith("fp32") else 1], hf, 1, t, b, python_hf)
+    return Engines(
+        engine={w: worker("mtserve", prep.model, hf, w, t, b) for w in plan.layouts},
+        engine_single=worker("mtserve", prep.model, hf, 1, 1, b),
+        ct2={isa: worker("ct2", prep.ct2, hf, t, t, b, isa=isa) for isa in plan.isas},
+        ct2_single={isa: worker("ct2", prep.ct2, hf, 1, 1, b, isa=isa) for isa in plan.isas},
+        hf=hf_workers,
+    )
+
+
+def offline(w: Worker, plan: RealSizePlan, beam: int, n: int) -> Row:
+    out = w.ask(op="offline", beam=beam, tokens=plan.tokens, sentences=n)
+    if out["min_tokens"] != plan.tokens or out["max_tokens"] != plan.tokens:
+        raise RuntimeError(f"{w.name} emitted {out['min_tokens']}..{out['max_tokens']} tokens, not {plan.tokens}")
+    return out
+
+
+def fastest(workers: dict[Any, Worker], plan: RealSizePlan, beam: int, op: str) -> tuple[Any, Row]:
+    """The key of the fastest worker (one run each) and every run's figure."""
+    n = plan.sentences[beam] if op == "offline" else plan.single
+    figs = {}
+    for key, w in workers.items():
+        if op == "offline":
+            figs[key] = offline(w, plan, beam, n)["sentences_per_s"]
+        else:
+            figs[key] = w.ask(op="single", beam=beam, tokens=plan.tokens, sentences=n)["p50_ms"]
+    best = max(figs, key=lambda k: figs[k]) if op == "offline" else min(figs, key=lambda k: figs[k])
+    return best, {str(k): v for k, v in figs.items()}
+
+
+Part = Callable[[], float]
+
+
+def pairs(a: Part, b: Part, rounds: int) -> Row:
+    """`rounds` interleaved pairs (A B, B A, ...): every pair's figures and the median of a / b."""
+    runs = []
+    for i in range(rounds):
+        if i % 2 == 0:
+            x = a()
+            y = b()
+        else:
+            y = b()
+            x = a()
+        runs.append((x, y))
+    return {
+        "a": [x for x, _ in runs],
+        "b": [y for _, y in runs],
+        "ratio": round(statistics.median(x / y for x, y in runs), 3),
+    }
+
+
+def rss_mb(w: Worker) -> float:
+    return round(w.ask(op="rss")["vm_hwm_kb"] / 1024, 1)
+
+
+def server_rss_mb(pid: int) -> tuple[float, float]:
+    """The server's peak RSS: (its largest replica's or its own, all its processes together)."""
+    from benchmarks.processes import replica_pids
+
+    def hwm(p: int) -> float:
+        for line in Path(f"/proc/{p}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+        return 0.0
+
+    figs = [hwm(p) for p in [pid, *replica_pids(pid)]]
+    return round(max(figs), 1), round(sum(figs), 1)
+
+
+def server_level(address: str, texts: list[str], plan: RealSizePlan, beam: int, concurrency: int) -> Row:
+    from benchmarks import online
+
+    n = plan.requests if concurrency > 1 else plan.single
+    options = {"min_output_tokens": plan.tokens, "max_output_tokens": plan.tokens + 1}  # + the final </s>
+    row = online.run_level(address, texts, texts, concurrency, n, beam, connections=8, options=options)
+    if row["errors"] or row["ok"] == 0:
+        raise RuntimeError(f"server at c{concurrency}: errors {row['errors']}")
+    # output_tokens counts the </s>; the figures are rounded, so compare the mean per sentence
+    if round(row["target_tokens_per_s"] * row["seconds"] / row["ok"]) != plan.tokens + 1:
+        raise RuntimeError(f"server at c{concurrency}: not {plan.tokens} tokens a sentence")
+    return row
+
+
+def measure_beam(plan: RealSizePlan, eng: Engines, address: str, texts: list[str], beam: int) -> Row:
+    """One beam: the choices of layout and ISA, then the pairs behind each ratio."""
+    n, n_hf, tokens = plan.sentences[beam], plan.hf_sentences[beam], plan.tokens
+    loops, layout_figs = fastest(eng.engine, plan, beam, "offline")
+    isa, isa_figs = fastest(eng.ct2, plan, beam, "offline")
+    single_isa, single_isa_figs = fastest(eng.ct2_single, plan, beam, "single")
+    log(
+        f"real size beam {beam}: engine loops {layout_figs} sent/s -> {loops}; CT2 ISA {isa_figs} sent/s -> "
+        f"{isa or 'default'}, single {single_isa_figs} ms -> {single_isa or 'default'}"
+    )
+    ours, ct2 = eng.engine[loops], eng.ct2[isa]
+
+    def off(w: Worker, k: int = n) -> Part:
+        return lambda: float(offline(w, plan, beam, k)["sentences_per_s"])
+
+    def single(w: Worker) -> Part:
+        return lambda: float(w.ask(op="single", beam=beam, tokens=tokens, sentences=plan.single)["p50_ms"])
+
+    def served(c: int, key: str) -> Part:
+        return lambda: float(server_level(address, texts, plan, beam, c)[key])
+
+    row: Row = {"beam": beam, "engine_loops": loops, "ct2_isa": isa or "default"}
+    row["ct2_single_isa"], row["isas_single_p50_ms"] = single_isa or "default", single_isa_figs
+    row["layouts_sentences_per_s"], row["isas_sentences_per_s"] = layout_figs, isa_figs
+    row["engine_over_ct2_int8"] = pairs(off(ours), off(ct2), plan.rounds)
+    row["engine_latency_over_ct2"] = pairs(single(eng.engine_single), single(eng.ct2_single[single_isa]), plan.rounds)
+    row["service_over_ct2_int8"] = pairs(served(64, "sentences_per_s"), off(ct2), plan.rounds)
+    row["latency_c1_over_ct2"] = pairs(served(1, "p50_ms"), single(eng.ct2_single[single_isa]), plan.rounds)
+    if "hf-ort-int8" in eng.hf:
+        row["engine_over_hf"] = pairs(off(ours, n_hf), off(eng.hf["hf-ort-int8"], n_hf), plan.rounds)
+    row["hf"] = {
+        name: {
+            "sentences_per_s": offline(w, plan, beam, n_hf)["sentences_per_s"],
+            "single_p50_ms": w.ask(op="single", beam=beam, tokens=tokens, sentences=max(2, plan.single // 2))["p50_ms"],
+        }
+        for name, w in eng.hf.items()
+    }
+    for key in (
+        "engine_over_ct2_int8",
+        "engine_latency_over_ct2",
+        "service_over_ct2_int8",
+        "latency_c1_over_ct2",
+        "engine_over_hf",
+    ):
+        if key in row:
+            log(f"  {key}: {row[key]['a']} / {row[key]['b']} -> {row[key]['ratio']}")
+    log(f"  hf: {row['hf']}")
+    return row
+
+
+RATIOS = (
+    "engine_over_ct2_int8",
+    "engine_latency_over_ct2",
+    "service_over_ct2_int8",
+    "latency_c1_over_ct2",
+    "engine_over_hf",
+)
+
+
+def summary(rows: list[Row], rss: dict[str, float]) -> Row:
+    """The `real_size` object of `make bench-quick`: per beam the median ratios and the figures
+    behind them, and each engine's peak RSS (MB)."""
+    by_beam = {}
+    for r in rows:
+        s: Row = {k: r[k]["ratio"] for k in RATIOS if k in r}
+        s["engine_sentences_per_s"] = statistics.median(r["engine_over_ct2_int8"]["a"])
+        s["ct2_int8_sentences_per_s"] = statistics.median(r["engine_over_ct2_int8"]["b"])
+        s["engine_single_p50_ms"] = statistics.median(r["engine_latency_over_ct2"]["a"])
+        s["ct2_single_p50_ms"] = statistics.median(r["engine_latency_over_ct2"]["b"])
+        s["service_c64_sentences_per_s"] = statistics.median(r["service_over_ct2_int8"]["a"])
+        s["service_c1_p50_ms"] = statistics.median(r["latency_c1_over_ct2"]["a"])
+        s["engine_loops"], s["ct2_isa"] = r["engine_loops"], r["ct2_isa"]
+        s["ct2_single_isa"] = r.get("ct2_single_isa", r["ct2_isa"])
+        for name, figs in r["hf"].items():
+            s[f"{name.replace('-', '_')}_sentences_per_s"] = figs["sentences_per_s"]
+            s[f"{name.replace('-', '_')}_single_p50_ms"] = figs["single_p50_ms"]
+        by_beam[str(r["beam"])] = s
+    return {"by_beam": by_beam, "peak_rss_mb": rss}
+
+
+def measure(plan: RealSizePlan, dims: Dims = Dims()) -> Row:
+    """Build (or reuse) the model, start every engine and the server, measure each beam."""
+    from benchmarks.plan import served_layout
+    from benchmarks.processes import Server
+
+    t0 = time.time()
+    prep = prepare(dims)
+    optimum, python_hf, hf_error = None, "", ""
+    if any(e.startswith("hf-ort") for e in plan.hf_engines):
+        try:
+            python_hf = str(hf_venv())
+            optimum = export_optimum(prep.hf, prep.model.parent.parent.parent, Path(python_hf))
+        except (subprocess.CalledProcessError, OSError) as e:
+            hf_error = f"optimum unavailable: {e}"
+            log(hf_error)
+    texts = _test_texts()
+    eng = start_engines(plan, prep, optimum, python_hf)
+    try:
+        with Server(prep.model, served_layout(plan.threads)) as srv:
+            rows = [measure_beam(plan, eng, srv.address, texts, beam) for beam in plan.beams]
+            replica, server_total = server_rss_mb(srv.pid)
+        rss = {"service_replica": replica, "service_all_processes": server_total}
+        rss["engine"] = rss_mb(eng.engine[rows[-1]["engine_loops"]])  # the layouts of the last beam
+        rss["ct2_int8"] = rss_mb(eng.ct2[rows[-1]["ct2_isa"].replace("default", "")])
+        rss.update({name.replace("-", "_"): rss_mb(w) for name, w in eng.hf.items()})
+    finally:
+        for w in eng.all():
+            w.close()
+    return {
+        "plan": asdict(plan),
+        "dims": asdict(dims),
+        "rows": rows,
+        "hf_error": hf_error,
+        "summary": summary(rows, rss),
+        "seconds": round(time.time() - t0, 1),
+    }
+
+
+def report_lines(real: Row) -> list[str]:
+    """The real-size section of docs/benchmarks.md: per beam the ratios (the medians of the
+    interleaved pairs) with the issue's targets, the figures behind them, and peak RSS."""
+    plan, dims = real["plan"], real["dims"]
+    L = [
+        "## Real size (an OPUS-MT-sized model)",
+        "",
+        f"`python -m benchmarks.real_size` (part of `make bench-quick`): a random Marian of d_model {dims['d_model']}, "
+        f"{dims['layers']}+{dims['layers']} layers, {dims['heads']} heads, ffn {dims['ffn']}, vocabulary {dims['vocab']:,}, "
+        f"every engine forced to {plan['tokens']} target tokens a sentence; {plan['threads']} threads per engine; "
+        f"ratios are the medians of {plan['rounds']} interleaved pairs.",
+        "",
+        "| beam | engine / CT2 int8 offline (>= 1.0) | engine single / CT2 single, 1 thread (<= 1.0) | "
+        "server c64 / CT2 int8 offline (>= 0.9) | server c1 p50 / CT2 single (<= 1.15) | engine / optimum int8 | "
+        "engine, CT2 int8 (ISA) sent/s | engine, CT2 (ISA) single p50 ms | server c64 sent/s, c1 p50 ms | "
+        "optimum int8, fp32, PyTorch sent/s | optimum int8, fp32, PyTorch single p50 ms |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for beam, s in real["summary"]["by_beam"].items():
+        hf = [("hf_ort_int8", "optimum int8"), ("hf_ort_fp32", "optimum fp32"), ("hf_torch", "PyTorch")]
+        L.append(
+            f"| {beam} | **{s.get('engine_over_ct2_int8')}** | **{s.get('engine_latency_over_ct2')}** | "
+            f"**{s.get('service_over_ct2_int8')}** | **{s.get('latency_c1_over_ct2')}** | {s.get('engine_over_hf')} | "
+            f"{s['engine_sentences_per_s']} ({s['engine_loops']} loops), {s['ct2_int8_sentences_per_s']} ({s['ct2_isa']}) | "
+            f"{s['engine_single_p50_ms']}, {s['ct2_single_p50_ms']} ({s.get('ct2_single_isa')}) | "
+            f"{s['service_c64_sentences_per_s']}, {s['service_c1_p50_ms']} | "
+            + ", ".join(str(s.get(f"{k}_sentences_per_s", "-")) for k, _ in hf)
+            + " | "
+            + ", ".join(str(s.get(f"{k}_single_p50_ms", "-")) for k, _ in hf)
+            + " |"
+        )
+    rss = real["summary"]["peak_rss_mb"]
+    L += [
+        "",
+        "Peak RSS (VmHWM, MB; the server: its largest replica, and all its processes): "
+        + ", ".join(f"{k} {v}" for k, v in rss.items())
+        + (f". {real['hf_error']}" if real.get("hf_error") else ""),
+        "",
+    ]
+    return L
+
+
+def _test_texts() -> list[str]:
+    from benchmarks.real_size_worker import read_test
+
+    return read_test(DATA, 1000)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="fewer sentences and pairs (a few minutes)")
+    ap.add_argument("--tokens", type=int, default=30, help="target tokens a sentence, every engine")
+    ap.add_argument("--no-hf", action="store_true", help="leave out optimum and PyTorch")
+    ap.add_argument("--all-hf", action="store_true", help="with --quick: optimum fp32 and PyTorch too")
+    ap.add_argument("--json", help="also write the whole result here")
+    args = ap.parse_args(argv)
+    plan = (hf_plan() if args.all_hf else quick_plan()) if args.quick else full_plan()
+    plan = RealSizePlan(**{**asdict(plan), "tokens": args.tokens, **({"hf_engines": []} if args.no_hf else {})})
+    res = measure(plan)
+    if args.json:
+        Path(args.json).write_text(json.dumps(res, indent=1))
+    print(json.dumps(res["summary"]))
+
+
+if __name__ == "__main__":
+    main()

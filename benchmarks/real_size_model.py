@@ -1,0 +1,233 @@
+"""The random OPUS-MT-sized Marian of the real-size benchmark (benchmarks/real_size.py), built once
+into a cache dir and prepared for every engine:
+
+    python -m benchmarks.real_size_model            # build (or reuse) benchmarks/.cache/real-size/
+
+- `hf/`: a Hugging Face Marian folder: transformers' `MarianConfig` with OPUS-MT's dimensions
+  (d_model 512, 6+6 layers, 8 heads, ffn 2048, swish, max_position_embeddings 512, one shared
+  vocabulary of 58,101), weights drawn from a seed; German and English SentencePiece models trained
+  on the shipped corpus; `vocab.json` holds their pieces and is padded to the vocabulary size with
+  dummy pieces that never occur (`padded_vocab`), `<pad>` last as in OPUS-MT;
+- `models/opus-size/1/`: the same folder imported by `mtserve import` (fp32 and int8, portable
+  and fused graphs);
+- `ct2-int8/`: the same folder converted by `ct2-transformers-converter --quantization int8`.
+
+Everything is keyed by the dimensions and seed (`Dims.key`), so a changed setting builds afresh.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+CACHE = REPO / "benchmarks" / ".cache"
+DATA = REPO.parent / "shared" / "data" / "multi30k"
+NAME = "opus-size"
+SPECIAL = ("</s>", "<unk>")  # ids 0 and 1, as OPUS-MT's; <pad> is the last id
+
+
+@dataclass(frozen=True)
+class Dims:
+    """The model's dimensions (OPUS-MT's by default) and the seeds of its weights."""
+
+    d_model: int = 512
+    layers: int = 6
+    heads: int = 8
+    ffn: int = 2048
+    vocab: int = 58101
+    max_positions: int = 512
+    spm_pieces: int = 6000  # per language (the English side of the corpus holds fewer than 8,000)
+    spm_lines: int = 29000  # training lines per language
+    seed: int = 1
+
+    @property
+    def key(self) -> str:
+        return f"d{self.d_model}-l{self.layers}-h{self.heads}-f{self.ffn}-v{self.vocab}-s{self.seed}"
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """Where each engine's copy of the model lies."""
+
+    hf: Path  # the Hugging Face folder (transformers, optimum)
+    model: Path  # the mtserve model version dir (the engine, the server)
+    ct2: Path  # the CTranslate2 int8 model dir
+
+
+def padded_vocab(pieces: list[str], size: int) -> dict[str, int]:
+    """OPUS-MT's shared layout: </s> 0, <unk> 1, the pieces (first occurrence wins), dummy pieces
+    up to `size - 1` entries, and <pad> at `size - 1`. The dummies (`<dummy_N>`) are no
+    SentencePiece output, so they never occur in a source or a translation's ids."""
+    vocab = {t: i for i, t in enumerate(SPECIAL)}
+    for p in pieces:
+        vocab.setdefault(p, len(vocab))
+    if len(vocab) > size - 1:
+        raise ValueError(f"{len(vocab) + 1} tokens do not fit a vocabulary of {size}")
+    n = 0
+    while len(vocab) < size - 1:
+        vocab.setdefault(f"<dummy_{n}>", len(vocab))
+        n += 1
+    vocab["<pad>"] = size - 1
+    return vocab
+
+
+def read_lines(lang: str, split: str = "train", limit: int = 0, data: Path = DATA) -> list[str]:
+    with gzip.open(data / f"{split}.{lang}.gz", "rt", encoding="utf-8") as f:
+        lines = [line.strip() for line in f]
+    return lines[:limit] if limit else lines
+
+
+def train_spm(lines: list[str], prefix: Path, pieces: int) -> Path:
+    """A unigram SentencePiece model (Marian's kind) over `lines`: PREFIX.model."""
+    import sentencepiece
+
+    sentencepiece.SentencePieceTrainer.train(
+        sentence_iterator=iter(lines),
+        model_prefix=str(prefix),
+        vocab_size=pieces,
+        model_type="unigram",
+        character_coverage=1.0,
+        num_threads=2,
+        minloglevel=2,
+    )
+    return prefix.with_suffix(".model")
+
+
+def spm_pieces(spm_file: Path) -> list[str]:
+    import sentencepiece
+
+    sp = sentencepiece.SentencePieceProcessor(model_file=str(spm_file))
+    return [sp.id_to_piece(i) for i in range(sp.get_piece_size()) if not (sp.is_control(i) or sp.is_unknown(i))]
+
+
+def build_folder(out: Path, dims: Dims, data: Path = DATA) -> Path:
+    """The Hugging Face Marian folder of `dims` at `out` (made here; must not exist)."""
+    import torch
+    from transformers import MarianConfig, MarianMTModel, MarianTokenizer
+
+    out.mkdir(parents=True)
+    with tempfile.TemporaryDirectory(prefix="mtserve-spm-") as tmp:
+        de = train_spm(read_lines("de", limit=dims.spm_lines, data=data), Path(tmp) / "de", dims.spm_pieces)
+        en = train_spm(read_lines("en", limit=dims.spm_lines, data=data), Path(tmp) / "en", dims.spm_pieces)
+        vocab = padded_vocab(spm_pieces(de) + spm_pieces(en), dims.vocab)
+        (out / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False))
+        tok = MarianTokenizer(
+            source_spm=str(de), target_spm=str(en), vocab=str(out / "vocab.json"), source_lang="de", target_lang="en"
+        )
+        tok.save_pretrained(str(out))
+    pad = vocab["<pad>"]
+    config = MarianConfig(
+        vocab_size=dims.vocab,
+        decoder_vocab_size=dims.vocab,
+        share_encoder_decoder_embeddings=True,
+        d_model=dims.d_model,
+        encoder_layers=dims.layers,
+        decoder_layers=dims.layers,
+        encoder_attention_heads=dims.heads,
+        decoder_attention_heads=dims.heads,
+        encoder_ffn_dim=dims.ffn,
+        decoder_ffn_dim=dims.ffn,
+        max_position_embeddings=dims.max_positions,
+        activation_function="swish",
+        scale_embedding=True,
+        pad_token_id=pad,
+        eos_token_id=0,
+        decoder_start_token_id=pad,
+        forced_eos_token_id=0,
+        architectures=["MarianMTModel"],
+    )
+    torch.manual_seed(dims.seed)
+    MarianMTModel(config).save_pretrained(str(out))
+    gen = json.loads((out / "generation_config.json").read_text())
+    (out / "generation_config.json").write_text(json.dumps({**gen, "bad_words_ids": [[pad]]}))
+    (out / "dims.json").write_text(json.dumps(asdict(dims)))
+    return out
+
+
+def import_folder(hf: Path, repository: Path) -> Path:
+    """`mtserve import` of the folder into REPOSITORY/opus-size/1 (replaced when there)."""
+    shutil.rmtree(repository / NAME, ignore_errors=True)
+    cmd = [sys.executable, "-m", "mtserve", "import", str(hf), "--name", NAME, "--version", "1"]
+    subprocess.run([*cmd, "--repository", str(repository)], check=True, cwd=REPO, stdout=subprocess.DEVNULL)
+    return repository / NAME / "1"
+
+
+def convert_ct2(hf: Path, out: Path) -> Path:
+    """`ct2-transformers-converter --quantization int8` of the folder (the console script next to
+    this interpreter, else CTranslate2's module)."""
+    script = Path(sys.executable).with_name("ct2-transformers-converter")
+    cmd = [str(script)] if script.exists() else [sys.executable, "-m", "ctranslate2.converters.transformers"]
+    cmd += ["--model", str(hf), "--output_dir", str(out), "--quantization", "int8", "--force"]
+    subprocess.run(cmd, check=True, cwd=REPO, stdout=subprocess.DEVNULL)
+    return out
+
+
+HF_VENV_PACKAGES = ("optimum-onnx[onnxruntime]", "transformers==4.57.*", "torch==2.13.0", "sentencepiece")
+QUANTIZE = """
+import shutil, sys
+from pathlib import Path
+from onnxruntime.quantization import QuantType, quantize_dynamic
+src, out = Path(sys.argv[1]), Path(sys.argv[2])
+shutil.copytree(src, out, ignore=shutil.ignore_patterns("*.onnx", "*.onnx_data"))
+for graph in src.glob("*.onnx"):
+    quantize_dynamic(graph, out / graph.name, weight_type=QuantType.QInt8)
+"""
+
+
+def hf_venv(cache: Path = CACHE) -> Path:
+    """The optimum venv's python (optimum-onnx 0.1 needs transformers 4.57, the main venv has 5),
+    made with `python -m venv` and pip on first use."""
+    venv = cache / ".venv-hf"
+    python = venv / "bin" / "python"
+    if not (venv / "ok").exists():
+        subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
+        subprocess.run([str(python), "-m", "pip", "install", "-q", *HF_VENV_PACKAGES], check=True)
+        (venv / "ok").write_text(" ".join(HF_VENV_PACKAGES))
+    return python
+
+
+def export_optimum(hf: Path, root: Path, python: Path) -> tuple[Path, Path]:
+    """optimum's ONNX export of the folder (`optimum-cli export onnx`, with the key/value cache)
+    and a copy of it with every graph dynamically quantised to int8 (onnxruntime's
+    quantize_dynamic, what optimum's ORTQuantizer runs): (fp32 dir, int8 dir)."""
+    fp32, int8 = root / "optimum-fp32", root / "optimum-int8"
+    if not (fp32 / "config.json").exists():
+        cli = [str(python), "-m", "optimum.commands.optimum_cli", "export", "onnx", "--model", str(hf)]
+        subprocess.run([*cli, "--task", "text2text-generation-with-past", str(fp32)], check=True, cwd=root)
+    if not (int8 / "config.json").exists():
+        shutil.rmtree(int8, ignore_errors=True)
+        subprocess.run([str(python), "-c", QUANTIZE, str(fp32), str(int8)], check=True)
+    return fp32, int8
+
+
+def prepare(dims: Dims = Dims(), cache: Path = CACHE, data: Path = DATA) -> Prepared:
+    """The model of `dims` built, imported and converted, each step only when its output is missing."""
+    root = cache / f"real-size-{dims.key}"
+    hf, model, ct2 = root / "hf", root / "models" / NAME / "1", root / "ct2-int8"
+    if not (hf / "model.safetensors").exists():
+        shutil.rmtree(hf, ignore_errors=True)
+        build_folder(hf, dims, data)
+    if not (model / "onnx" / "manifest.json").exists():
+        import_folder(hf, root / "models")
+    if not (ct2 / "model.bin").exists():
+        convert_ct2(hf, ct2)
+    return Prepared(hf=hf, model=model, ct2=ct2)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    ap.add_argument("--cache", default=str(CACHE))
+    args = ap.parse_args(argv)
+    print(json.dumps({k: str(v) for k, v in asdict(prepare(cache=Path(args.cache))).items()}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,99 @@
+"""Exact-split accuracy of sentence splitters on the hand-made German, French and English cases of
+tests/service/engine/data/splitter_cases.json (abbreviations, numbers, ordinals, quotes, ellipses):
+the measurement behind the choice of the serving path's splitter (docs/documents.md).
+
+    python -m benchmarks.splitter            # the table, per language
+    python -m benchmarks.splitter --failures # and each case a splitter gets wrong
+
+A case counts when the splitter returns exactly its sentences (each stripped of surrounding
+whitespace) for the sentences joined by single spaces. Candidates that are not installed are
+reported as such."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+CASES = Path(__file__).resolve().parent.parent / "tests/service/engine/data/splitter_cases.json"
+Splitter = Callable[[str, str], list[str]]
+
+
+def _pysbd() -> Splitter:
+    import pysbd
+
+    segmenters = {lang: pysbd.Segmenter(language=lang, clean=False) for lang in ("de", "fr", "en")}
+    return lambda lang, text: list(segmenters[lang].segment(text))
+
+
+def _sentencex() -> Splitter:
+    import sentencex
+
+    return lambda lang, text: list(sentencex.segment(lang, text))
+
+
+def _moses() -> Splitter:
+    from sentence_splitter import SentenceSplitter
+
+    splitters = {lang: SentenceSplitter(language=lang) for lang in ("de", "fr", "en")}
+    return lambda lang, text: list(splitters[lang].split(text))
+
+
+def _blingfire() -> Splitter:
+    import blingfire
+
+    return lambda lang, text: blingfire.text_to_sentences(text).split("\n")
+
+
+def _service() -> Splitter:
+    from service.engine.documents import sentence_spans
+
+    return lambda lang, text: [text[a:b] for a, b in sentence_spans(text, lang)]
+
+
+CANDIDATES: dict[str, Callable[[], Splitter]] = {
+    "pysbd": _pysbd,
+    "sentencex": _sentencex,
+    "sentence-splitter (Moses prefixes)": _moses,
+    "blingfire": _blingfire,
+    "mtserve (service.engine.documents)": _service,
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--failures", action="store_true", help="print each case a splitter gets wrong")
+    args = parser.parse_args()
+    cases = json.loads(CASES.read_text(encoding="utf-8"))
+    langs = sorted({c["lang"] for c in cases})
+    counts = {lang: sum(c["lang"] == lang for c in cases) for lang in langs}
+    print(f"{len(cases)} cases ({', '.join(f'{lang}: {n}' for lang, n in counts.items())})")
+    print(f"| splitter | {' | '.join(langs)} | all | ms per case |")
+    print(f"|---|{'---|' * len(langs)}---|---|")
+    for name, make in CANDIDATES.items():
+        try:
+            split = make()
+        except ImportError as e:
+            print(f"| {name} | not installed ({e.name}) |")
+            continue
+        right = dict.fromkeys(langs, 0)
+        start = time.perf_counter()
+        wrong = []
+        for c in cases:
+            got = [s.strip() for s in split(c["lang"], " ".join(c["sentences"])) if s.strip()]
+            if got == c["sentences"]:
+                right[c["lang"]] += 1
+            else:
+                wrong.append((c["lang"], got))
+        ms = (time.perf_counter() - start) * 1000 / len(cases)
+        cols = " | ".join(f"{right[lang]}/{counts[lang]}" for lang in langs)
+        print(f"| {name} | {cols} | {sum(right.values())}/{len(cases)} | {ms:.2f} |")
+        if args.failures:
+            for lang, got in wrong:
+                print(f"    {lang}: {got}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,276 @@
+"""Texts as documents: a text is split into segments (sentences, or lines), each segment becomes
+rows for the batcher, and the translations of its rows are put back where the segments were.
+
+Spans are offsets in Unicode code points (Python string indices) into the text as sent, end
+exclusive: `text[start:end]` is the segment's source. Everything between segments (paragraph
+breaks, line breaks, the spaces between sentences, leading and trailing whitespace) is copied to
+the translation unchanged.
+
+Sentences are found by sentence-splitter (the Moses splitter's rules and non-breaking prefix
+lists, in the package: nothing is downloaded), chosen by `python -m benchmarks.splitter`
+(docs/documents.md), with a few more prefixes (EXTRA_PREFIXES) and one rule for German closing
+quotes. A language it has no list for gets the English rules. A sentence still too long for the
+model is cut into parts at a token boundary (`split_ids`), whose translations are joined by a space.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sentence_splitter import SentenceSplitter
+
+from service.engine.requests import Segment, TranslationResult
+from service.engine.text import normalize_text
+from service.errors import InvalidArgument
+from service.runtime.tokenizer import TextTokenizer
+
+SPLIT_SENTENCES, SPLIT_NEWLINES, SPLIT_NONE = "sentences", "newlines", "none"
+SPLIT_MODES = (SPLIT_SENTENCES, SPLIT_NEWLINES, SPLIT_NONE)
+
+# Abbreviations the package's lists lack, found by the cases of tests/service/engine/data.
+# "#NUMERIC_ONLY#": no break only before a number (Moses's marker).
+EXTRA_PREFIXES = {
+    "de": ["Hauptstr", "Str", "Bahnhofstr", "Schulstr", "Bd", "Bde", "Hrsg"],
+    "fr": ["Mme", "Mmes", "Mlle", "Mlles", "MM", "Pr", "Ste"],
+    "en": ["p #NUMERIC_ONLY#", "pp #NUMERIC_ONLY#"],
+}
+# ISO 639-2/3 and NLLB (deu_Latn) codes of the languages sentence-splitter has lists for.
+_THREE_LETTER = {
+    "cat": "ca", "ces": "cs", "cze": "cs", "dan": "da", "deu": "de", "ger": "de", "ell": "el", "gre": "el",
+    "eng": "en", "spa": "es", "fin": "fi", "fra": "fr", "fre": "fr", "hun": "hu", "isl": "is", "ice": "is",
+    "ita": "it", "lit": "lt", "lav": "lv", "lvs": "lv", "nld": "nl", "dut": "nl", "nor": "no", "nob": "no",
+    "pol": "pl", "por": "pt", "ron": "ro", "rum": "ro", "rus": "ru", "slk": "sk", "slo": "sk", "slv": "sl",
+    "swe": "sv", "tur": "tr",
+}  # fmt: skip
+# „Kommst du mit?“ Sie nickte.  German closing quotes (U+201C) are opening ones to Unicode.
+_GERMAN_QUOTE_END = re.compile(r"(?<=[.?!…]“)\s+(?=[„\"«»]?[A-ZÄÖÜ])")
+_LINE = re.compile(r"[^\n]+")
+
+
+def splitter_language(code: str) -> str:
+    """The splitter's language for a language code ("de", "de-DE", "deu", "deu_Latn", "__de__"):
+    the two-letter code when sentence-splitter has a list for it, else "en" (English rules)."""
+    base = re.split(r"[-_]", code.strip("_").lower(), maxsplit=1)[0]
+    base = _THREE_LETTER.get(base, base)
+    return base if base in _supported() else "en"
+
+
+@functools.cache
+def _supported() -> frozenset[str]:
+    import sentence_splitter
+
+    return frozenset(p.stem for p in (Path(sentence_splitter.__file__).parent / "non_breaking_prefixes").glob("*.txt"))
+
+
+@functools.cache
+def _splitter(lang: str) -> SentenceSplitter:
+    """The splitter of `lang` (a splitter_language): the package's prefixes and EXTRA_PREFIXES."""
+    import sentence_splitter
+
+    listed = Path(sentence_splitter.__file__).parent / "non_breaking_prefixes" / f"{lang}.txt"
+    lines = listed.read_text(encoding="utf-8").splitlines() + EXTRA_PREFIXES.get(lang, [])
+    # SentenceSplitter reads its prefixes from a file only; it has read it once constructed.
+    with tempfile.TemporaryDirectory() as tmp:
+        merged = Path(tmp) / f"{lang}.txt"
+        merged.write_text("\n".join(lines) + "\n", encoding="utf-8")
+        return SentenceSplitter(language=lang, non_breaking_prefix_file=str(merged))
+
+
+def _locate(text: str, sentence: str, start: int) -> tuple[int, int] | None:
+    """Where `sentence` (as the splitter returns it, whitespace runs collapsed) is in `text`,
+    from `start`."""
+    words = sentence.split()
+    if not words:
+        return None
+    m = re.compile(r"\s+".join(map(re.escape, words))).search(text, start)
+    return (m.start(), m.end()) if m else None
+
+
+def sentence_spans(text: str, lang: str) -> list[tuple[int, int]]:
+    """The spans of the sentences of `text` (one line of a text) in `lang` (any code)."""
+    code = splitter_language(lang)
+    found: list[str] = []
+    for s in _splitter(code).split(text):
+        found += _GERMAN_QUOTE_END.split(s) if code == "de" else [s]
+    spans: list[tuple[int, int]] = []
+    at = 0
+    for s in found:
+        span = _locate(text, s, at)
+        if span is None:  # not the text the splitter was given: the line as one sentence
+            return _stripped(text, 0, len(text))
+        spans.append(span)
+        at = span[1]
+    return spans
+
+
+def _stripped(text: str, start: int, end: int) -> list[tuple[int, int]]:
+    """[the span of text[start:end] without surrounding whitespace], or [] when it is blank."""
+    part = text[start:end]
+    lead = len(part) - len(part.lstrip())
+    body = part.strip()
+    return [(start + lead, start + lead + len(body))] if body else []
+
+
+def segment_spans(text: str, split: str, lang: str) -> list[tuple[int, int]]:
+    """The spans of `text`'s segments in order: `split` SPLIT_NONE the whole text (stripped),
+    SPLIT_NEWLINES each line that is not blank, SPLIT_SENTENCES each sentence of each line."""
+    if split == SPLIT_NONE:
+        return _stripped(text, 0, len(text))
+    spans: list[tuple[int, int]] = []
+    for line in _LINE.finditer(text):
+        for a, b in _stripped(text, line.start(), line.end()):
+            if split == SPLIT_NEWLINES:
+                spans.append((a, b))
+            else:
+                spans += [(a + x, a + y) for x, y in sentence_spans(text[a:b], lang)]
+    return spans
+
+
+def join(text: str, spans: list[tuple[int, int]], translations: list[str]) -> str:
+    """`text` with each span replaced by its translation: what lies between spans stays."""
+    out: list[str] = []
+    at = 0
+    for (a, b), t in zip(spans, translations):
+        out += [text[at:a], t]
+        at = b
+    out.append(text[at:])
+    return "".join(out)
+
+
+def split_ids(ids: list[int], limit: int, breaks_before: list[bool]) -> list[list[int]]:
+    """`ids` cut into parts of at most `limit` tokens. Each cut is at the last position in the
+    second half of the window where `breaks_before` is true (a word starts, or punctuation came
+    before), else at the limit."""
+    parts: list[list[int]] = []
+    at = 0
+    while len(ids) - at > limit:
+        window = range(at + limit, at + limit // 2, -1)
+        cut = next((i for i in window if breaks_before[i]), at + limit)
+        parts.append(ids[at:cut])
+        at = cut
+    parts.append(ids[at:])
+    return parts
+
+
+@dataclass
+class Plan:
+    """How one text runs: its segments' spans and, per segment, its source rows (each with the
+    language token and </s>: more than one when the sentence was too long for the model)."""
+
+    text: str
+    spans: list[tuple[int, int]] = field(default_factory=list)
+    rows: list[list[list[int]]] = field(default_factory=list)
+
+    @property
+    def row_count(self) -> int:
+        return sum(len(r) for r in self.rows)
+
+
+@dataclass(frozen=True)
+class Rules:
+    """What plan_text needs of the model and the server."""
+
+    split: str
+    language: str  # the source language's code, for the splitter
+    lead: tuple[int, ...]  # tokens before each source (a multilingual model's language token)
+    eos_id: int
+    limit: int  # tokens of a source row at most, lead and </s> included
+    max_text_bytes: int
+
+
+def plan_text(text: str, name: str, rules: Rules, tokenizer: TextTokenizer) -> Plan:
+    """The segments and rows of `text` (field `name`). INVALID_ARGUMENT past max_text_bytes, for a
+    text with nothing to translate, and with SPLIT_NONE for a text past the token limit."""
+    if len(text.encode("utf-8", "surrogatepass")) > rules.max_text_bytes:
+        raise InvalidArgument(name, f"text exceeds max_text_bytes ({rules.max_text_bytes})")
+    plan = Plan(text)
+    room = rules.limit - 1 - len(rules.lead)
+    for a, b in segment_spans(text, rules.split, rules.language):
+        clean = normalize_text(text[a:b])
+        if not clean:
+            continue  # format characters alone: left in place, as the whitespace around segments
+        ids = tokenizer.encode(clean)
+        if len(ids) > room and rules.split == SPLIT_NONE:
+            raise InvalidArgument(
+                name, f"{len(ids) + len(rules.lead) + 1} tokens exceed max_input_tokens ({rules.limit})"
+            )
+        parts = split_ids(ids, room, _breaks(ids, tokenizer)) if len(ids) > room else [ids]
+        plan.spans.append((a, b))
+        plan.rows.append([[*rules.lead, *p, rules.eos_id] for p in parts])
+    if not plan.spans:
+        raise InvalidArgument(name, "text is empty once whitespace, control and format characters are removed")
+    return plan
+
+
+_PUNCTUATION = tuple(".,;:!?…)]»“”\"'")
+
+
+def _breaks(ids: list[int], tokenizer: TextTokenizer) -> list[bool]:
+    """For each position of `ids`, whether a part may start there: a word starts (a leading space
+    marker) or the token before ends in punctuation."""
+    pieces = [tokenizer.id_to_token(i) or "" for i in ids]
+    return [
+        i > 0 and (p.startswith(("▁", "Ġ", " ")) or pieces[i - 1].endswith(_PUNCTUATION)) for i, p in enumerate(pieces)
+    ]
+
+
+def _merge(parts: list[TranslationResult]) -> TranslationResult:
+    """One translation of the parts of a sentence cut for length (or the one translation): texts
+    joined by a space, tokens concatenated, the score the mean over parts weighted by their output
+    tokens; no alignment or n-best list for a sentence of several parts."""
+    if len(parts) == 1:
+        return parts[0]
+    return TranslationResult(
+        text=" ".join(p.text for p in parts),
+        score=_mean_score(parts),
+        tokens=[t for p in parts for t in p.tokens],
+        token_ids=[t for p in parts for t in p.token_ids],
+        input_tokens=sum(p.input_tokens for p in parts),
+        output_tokens=sum(p.output_tokens for p in parts),
+    )
+
+
+def _mean_score(results: list[TranslationResult]) -> float | None:
+    if any(r.score is None for r in results):
+        return None
+    weight = sum(r.output_tokens for r in results)
+    return sum(float(r.score or 0.0) * r.output_tokens for r in results) / max(weight, 1)
+
+
+def assemble(plan: Plan, rows: list[TranslationResult], split: str) -> TranslationResult:
+    """The translation of a planned text from its rows' translations (in plan order): the text
+    put back together, the segments with their spans. A text of one segment keeps its alignment
+    and n-best list; with SPLIT_NONE the text is the translation alone, as before splitting."""
+    segments: list[Segment] = []
+    at = 0
+    for span, seg_rows in zip(plan.spans, plan.rows):
+        segments.append(Segment(span[0], span[1], _merge(rows[at : at + len(seg_rows)])))
+        at += len(seg_rows)
+    done = [s.translation for s in segments]
+    if len(segments) == 1:
+        one = done[0]
+        result = TranslationResult(**{**one.__dict__, "segments": segments})
+        if split != SPLIT_NONE:
+            result.text = join(plan.text, plan.spans, [one.text])
+        return result
+    return TranslationResult(
+        text=join(plan.text, plan.spans, [t.text for t in done]),
+        score=_mean_score(done),
+        tokens=[t for r in done for t in r.tokens],
+        token_ids=[t for r in done for t in r.token_ids],
+        input_tokens=sum(r.input_tokens for r in done),
+        output_tokens=sum(r.output_tokens for r in done),
+        segments=segments,
+    )
+
+
+def first_row_prefixes(prefixes: list[str], plans: list[Plan]) -> list[str]:
+    """Each row's target prefix from each text's: the text's first row gets it, the others none."""
+    out: list[str] = []
+    for prefix, plan in zip(prefixes, plans):
+        out += [prefix] + [""] * (plan.row_count - 1)
+    return out
