@@ -17,7 +17,9 @@ throughput, and how many times sooner the document finishes than the sentences o
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import sacrebleu
@@ -94,32 +96,35 @@ def quality(client: Client, sources: list[str], refs: list[str], beam: int) -> N
     )
 
 
-def speed(client: Client, sources: list[str], words: int, beam: int) -> None:
+def speed(client: Client, sources: list[str], words: int, beam: int, rounds: int) -> None:
     n, count = 0, 0
     while count < words and n < len(sources):
         count += len(sources[n].split())
         n += 1
     sentences = sources[:n]
     document = "\n\n".join(paragraphs(sentences))
-    print(f"a text of {count} words, {n} sentences, {len(document.encode())} bytes; beam {beam}")
+    print(f"a text of {count} words, {n} sentences, {len(document.encode())} bytes; beam {beam}; median of {rounds}")
     translate_each(client, sentences[:16], 8, beam)  # warm-up
-    start = time.perf_counter()
     (doc,) = client.translate([document], beam_size=beam)
-    one_request = time.perf_counter() - start
     print(f"the text came back in {len(doc.segments)} segments (a sentence without final punctuation joins the next)")
-    walls = {"the text in one request": one_request}
-    for in_flight in (8, 1):
-        start = time.perf_counter()
-        translate_each(client, sentences, in_flight, beam)
-        walls[f"its sentences, one request each, {in_flight} in flight"] = time.perf_counter() - start
-    print("| sent as | wall s | sentences/s | words/s |")
+    ways: dict[str, Callable[[], object]] = {
+        "the text in one request": lambda: client.translate([document], beam_size=beam),
+        "its sentences, one request each, 8 in flight": lambda: translate_each(client, sentences, 8, beam),
+        "its sentences, one request each, 1 in flight": lambda: translate_each(client, sentences, 1, beam),
+    }
+    walls: dict[str, list[float]] = {name: [] for name in ways}
+    for _ in range(rounds):  # interleaved, so that a change of load hits all three alike
+        for name, way in ways.items():
+            start = time.perf_counter()
+            way()
+            walls[name].append(time.perf_counter() - start)
+    wall = {name: statistics.median(w) for name, w in walls.items()}
+    print("| sent as | wall s (median) | sentences/s | words/s |")
     print("|---|---|---|---|")
-    for name, wall in walls.items():
-        print(f"| {name} | {wall:.2f} | {n / wall:.1f} | {count / wall:.0f} |")
-    sequential = walls["its sentences, one request each, 1 in flight"]
-    print(
-        f"the text in one request finishes {sequential / one_request:.1f}x sooner than its sentences one after another"
-    )
+    for name, w in wall.items():
+        print(f"| {name} | {w:.2f} | {n / w:.1f} | {count / w:.0f} |")
+    ratio = wall["its sentences, one request each, 1 in flight"] / wall["the text in one request"]
+    print(f"the text in one request finishes {ratio:.1f}x sooner than its sentences one after another")
 
 
 def main() -> None:
@@ -132,6 +137,7 @@ def main() -> None:
     p.add_argument("--n", type=int, default=1000, help="test sentences for --quality")
     p.add_argument("--words", type=int, default=2000, help="words of the text for --speed")
     p.add_argument("--beam", type=int, default=4)
+    p.add_argument("--rounds", type=int, default=5, help="--speed: each way measured this many times (median)")
     p.add_argument("--server", help="an mtserve server to use instead of starting one")
     args = p.parse_args()
     if not (args.quality or args.speed):
@@ -149,7 +155,7 @@ def run(args: argparse.Namespace, address: str, sources: list[str], refs: list[s
         if args.quality:
             quality(client, sources[: args.n], refs[: args.n], args.beam)
         if args.speed:
-            speed(client, sources, args.words, args.beam)
+            speed(client, sources, args.words, args.beam, args.rounds)
 
 
 if __name__ == "__main__":

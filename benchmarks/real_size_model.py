@@ -155,7 +155,19 @@ def build_folder(out: Path, dims: Dims, data: Path = DATA) -> Path:
 def import_folder(hf: Path, repository: Path) -> Path:
     """`mtserve import` of the folder into REPOSITORY/opus-size/1 (replaced when there)."""
     shutil.rmtree(repository / NAME, ignore_errors=True)
-    cmd = [sys.executable, "-m", "mtserve", "import", str(hf), "--name", NAME, "--version", "1"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "mtserve",
+        "import",
+        str(hf),
+        "--name",
+        NAME,
+        "--version",
+        "1",
+        "--precision",
+        "fp32,int8",
+    ]
     subprocess.run([*cmd, "--repository", str(repository)], check=True, cwd=REPO, stdout=subprocess.DEVNULL)
     return repository / NAME / "1"
 

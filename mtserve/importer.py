@@ -24,6 +24,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--sentences", help="source sentences for the parity check, one a line (.gz ok; default: a few built in)"
     )
     p.add_argument("--limit", type=int, default=200, help="compare at most this many of --sentences (default 200)")
+    p.add_argument(
+        "--precision",
+        default="all",
+        help="the precisions to export: all (default: fp32, int8, fp16) or a comma-separated list, e.g. fp32,int8",
+    )
+
+
+def _precisions(value: str) -> tuple[str, ...]:
+    from contract.manifest import PRECISIONS
+
+    if value == "all":
+        return PRECISIONS
+    chosen = tuple(dict.fromkeys(v.strip() for v in value.split(",")))
+    unknown = [v for v in chosen if v not in PRECISIONS]
+    if unknown or not chosen:
+        sys.exit(f"mtserve import: --precision {value!r}: each must be one of {', '.join(PRECISIONS)} (or all)")
+    return chosen
 
 
 def _read_sentences(path: str | None, limit: int) -> list[str] | None:
@@ -52,6 +69,7 @@ def run(args: argparse.Namespace) -> dict:
             args.src_lang,
             args.tgt_lang,
             _read_sentences(args.sentences, args.limit),
+            _precisions(args.precision),
         )
     except HFImportError as e:
         sys.exit(f"mtserve import: {e}")

@@ -269,18 +269,29 @@ def train(args: argparse.Namespace) -> Path:
     return out
 
 
+def same_length_batches(lengths: list[int], batch_size: int) -> list[list[int]]:
+    """Indices grouped by source length (at most `batch_size` each), so that each sentence gets
+    `mtserve evaluate`'s own output cap, int(1.5 * source tokens + 10), </s> included."""
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    batches: list[list[int]] = []
+    for i in order:
+        if not batches or len(batches[-1]) == batch_size or lengths[batches[-1][0]] != lengths[i]:
+            batches.append([])
+        batches[-1].append(i)
+    return batches
+
+
 @torch.no_grad()
 def translate(
     model: MarianMTModel, tok: MarianTokenizer, sentences: list[str], beams: int, batch_size: int
 ) -> list[str]:
-    """transformers' generate over length-sorted batches, in the input order."""
-    order = sorted(range(len(sentences)), key=lambda i: len(sentences[i]))
+    """transformers' generate over batches of equal source length, in the input order."""
+    lengths = [len(ids) for ids in tok(sentences)["input_ids"]]
     hyps: dict[int, str] = {}
-    for i in range(0, len(order), batch_size):
-        idx = order[i : i + batch_size]
+    for idx in same_length_batches(lengths, batch_size):
         enc = tok([sentences[j] for j in idx], return_tensors="pt", padding=True)
-        max_new = min(256, int(1.5 * enc["input_ids"].shape[1]) + 10)
-        out = model.generate(**enc, num_beams=beams, length_penalty=1.0, max_new_tokens=max_new)
+        max_new = min(255, int(1.5 * lengths[idx[0]] + 10))
+        out = model.generate(**enc, num_beams=beams, length_penalty=1.0, max_new_tokens=max_new, max_length=None)
         for j, text in zip(idx, tok.batch_decode(out, skip_special_tokens=True), strict=True):
             hyps[j] = text
     return [hyps[i] for i in range(len(sentences))]

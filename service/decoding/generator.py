@@ -360,24 +360,7 @@ class DecodeBatch:
         lens, mask, ck, cv = encode_sources(model, src_ids_lists)
         R = n * K
         self.keys = list(keys)
-        prefixes = [list(p) for p in target_prefixes] if target_prefixes is not None else [[] for _ in range(n)]
-        if len(prefixes) != n:
-            raise ValueError(f"target_prefixes: {len(prefixes)} values for {n} sentences")
-        kept = [list(p) for p in kept_prefixes] if kept_prefixes is not None else [[] for _ in range(n)]
-        if len(kept) != n:
-            raise ValueError(f"kept_prefixes: {len(kept)} values for {n} sentences")
-        self.target_prefix = [p + k for p, k in zip(prefixes, kept)]
-        self.output_from = np.array([len(p) for p in prefixes], dtype=np.int64)
-        self.prefix_len = np.array([len(p) for p in self.target_prefix], dtype=np.int64)
-        min_len = np.array(_as_list(min_lens, n, "min_lens"), dtype=np.int64)
-        self.eos_from = np.maximum(min_len + self.output_from, self.prefix_len)
-        self.num_hypotheses = np.array(_as_list(num_hypotheses, n, "num_hypotheses"), dtype=np.int64)
-        self.sampling = list(sampling) if sampling is not None else [None] * n
-        if len(self.sampling) != n:
-            raise ValueError(f"sampling: {len(self.sampling)} values for {n} sentences")
-        if beam > 1 and any(self.sampling):
-            raise ValueError("sampling needs beam 1")
-        self.samples = np.array([x is not None for x in self.sampling], dtype=bool)
+        self._set_output_rules(n, min_lens, target_prefixes, kept_prefixes, num_hypotheses, sampling)
         rule = [max_output_len(int(L), max_len_a, max_len_b, model.max_positions) for L in lens]
         if max_lens is not None:
             rule = [max(1, min(int(m), model.max_positions - 1)) for m in _as_list(max_lens, n, "max_lens")]
@@ -399,6 +382,36 @@ class DecodeBatch:
         self.hist = [None] * R
         self.out_ids = np.zeros((R, _out_width(K, self.max_len)), dtype=np.int64)
         return self
+
+    def _set_output_rules(
+        self,
+        n: int,
+        min_lens: int | Sequence[int],
+        target_prefixes: Sequence[Sequence[int]] | None,
+        kept_prefixes: Sequence[Sequence[int]] | None,
+        num_hypotheses: int | Sequence[int],
+        sampling: Sequence[Sampling | None] | None,
+    ) -> None:
+        """`from_sources`' per-sentence rules of what is emitted: forced prefixes, the first step
+        </s> may be chosen at, the n-best width and sampling."""
+        prefixes = [list(p) for p in target_prefixes] if target_prefixes is not None else [[] for _ in range(n)]
+        if len(prefixes) != n:
+            raise ValueError(f"target_prefixes: {len(prefixes)} values for {n} sentences")
+        kept = [list(p) for p in kept_prefixes] if kept_prefixes is not None else [[] for _ in range(n)]
+        if len(kept) != n:
+            raise ValueError(f"kept_prefixes: {len(kept)} values for {n} sentences")
+        self.target_prefix = [p + k for p, k in zip(prefixes, kept)]
+        self.output_from = np.array([len(p) for p in prefixes], dtype=np.int64)
+        self.prefix_len = np.array([len(p) for p in self.target_prefix], dtype=np.int64)
+        min_len = np.array(_as_list(min_lens, n, "min_lens"), dtype=np.int64)
+        self.eos_from = np.maximum(min_len + self.output_from, self.prefix_len)
+        self.num_hypotheses = np.array(_as_list(num_hypotheses, n, "num_hypotheses"), dtype=np.int64)
+        self.sampling = list(sampling) if sampling is not None else [None] * n
+        if len(self.sampling) != n:
+            raise ValueError(f"sampling: {len(self.sampling)} values for {n} sentences")
+        if self.beam > 1 and any(self.sampling):
+            raise ValueError("sampling needs beam 1")
+        self.samples = np.array([x is not None for x in self.sampling], dtype=bool)
 
     def _empty_state(self, model: DecoderModel) -> None:
         H, dk, L = model.n_heads, model.d_k, model.n_layers

@@ -115,14 +115,11 @@ class Engine:
         opts: TranslateOptions,
         pair: LanguagePair,
         prefixes: Prefixes,
-        field_prefix: str = "",
         field: str = "texts",
     ) -> list[documents.Plan]:
         """Each text's segments and source rows, as `opts.split` asks."""
         if opts.split not in documents.SPLIT_MODES:
-            raise InvalidArgument(
-                f"{field_prefix}options.split", f"{opts.split!r} is not one of {', '.join(documents.SPLIT_MODES)}"
-            )
+            raise InvalidArgument("options.split", f"{opts.split!r} is not one of {', '.join(documents.SPLIT_MODES)}")
         rules = documents.Rules(
             split=opts.split,
             language=pair.source or self.manifest.src_lang,
@@ -359,7 +356,7 @@ class Engine:
         try:
             self._check_texts(texts)
             prefixes = self.languages.prefixes(pair, field_prefix)
-            plans = self.plans(texts, opts, pair, prefixes, field_prefix)
+            plans = self.plans(texts, opts, pair, prefixes)
             src = [row for p in plans for segment in p.rows for row in segment]
             row_opts = self.row_options(opts, plans, prefixes, field_prefix)
             sentences = self.sentences(src, row_opts, timeout, prefixes, field_prefix)

@@ -74,6 +74,8 @@ def model_scoped_metrics() -> dict[str, str]:
     out = {}
     for m in vars(Metrics()).values():
         if isinstance(m, MetricWrapperBase) and "model" in m._labelnames:
+            if m._labelnames == ("model",):
+                continue  # about a model's name, not one served version (mtserve_default_model)
             assert m._labelnames[:2] == ("model", "version"), m._name
             suffixes = {"counter": ["_total"], "info": ["_info"], "histogram": ["_bucket", "_sum", "_count"]}
             for suffix in suffixes.get(m._type, ["_sum", "_count"] if m._type == "summary" else [""]):

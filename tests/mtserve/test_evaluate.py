@@ -118,6 +118,7 @@ def test_onnx_engine_takes_the_languages_from_the_export_manifest(tmp_path, tiny
 
     manifest = json.loads((tiny_onnx_dir / "manifest.json").read_text())
     manifest["src_lang"], manifest["tgt_lang"] = "fr", "en"
+    manifest["languages"].update(source=["fr"], target=["en"])
     (tmp_path / "onnx").mkdir()
     (tmp_path / "onnx" / "manifest.json").write_text(json.dumps(manifest))
     (tmp_path / "config.json").write_text(json.dumps({"src_lang": "de", "tgt_lang": "en"}))

@@ -5,12 +5,15 @@ TranslateStream sentence by sentence, GetModelInfo's limits."""
 
 from __future__ import annotations
 
+import argparse
+
 import grpc
 import pytest
 
 from service.api.inference import grpc_service_pb2 as kpb
 from service.api.inference import grpc_service_pb2_grpc as kpb_grpc
 from service.api.mtserve.v1 import translation_pb2 as pb
+from service.client import cli
 
 SENTENCES = ["Ein Mann fährt Fahrrad.", "Zwei Hunde spielen im Schnee!", "Dr. Müller liest z. B. ein Buch."]
 DOCUMENT = f"  {SENTENCES[0]} {SENTENCES[1]}\n\n{SENTENCES[2]}\n"
@@ -121,3 +124,27 @@ def test_model_info_gives_max_text_bytes_and_what_split_means(client):
     limits = client.model_info().limits
     assert limits.max_text_bytes == MAX_BYTES
     assert "SPLIT_SENTENCES" in limits.zero_means["options.split"]
+
+
+def test_the_cli_translates_a_document_keeping_its_paragraphs(server, client, tmp_path):
+    src, out = tmp_path / "doc.de.txt", tmp_path / "doc.en.txt"
+    src.write_text(DOCUMENT, encoding="utf-8")
+    p = argparse.ArgumentParser()
+    cli.add_arguments(p)
+    cli.run(p.parse_args(["--server", server.address, "--beam", "2", "--document", str(src), "--output", str(out)]))
+    assert out.read_text(encoding="utf-8") == client.translate([DOCUMENT], beam_size=2)[0].text
+    cli.run(p.parse_args(["--server", server.address, "--document", str(src), "--split", "none", "--output", str(out)]))
+    assert out.read_text(encoding="utf-8") == client.translate([DOCUMENT], split="none")[0].text
+
+
+def test_metrics_count_texts_segments_and_split_rows(server, client):
+    engine = server.server.engine
+    labels = {"model": engine.name, "version": engine.version}
+
+    def value(name: str) -> float:
+        return server.server.metrics.registry.get_sample_value(name, labels) or 0.0
+
+    before = [value(n) for n in ("mtserve_texts_total", "mtserve_split_rows_total", "mtserve_text_segments_sum")]
+    client.translate([DOCUMENT, SENTENCES[0]], beam_size=1)
+    after = [value(n) for n in ("mtserve_texts_total", "mtserve_split_rows_total", "mtserve_text_segments_sum")]
+    assert [a - b for a, b in zip(after, before)] == [2, 2, 4]  # 3 + 1 segments: 2 rows more than texts

@@ -199,6 +199,7 @@ options = st.builds(
     return_scores=st.booleans(),
     return_tokens=st.booleans(),
     return_alignment=st.booleans(),
+    split=st.sampled_from([0, 1, 2, 3, 7]),  # Split: DEFAULT, SENTENCES, NEWLINES, NONE, an unknown value
 )
 
 
@@ -209,6 +210,7 @@ def options_pb(o: dict) -> pb.TranslationOptions:
         return_scores=o["return_scores"],
         return_tokens=o["return_tokens"],
         return_alignment=o["return_alignment"],
+        split=o["split"],
     )
     if o["length_penalty"] is not None:
         msg.length_penalty = o["length_penalty"]
@@ -236,7 +238,10 @@ class Oracle:
     def n_tokens(self, text: str) -> int:
         return len(self.tok.encode(self.normalized(text), add_special_tokens=False).ids) + 1  # + </s>
 
-    def texts_problem(self, texts: list[str], field: str) -> str | None:
+    def texts_problem(self, texts: list[str], field: str, rows: str = "encode") -> str | None:
+        """`rows`: "encode", each text one row, sizes checked before tokens, over all texts;
+        "none" (split NONE), each text one row, checked text by text; "split", each text split
+        into rows (docs/documents.md), which max_input_tokens does not limit."""
         if field == "texts":
             if not texts or len(texts) > LIMITS["max_texts_per_request"]:
                 return "texts"
@@ -244,8 +249,10 @@ class Oracle:
         for name, t in zip(names, texts):
             if len(t.encode("utf-8")) > LIMITS["max_text_bytes"] or not self.normalized(t):
                 return name
+            if rows == "none" and self.n_tokens(t) > self.limit:
+                return name
         for name, t in zip(names, texts):
-            if self.n_tokens(t) > self.limit:
+            if rows == "encode" and self.n_tokens(t) > self.limit:
                 return name
         return None
 
@@ -260,9 +267,17 @@ class Oracle:
         return None
 
     def translate(self, texts: list[str], o: pb.TranslationOptions, field: str = "texts") -> str | None:
-        return self.texts_problem(texts, field) or self.options_problem(o)
+        if field == "texts" and (not texts or len(texts) > LIMITS["max_texts_per_request"]):
+            return "texts"
+        if o.split not in pb.Split.values():
+            return "options.split"
+        rows = "none" if o.split == pb.SPLIT_NONE else "split"
+        return self.texts_problem(texts, field, rows) or self.options_problem(o)
 
     def check_translation(self, t: pb.Translation, text: str, o: pb.TranslationOptions) -> None:
+        if o.split != pb.SPLIT_NONE:
+            self.check_document(t, text, o)
+            return
         cap = o.max_output_tokens or LIMITS["max_output_tokens"]
         assert t.input_tokens == self.n_tokens(text)
         assert 1 <= t.output_tokens <= cap
@@ -278,6 +293,24 @@ class Oracle:
             w = np.asarray(a.weights, dtype=np.float32).reshape(len(a.target_tokens), len(a.source_tokens))
             assert np.all(np.isfinite(w))
             np.testing.assert_allclose(w.sum(axis=1), 1.0, atol=1e-3)
+
+    def check_document(self, t: pb.Translation, text: str, o: pb.TranslationOptions) -> None:
+        """A text split into segments (docs/documents.md): spans in order over text that is left
+        once normalised, the text around them kept, totals the segments' sums."""
+        cap = o.max_output_tokens or LIMITS["max_output_tokens"]
+        segs = list(t.segments)
+        assert segs and all(a.end <= b.start for a, b in zip(segs, segs[1:]))
+        assert t.text.startswith(text[: segs[0].start]) and t.text.endswith(text[segs[-1].end :])
+        assert t.input_tokens == sum(s.input_tokens for s in segs)
+        assert t.output_tokens == sum(s.output_tokens for s in segs)
+        for s in segs:
+            assert self.normalized(text[s.start : s.end]) and s.output_tokens >= 1
+            if s.input_tokens <= self.limit:  # one row, not cut for length
+                assert s.output_tokens <= cap
+            if o.return_scores:
+                assert math.isfinite(s.score) and s.score <= 0
+            assert len(s.tokens) == len(s.token_ids) <= (s.output_tokens - 1 if o.return_tokens else 0)
+        assert list(t.token_ids) == [i for s in segs for i in s.token_ids]
 
 
 # ----------------------------------------------------------------------------- the server and calls
@@ -361,6 +394,25 @@ def model_problem(ref: str, field: str = "model") -> tuple[grpc.StatusCode, str]
     return None
 
 
+# The one served model's language pair: a request's source_language / target_language, when set,
+# must be these (empty means any).
+SERVED_PAIR = ("de", "en")
+
+
+def route_problem(req, field: str = "model") -> tuple[grpc.StatusCode, str] | None:
+    """What the server answers for a request's model and language pair before its texts: the
+    `model` problem first, then NOT_FOUND naming both language fields for a pair that the model
+    (named, or the one a pair would pick) does not serve."""
+    problem = model_problem(req.model, field)
+    if problem is not None:
+        return problem
+    pair = (getattr(req, "source_language", ""), getattr(req, "target_language", ""))
+    if any(lang and lang != served for lang, served in zip(pair, SERVED_PAIR)):
+        prefix = field[: -len("model")]
+        return grpc.StatusCode.NOT_FOUND, f"{prefix}source_language/{prefix}target_language"
+    return None
+
+
 def expect(code, details, problem: str | None, model: tuple[grpc.StatusCode, str] | None = None) -> None:
     """OK when there is no problem, else INVALID_ARGUMENT naming exactly the field at fault; a
     `model` problem comes first. Never a message longer than MAX_DETAILS."""
@@ -392,9 +444,9 @@ def check_many_item(fz, req: pb.TranslateManyRequest, answer: pb.TranslateManyRe
         code = STATUS_BY_NUMBER[answer.error.code]
         if code == grpc.StatusCode.DEADLINE_EXCEEDED and 0 < req.timeout_ms < TIMEOUT * 1000:
             return  # its own deadline, which the oracle does not model
-        expect(code, answer.error.message, problem, model_problem(req.request.model, "request.model"))
+        expect(code, answer.error.message, problem, route_problem(req.request, "request.model"))
     else:
-        expect(grpc.StatusCode.OK, "", problem, model_problem(req.request.model, "request.model"))
+        expect(grpc.StatusCode.OK, "", problem, route_problem(req.request, "request.model"))
         assert len(answer.response.translations) == len(req.request.texts) and answer.response.model
         for t, text in zip(answer.response.translations, req.request.texts):
             fz.check.check_translation(t, text, req.request.options)
@@ -412,25 +464,26 @@ def check_call(fz, method: str, raw: bytes) -> None:
         assert details.startswith("request: not a valid protobuf message"), details
         return
     if method == "Translate":
-        expect(code, details, fz.check.translate(list(req.texts), req.options), model_problem(req.model))
+        expect(code, details, fz.check.translate(list(req.texts), req.options), route_problem(req))
         if code == grpc.StatusCode.OK:
             (resp,) = responses
             assert len(resp.translations) == len(req.texts) and resp.model
             for t, text in zip(resp.translations, req.texts):
                 fz.check.check_translation(t, text, req.options)
     elif method == "TranslateStream":
-        expect(code, details, fz.check.translate([req.text], req.options, field="text"), model_problem(req.model))
+        expect(code, details, fz.check.translate([req.text], req.options, field="text"), route_problem(req))
         if code == grpc.StatusCode.OK:
             *chunks, final = responses
             assert final.HasField("final") and all(m.HasField("chunk") for m in chunks)
-            assert "".join(m.chunk.text for m in chunks).strip() == final.final.text
+            streamed = "".join(m.chunk.text for m in chunks)  # split NONE: the translation alone
+            assert (streamed.strip() if req.options.split == pb.SPLIT_NONE else streamed) == final.final.text
             fz.check.check_translation(final.final, req.text, req.options)
     elif method == "TranslateMany":
         assert code == grpc.StatusCode.OK, (code, details)  # items fail alone; the stream ends OK
         (answer,) = responses
         check_many_item(fz, req, answer)
     elif method == "Encode":
-        expect(code, details, fz.check.texts_problem(list(req.texts), "texts"), model_problem(req.model))
+        expect(code, details, fz.check.texts_problem(list(req.texts), "texts"), route_problem(req))
         if code == grpc.StatusCode.OK:
             (resp,) = responses
             assert len(resp.encodings) == len(req.texts)
