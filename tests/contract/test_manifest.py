@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 
 import pytest
 
@@ -91,34 +89,3 @@ def test_an_export_of_an_older_graph_format_says_how_to_redo_it(export_copy):
         rf"{FORMAT_VERSION}: export again with `mtserve export --model .* --out ",
     ):
         load_manifest(export_copy, verify_checksums=False)
-
-
-def test_serving_modules_do_not_import_torch():
-    """Every module of the serving package, present and future, imports without torch."""
-    code = (
-        "import importlib, pkgutil, sys, service\n"
-        "for m in pkgutil.walk_packages(service.__path__, 'service.'):\n"
-        "    importlib.import_module(m.name)\n"
-        "    assert 'torch' not in sys.modules, f'{m.name} imported torch'\n"
-        "print('ok')"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
-
-
-def test_evaluate_with_the_onnx_engine(tiny_onnx_dir, tmp_path, test_split):
-    de, en = test_split
-    (tmp_path / "s.de").write_text("\n".join(de[:12]) + "\n")
-    (tmp_path / "s.en").write_text("\n".join(en[:12]) + "\n")
-    base = [sys.executable, "-m", "mtserve", "evaluate", "--data", str(tmp_path), "--split", "s", "--json"]
-    for precision in ("fp32", "int8"):
-        out = subprocess.run(
-            base + ["--model", str(tiny_onnx_dir.parent), "--engine", "onnx", "--precision", precision],
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-        result = json.loads(out.stdout.strip().splitlines()[-1])
-        assert result["sentences"] == 12 and result["engine"] == "onnx" and result["precision"] == precision
-    out = subprocess.run(base + ["--model", str(tmp_path / "none"), "--engine", "onnx"], capture_output=True, text=True)
-    assert out.returncode != 0 and "mtserve export" in out.stderr

@@ -125,3 +125,21 @@ def test_onnx_engine_takes_the_languages_from_the_export_manifest(tmp_path, tiny
     assert model_languages(tmp_path, "onnx") == ("fr", "en")
     assert model_languages(tmp_path / "onnx", "onnx") == ("fr", "en")
     assert model_languages(tmp_path, "torch") == ("de", "en")
+
+
+def test_evaluate_with_the_onnx_engine(tiny_onnx_dir, tmp_path, test_split):
+    de, en = test_split
+    (tmp_path / "s.de").write_text("\n".join(de[:12]) + "\n")
+    (tmp_path / "s.en").write_text("\n".join(en[:12]) + "\n")
+    base = [sys.executable, "-m", "mtserve", "evaluate", "--data", str(tmp_path), "--split", "s", "--json"]
+    for precision in ("fp32", "int8"):
+        out = subprocess.run(
+            base + ["--model", str(tiny_onnx_dir.parent), "--engine", "onnx", "--precision", precision],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        result = json.loads(out.stdout.strip().splitlines()[-1])
+        assert result["sentences"] == 12 and result["engine"] == "onnx" and result["precision"] == precision
+    out = subprocess.run(base + ["--model", str(tmp_path / "none"), "--engine", "onnx"], capture_output=True, text=True)
+    assert out.returncode != 0 and "mtserve export" in out.stderr
