@@ -150,27 +150,32 @@ class _ObservedCall:
     ) -> bool:
         # GeneratorExit: a streaming client went away mid-stream and grpc closed the generator.
         cancelled = isinstance(exc, (asyncio.CancelledError, GeneratorExit))
+        finished = False
         try:
             if isinstance(exc, Exception) and not isinstance(exc, AbortError):
                 # Nothing escapes unmapped; context.abort() raises AbortError, which replaces `exc`.
                 code, message = error_status(exc, self.method, lambda: request_id(self.context))
                 self.error = exc, message
+                # Counted before the client can see the status: a client that reads the metrics
+                # right after its error finds it there.
+                self._finish(code.name)
+                finished = True
                 await self.context.abort(code, message)
                 return True
             return False  # success, an abort already made, or a cancellation: as they are
         finally:
-            self.gauge.dec()
-            self.activity.finished()
-            name = self._record(cancelled)
-            if self.span is not None:
-                error, message = self.error or (None, "")
-                self.span.end(name, getattr(grpc.StatusCode, name, grpc.StatusCode.UNKNOWN).value[0], error, message)
+            if not finished:
+                self._finish(self._code_name(cancelled))
 
-    def _record(self, cancelled: bool) -> str:
-        name = self._code_name(cancelled)
+    def _finish(self, name: str) -> None:
+        """The call's end under status `name`: the in-flight gauge, its count and latency, its span."""
+        self.gauge.dec()
+        self.activity.finished()
         self.metrics.requests.labels(self.method, name).inc()
         self.metrics.request_latency.labels(self.method, name).observe(time.perf_counter() - self.start)
-        return name
+        if self.span is not None:
+            error, message = self.error or (None, "")
+            self.span.end(name, getattr(grpc.StatusCode, name, grpc.StatusCode.UNKNOWN).value[0], error, message)
 
     def _code_name(self, cancelled: bool) -> str:
         """The status the client saw. A handler cancelled by gRPC (client cancel, or the deadline
