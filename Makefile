@@ -28,8 +28,10 @@ EXPORTED = $(PY) -c "import sys; from contract.manifest import load_manifest; lo
 
 # Export every shipped checkpoint of the repository whose graphs are missing or of an older format,
 # then serve them all (the first by name is the default model).
+EXPORT_REPOSITORY = for v in $(MODELS)/*/[0-9]*; do $(EXPORTED) $$v/onnx || $(PY) -m mtserve export --model $$v --precision all || exit 1; done
+
 serve: $(STAMP)
-	for v in $(MODELS)/*/[0-9]*; do $(EXPORTED) $$v/onnx || $(PY) -m mtserve export --model $$v --precision all || exit 1; done
+	$(EXPORT_REPOSITORY)
 	$(PY) -m mtserve serve --model-repository $(MODELS) --address $(ADDRESS) --metrics-port $(METRICS_PORT)
 
 export: $(STAMP)
@@ -83,10 +85,12 @@ BENCH_DEPS = $(PY) -c "import ctranslate2, matplotlib" 2>/dev/null && test -x $(
 
 bench: $(STAMP)
 	$(BENCH_DEPS)
+	$(EXPORT_REPOSITORY)
 	$(PY) -m benchmarks.run --profile $(BENCH_ARGS)
 
 bench-quick: $(STAMP)
 	$(BENCH_DEPS)
+	$(EXPORT_REPOSITORY)
 	$(PY) -m benchmarks.run --quick $(BENCH_ARGS)
 
 bench-real-size: $(STAMP)

@@ -110,8 +110,21 @@ def import_m2m100(src: Path, dst: Path, src_lang: str | None, tgt_lang: str | No
     tok = M2M100Tokenizer.from_pretrained(str(src))
     shutil.copyfile(src / "sentencepiece.bpe.model", dst / "sentencepiece.bpe.model")
     vocab = {**tok.get_vocab(), **tok.lang_token_to_id}  # the spm vocabulary and the `__xx__` tokens
+    return _multilingual(src, dst, vocab, dict(tok.lang_code_to_id), tok.unk_token_id, src_lang, tgt_lang)
+
+
+def _multilingual(
+    src: Path,
+    dst: Path,
+    vocab: dict[str, int],
+    tokens: dict[str, int],
+    unk_id: int,
+    src_lang: str | None,
+    tgt_lang: str | None,
+) -> ImportedTokenizer:
+    """M2M100's and NLLB's common part: one SentencePiece model for both sides, `vocab` written as
+    vocab.json, every language of `tokens` (language -> its token) on both sides."""
     (dst / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False, indent=0) + "\n", encoding="utf-8")
-    tokens = dict(tok.lang_code_to_id)
     tok_cfg = tokenizer_config(src)
     source, target = _language(src_lang, tok_cfg, "src_lang"), _language(tgt_lang, tok_cfg, "tgt_lang")
     for key, lang in (("src_lang", source), ("tgt_lang", target)):
@@ -124,7 +137,7 @@ def import_m2m100(src: Path, dst: Path, src_lang: str | None, tgt_lang: str | No
         "target_vocab": "vocab.json",
     }
     languages = {"source": list(tokens), "target": list(tokens), "source_tokens": tokens, "target_tokens": tokens}
-    return ImportedTokenizer(files, tok.unk_token_id, source, target, languages)
+    return ImportedTokenizer(files, unk_id, source, target, languages)
 
 
 def _check_pieces(tok: Any, model: Path, vocab: dict[str, int], texts: list[str]) -> None:
@@ -164,20 +177,7 @@ def import_nllb(
         raise HFImportError(f"{TOKENIZER_CONFIG}: `extra_special_tokens` has no language code (like deu_Latn)")
     shutil.copyfile(src / "sentencepiece.bpe.model", dst / "sentencepiece.bpe.model")
     _check_pieces(tok, dst / "sentencepiece.bpe.model", vocab, texts)
-    (dst / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False, indent=0) + "\n", encoding="utf-8")
-    tok_cfg = tokenizer_config(src)
-    source, target = _language(src_lang, tok_cfg, "src_lang"), _language(tgt_lang, tok_cfg, "tgt_lang")
-    for key, lang in (("src_lang", source), ("tgt_lang", target)):
-        if lang not in tokens:
-            raise HFImportError(f"`{key}` {lang!r} is not a language of the tokenizer ({', '.join(tokens)})")
-    files = {
-        "source_model": "sentencepiece.bpe.model",
-        "target_model": "sentencepiece.bpe.model",
-        "source_vocab": "vocab.json",
-        "target_vocab": "vocab.json",
-    }
-    languages = {"source": list(tokens), "target": list(tokens), "source_tokens": tokens, "target_tokens": tokens}
-    return ImportedTokenizer(files, tok.unk_token_id, source, target, languages)
+    return _multilingual(src, dst, vocab, tokens, tok.unk_token_id, src_lang, tgt_lang)
 
 
 def import_tokenizer(

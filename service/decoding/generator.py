@@ -544,7 +544,8 @@ class DecodeBatch:
 
     def _rules(self) -> tuple[np.ndarray, np.ndarray] | None:
         """The rows at a forced prefix token at this step (R,) (the token; -1: none), and the rows
-        that may not end yet (R,) bool; None while no sentence of the batch has either rule."""
+        that may not end yet (R,) bool; None when no live row is under either rule at this step
+        (most steps: a multilingual model's language token binds the first step only)."""
         if not self.eos_from.any():
             return None
         K, pos = self.beam, self.positions
@@ -553,10 +554,13 @@ class DecodeBatch:
             return a if K == 1 else np.repeat(a, K)
 
         live = per_row(~self.done)
+        no_eos = live & (pos < per_row(self.eos_from))
+        if not no_eos.any():  # every row is past its prefix and its minimum (eos_from >= prefix_len)
+            return None
         forced = np.full(len(pos), -1, dtype=np.int64)
         for r in np.flatnonzero(live & (pos < per_row(self.prefix_len))).tolist():
             forced[r] = self.target_prefix[r // K][int(pos[r])]
-        return forced, live & (pos < per_row(self.eos_from))
+        return forced, no_eos
 
     def _apply_rules(
         self, top_ids: np.ndarray, top_lp: np.ndarray | None, forced: np.ndarray, no_eos: np.ndarray
