@@ -170,7 +170,7 @@ def test_concurrent_clients_share_batches_and_short_ones_return_first(make_serve
         done_at = {}
 
         def go(name, text, cap):
-            r = c.translate([text], beam_size=1, max_output_tokens=cap)[0]
+            r = c.translate([text], beam_size=1, max_output_tokens=cap, split="none")[0]  # the long text: one row
             done_at[name] = (time.perf_counter(), r.output_tokens)
 
         with ThreadPoolExecutor(8) as pool:
