@@ -10,13 +10,16 @@ paragraph translations scored against the references joined the same way.
 
 --speed: a text of at least --words words (test sentences in order, paragraphs of five with blank
 lines between) in one Translate request, against the same sentences sent one request each by a
-client with 8 in flight and with 1 in flight (one after another). Prints each one's wall time and
-throughput, and how many times sooner the document finishes than the sentences one after another.
+client with 8 in flight and with 1 in flight (one after another). Prints each one's wall time,
+throughput and the server's CPU time (with the cores it kept busy: on a shared machine the text
+gets only the cores that others leave), and how many times sooner the document finishes than the
+sentences one after another.
 """
 
 from __future__ import annotations
 
 import argparse
+import shlex
 import statistics
 import time
 from collections.abc import Callable
@@ -24,7 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import sacrebleu
 
-from benchmarks.processes import Server
+from benchmarks.processes import Server, process_cpu_s
 from export.data import DEFAULT_DATA_DIR, read_parallel
 from service.api.mtserve.v1 import translation_pb2 as pb
 from service.client import Client
@@ -96,7 +99,7 @@ def quality(client: Client, sources: list[str], refs: list[str], beam: int) -> N
     )
 
 
-def speed(client: Client, sources: list[str], words: int, beam: int, rounds: int) -> None:
+def speed(client: Client, sources: list[str], words: int, beam: int, rounds: int, server_pid: int | None) -> None:
     n, count = 0, 0
     while count < words and n < len(sources):
         count += len(sources[n].split())
@@ -113,18 +116,31 @@ def speed(client: Client, sources: list[str], words: int, beam: int, rounds: int
         "its sentences, one request each, 1 in flight": lambda: translate_each(client, sentences, 1, beam),
     }
     walls: dict[str, list[float]] = {name: [] for name in ways}
+    cpus: dict[str, list[float]] = {name: [] for name in ways}
     for _ in range(rounds):  # interleaved, so that a change of load hits all three alike
         for name, way in ways.items():
-            start = time.perf_counter()
+            start, cpu0 = time.perf_counter(), _server_cpu_s(server_pid)
             way()
             walls[name].append(time.perf_counter() - start)
+            cpus[name].append(_server_cpu_s(server_pid) - cpu0)
     wall = {name: statistics.median(w) for name, w in walls.items()}
-    print("| sent as | wall s (median) | sentences/s | words/s |")
-    print("|---|---|---|---|")
+    cpu = {name: statistics.median(c) for name, c in cpus.items()}
+    print("| sent as | wall s (median) | sentences/s | words/s | server CPU s | server cores busy |")
+    print("|---|---|---|---|---|---|")
     for name, w in wall.items():
-        print(f"| {name} | {w:.2f} | {n / w:.1f} | {count / w:.0f} |")
-    ratio = wall["its sentences, one request each, 1 in flight"] / wall["the text in one request"]
-    print(f"the text in one request finishes {ratio:.1f}x sooner than its sentences one after another")
+        used = f"{cpu[name]:.2f} | {cpu[name] / w:.2f}" if server_pid else "- | -"
+        print(f"| {name} | {w:.2f} | {n / w:.1f} | {count / w:.0f} | {used} |")
+    one_by_one, text = "its sentences, one request each, 1 in flight", "the text in one request"
+    print(
+        f"the text in one request finishes {wall[one_by_one] / wall[text]:.1f}x sooner than its sentences one after another"
+    )
+    if server_pid:
+        print(f"and takes {cpu[one_by_one] / cpu[text]:.1f}x less server CPU time")
+
+
+def _server_cpu_s(pid: int | None) -> float:
+    """The server's CPU seconds so far (0 for a server this process did not start)."""
+    return process_cpu_s(pid) if pid else 0.0
 
 
 def main() -> None:
@@ -139,23 +155,28 @@ def main() -> None:
     p.add_argument("--beam", type=int, default=4)
     p.add_argument("--rounds", type=int, default=5, help="--speed: each way measured this many times (median)")
     p.add_argument("--server", help="an mtserve server to use instead of starting one")
+    p.add_argument(
+        "--serve-args",
+        default="",
+        help="more `mtserve serve` flags for the server it starts, e.g. '--decode-workers 1'",
+    )
     args = p.parse_args()
     if not (args.quality or args.speed):
         p.error("give --quality, --speed or both")
     sources, refs = read_parallel(args.data, "test_2016_flickr")
     if args.server:
-        run(args, args.server, sources, refs)
+        run(args, args.server, sources, refs, None)
         return
-    with Server(args.model_dir, ["--precision", args.precision]) as server:
-        run(args, server.address, sources, refs)
+    with Server(args.model_dir, ["--precision", args.precision, *shlex.split(args.serve_args)]) as server:
+        run(args, server.address, sources, refs, server.pid)
 
 
-def run(args: argparse.Namespace, address: str, sources: list[str], refs: list[str]) -> None:
+def run(args: argparse.Namespace, address: str, sources: list[str], refs: list[str], server_pid: int | None) -> None:
     with Client(address, timeout=3600) as client:
         if args.quality:
             quality(client, sources[: args.n], refs[: args.n], args.beam)
         if args.speed:
-            speed(client, sources, args.words, args.beam, args.rounds)
+            speed(client, sources, args.words, args.beam, args.rounds, server_pid)
 
 
 if __name__ == "__main__":

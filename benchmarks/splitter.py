@@ -1,9 +1,11 @@
 """Exact-split accuracy of sentence splitters on the hand-made German, French and English cases of
-tests/service/engine/data/splitter_cases.json (abbreviations, numbers, ordinals, quotes, ellipses):
+tests/service/engine/data/splitter_cases.json (abbreviations, numbers, ordinals, quotes, ellipses,
+sentences without final punctuation, names that stay whole):
 the measurement behind the choice of the serving path's splitter (docs/documents.md).
 
     python -m benchmarks.splitter            # the table, per language
     python -m benchmarks.splitter --failures # and each case a splitter gets wrong
+    python -m benchmarks.splitter --corpus   # lines of multi30k that mtserve splits more than the package
 
 A case counts when the splitter returns exactly its sentences (each stripped of surrounding
 whitespace) for the sentences joined by single spaces. Candidates that are not installed are
@@ -62,10 +64,31 @@ CANDIDATES: dict[str, Callable[[], Splitter]] = {
 }
 
 
+def extra_splits(data_dir: Path) -> None:
+    """For each of multi30k's train and val lines (captions: single sentences, a few of two or
+    three), whether mtserve's splitter finds more sentences than sentence-splitter as shipped: what
+    its own prefixes and rules split that the package keeps whole. Prints the count and the lines."""
+    from export.data import read_lines, split_path
+
+    mtserve, package = _service(), _moses()
+    for lang in ("de", "en", "fr"):
+        lines = [t for split in ("train", "val") for t in read_lines(split_path(data_dir, split, lang)) if t.strip()]
+        more = [t for t in lines if len(mtserve(lang, t.strip())) > len(package(lang, t.strip()))]
+        print(f"{lang}: {len(more)} of {len(lines)} lines split into more sentences than by sentence-splitter")
+        for t in more:
+            print(f"    {t}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--failures", action="store_true", help="print each case a splitter gets wrong")
+    parser.add_argument("--corpus", action="store_true", help="count multi30k lines split more than by the package")
     args = parser.parse_args()
+    if args.corpus:
+        from export.data import DEFAULT_DATA_DIR
+
+        extra_splits(Path(DEFAULT_DATA_DIR))
+        return
     cases = json.loads(CASES.read_text(encoding="utf-8"))
     langs = sorted({c["lang"] for c in cases})
     counts = {lang: sum(c["lang"] == lang for c in cases) for lang in langs}

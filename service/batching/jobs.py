@@ -13,6 +13,12 @@ from typing import Any
 from service.decoding.sampling import Sampling
 
 _keys = itertools.count()
+_requests = itertools.count()
+
+
+def new_request() -> int:
+    """A tag for the sentences of one request (Sentence.request)."""
+    return next(_requests)
 
 
 @dataclass(eq=False)
@@ -40,6 +46,9 @@ class Sentence:
     enqueued: float = field(default_factory=time.monotonic)
     admitted: float | None = None  # time.monotonic() when it joined a decode batch
     trace: Any = None  # a service.tracing.SentenceTrace when its RPC is traced
+    # The request whose row it is (new_request()): an idle worker may batch the many rows of one
+    # request (a long text's sentences) alone, past max_batch_sentences (Scheduler._admit).
+    request: int | None = None
 
     @property
     def mode(self) -> tuple[int, float]:

@@ -96,14 +96,14 @@ class Scheduler(SentenceQueue):
             return []
         st = self.settings
         cap = st.max_batch_sentences
+        candidates = live
+        own = [] if running_rows else self._one_request(live)
+        if own:
+            candidates, cap = own, st.max_batch_tokens  # rows bounded by their padded tokens alone
         if not running_rows and not st.continuous_batching:
-            # An idle worker starts a static batch with its share of the rows in flight, not all
-            # that wait: at c64 greedy, one batch of 64 beside one of stragglers averages 11-12
-            # rows a step, two batches of about 32 average 18 (docs/performance.md).
-            in_flight = self._busy_rows + sum(s.beam for s in live)
-            cap = min(cap, max(1, -(-in_flight // max(1, len(self.models)))))
-        first = live[0]
-        ranked = sorted(live[1:], key=lambda s: abs(len(s.src_ids) - len(first.src_ids)))
+            cap = min(cap, self._share(sum(s.beam for s in live)))
+        first = candidates[0]
+        ranked = sorted(candidates[1:], key=lambda s: abs(len(s.src_ids) - len(first.src_ids)))
         chosen: list[Sentence] = []
         rows, longest = running_rows, running_src_len
         for s in [first, *ranked]:
@@ -116,6 +116,17 @@ class Scheduler(SentenceQueue):
             chosen.append(s)
             rows, longest = new_rows, new_longest
         return self._pop(chosen, now)
+
+    def _one_request(self, live: list[Sentence]) -> list[Sentence]:
+        """The waiting rows of the oldest sentence's request when they are more than
+        max_batch_sentences rows (a long text's sentences), else []. An idle worker batches them
+        alone, up to max_batch_tokens: the sentence cap bounds how long one request's steps wait
+        on other requests' rows, and such a batch has none."""
+        tag = live[0].request
+        if tag is None:
+            return []
+        own = [s for s in live if s.request == tag]
+        return own if sum(s.beam for s in own) > self.settings.max_batch_sentences else []
 
     def _admission_due(self, running: int) -> bool:
         """Whether a worker with `running` sentences in its batches admits now (lock held)."""
@@ -130,6 +141,31 @@ class Scheduler(SentenceQueue):
             or time.monotonic() - self._queue[0].enqueued >= self.settings.admit_delay_s
         )
 
+    def _wait_for_company(self) -> None:
+        """An idle worker waits until the rows of its batch are there (a full batch, or with static
+        batches its `_share`), at most max_queue_delay_ms after the oldest arrived (lock held), so
+        that a burst shares one batch: closed-loop clients answered together come back over a few
+        milliseconds, and a worker that started at the first of them would run the rest apart.
+        Triton's dynamic batcher waits the same way (max_queue_delay_microseconds)."""
+        delay = self.settings.max_queue_delay_s
+        if delay <= 0:
+            return
+        deadline = self._queue[0].enqueued + delay
+        while self._queue and not self._stopping and (left := deadline - time.monotonic()) > 0:
+            waiting = sum(s.beam for s in self._queue)
+            full = self.settings.max_batch_sentences
+            if waiting >= (full if self.settings.continuous_batching else min(full, self._share(waiting))):
+                return
+            self._cond.wait(left)
+
+    def _share(self, waiting_rows: int) -> int:
+        """The rows of a static batch an idle worker starts (lock held): its share of the rows in
+        flight, not all that wait. At c64 greedy one batch of 64 beside one of stragglers averages
+        11-12 rows a step, two batches of about 32 average 18 (docs/performance.md). A lone
+        request's share is itself, so it never waits for company."""
+        in_flight = self._busy_rows + waiting_rows
+        return max(1, -(-in_flight // max(1, len(self.models))))
+
     def _worker(self, model: DecoderModel) -> None:
         batches: Batches = {}
         while True:
@@ -138,14 +174,8 @@ class Scheduler(SentenceQueue):
                     self._cond.wait()
                 if self._stopping and not batches:
                     return
-                if (
-                    not batches
-                    and self._queue
-                    and self.settings.max_queue_delay_s > 0
-                    and len(self._queue) < self.settings.max_batch_sentences
-                ):
-                    # An idle worker waits a moment for company, so that a burst shares one batch.
-                    self._cond.wait(self.settings.max_queue_delay_s)
+                if not batches and self._queue:
+                    self._wait_for_company()
                 admitted = []
                 if self._admission_due(sum(len(m) for _, m in batches.values())):
                     rows = sum(len(b) for b, _ in batches.values())

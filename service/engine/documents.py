@@ -8,8 +8,9 @@ the translation unchanged.
 
 Sentences are found by sentence-splitter (the Moses splitter's rules and non-breaking prefix
 lists, in the package: nothing is downloaded), chosen by `python -m benchmarks.splitter`
-(docs/documents.md), with a few more prefixes (EXTRA_PREFIXES) and one rule for German closing
-quotes. A language it has no list for gets the English rules. A sentence still too long for the
+(docs/documents.md), with a few more prefixes (EXTRA_PREFIXES), a few fewer (REMOVED_PREFIXES), one
+rule for German closing quotes and one for sentences without final punctuation (_OPENERS). A
+language it has no list for gets the English rules. A sentence still too long for the
 model is cut into parts at a token boundary (`split_ids`), whose translations are joined by a space.
 """
 
@@ -34,9 +35,37 @@ SPLIT_MODES = (SPLIT_SENTENCES, SPLIT_NEWLINES, SPLIT_NONE)
 # Abbreviations the package's lists lack, found by the cases of tests/service/engine/data.
 # "#NUMERIC_ONLY#": no break only before a number (Moses's marker).
 EXTRA_PREFIXES = {
-    "de": ["Hauptstr", "Str", "Bahnhofstr", "Schulstr", "Bd", "Bde", "Hrsg"],
+    "de": ["Hauptstr", "Str", "Bahnhofstr", "Schulstr", "Bd", "Bde", "Hrsg", "Art #NUMERIC_ONLY#"],
     "fr": ["Mme", "Mmes", "Mlle", "Mlles", "MM", "Pr", "Ste"],
     "en": ["p #NUMERIC_ONLY#", "pp #NUMERIC_ONLY#"],
+}
+# Entries of the package's lists that are also common sentence-final words: "Bart" (a baronet in
+# English; the beard in German), "Gen" (the gene). "Art" (the kind, or Artikel before a number)
+# stays unbroken only before a number.
+REMOVED_PREFIXES = {"de": {"Bart", "Gen", "Art"}}
+# Words that start a sentence and are not capitalised inside one but in names and titles
+# ("Die Zeit"): articles, numerals two to twelve that are not also nouns ("Acht", "Elf"), personal
+# pronouns but the polite "Sie"/"Ihr", "A" aside (the letter: "Vitamin A"). One of them after a
+# word without final punctuation, or after a period the splitter kept (an ordinal, an
+# abbreviation), starts a new sentence: "... in einer Stadt Der Mann ...", "Nummer 10. Ein Mann".
+_OPENERS = {
+    "de": "Der Die Das Ein Eine Zwei Drei Vier Fünf Sechs Sieben Neun Zehn Zwölf Er Es Ich Wir",
+    "en": "The An Two Three Four Five Six Seven Eight Nine Ten He She They We",
+    "fr": "Le La Les Un Une Deux Trois Quatre Cinq Six Sept Huit Neuf Dix Il Elle Ils Elles Nous",
+}
+# Where nouns are lower case, a sentence's opener is followed by a lower-case word ("The man"),
+# a name's by a capital ("The Beatles", "La Perla"): there an opener before a capital stays.
+_LOWER_CASE_NOUNS = {"en", "fr"}
+# Words no sentence ends in, after which an opener is not split off ("eine Zwei in Mathe", "à La
+# Rochelle"): the articles, and in French the prepositions too (French strands none).
+_NEVER_LAST = {
+    "de": "der die das den dem des ein eine einer einem einen eines",
+    "en": "the a an",
+    "fr": "le la les un une des du de à au aux en dans par pour sur sous avec sans chez vers entre",
+}
+_OPENER_AT = {
+    lang: re.compile(rf"(?<=[^\W_]|\.)\s+(?=(?:{'|'.join(words.split())})\s+[^\W\d_])")
+    for lang, words in _OPENERS.items()
 }
 # ISO 639-2/3 and NLLB (deu_Latn) codes of the languages sentence-splitter has lists for.
 _THREE_LETTER = {
@@ -72,7 +101,9 @@ def _splitter(lang: str) -> SentenceSplitter:
     import sentence_splitter
 
     listed = Path(sentence_splitter.__file__).parent / "non_breaking_prefixes" / f"{lang}.txt"
-    lines = listed.read_text(encoding="utf-8").splitlines() + EXTRA_PREFIXES.get(lang, [])
+    removed = REMOVED_PREFIXES.get(lang, set())
+    kept = [line for line in listed.read_text(encoding="utf-8").splitlines() if line.strip() not in removed]
+    lines = kept + EXTRA_PREFIXES.get(lang, [])
     # SentenceSplitter reads its prefixes from a file only; it has read it once constructed.
     with tempfile.TemporaryDirectory() as tmp:
         merged = Path(tmp) / f"{lang}.txt"
@@ -95,7 +126,8 @@ def sentence_spans(text: str, lang: str) -> list[tuple[int, int]]:
     code = splitter_language(lang)
     found: list[str] = []
     for s in _splitter(code).split(text):
-        found += _GERMAN_QUOTE_END.split(s) if code == "de" else [s]
+        for part in _GERMAN_QUOTE_END.split(s) if code == "de" else [s]:
+            found += _split_at_openers(part, code)
     spans: list[tuple[int, int]] = []
     at = 0
     for s in found:
@@ -105,6 +137,26 @@ def sentence_spans(text: str, lang: str) -> list[tuple[int, int]]:
         spans.append(span)
         at = span[1]
     return spans
+
+
+def _split_at_openers(sentence: str, code: str) -> list[str]:
+    """`sentence` split before each of its language's _OPENERS that follows a word without final
+    punctuation, or a kept period, other than one of _NEVER_LAST (and, in English and French,
+    precedes a lower-case word)."""
+    at_opener = _OPENER_AT.get(code)
+    if at_opener is None:
+        return [sentence]
+    never_last = set(_NEVER_LAST[code].split())
+    parts: list[str] = []
+    start = 0
+    for m in at_opener.finditer(sentence):
+        after = sentence[m.end() :].split(maxsplit=2)[1]
+        if code in _LOWER_CASE_NOUNS and not after[0].islower():
+            continue
+        if sentence[: m.start()].split()[-1].lower() not in never_last:
+            parts.append(sentence[start : m.start()])
+            start = m.end()
+    return [*parts, sentence[start:]]
 
 
 def _stripped(text: str, start: int, end: int) -> list[tuple[int, int]]:

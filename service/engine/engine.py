@@ -17,7 +17,7 @@ import numpy as np
 
 from contract.manifest import Manifest
 from service import tracing
-from service.batching.jobs import EncodeJob, Sentence
+from service.batching.jobs import EncodeJob, Sentence, new_request
 from service.decoding.generator import Finished, max_output_len
 from service.decoding.sampling import Sampling, sampling_rng
 from service.engine import documents
@@ -264,7 +264,7 @@ class Engine:
         length rule, which counts the forced target language token as the reference does, raised to
         fit min_output_tokens and the requested target prefix, within the request's cap; the cap and
         min_output_tokens count output tokens, the requested prefix included, without the language
-        token (which the decoder emits first and leaves out of the output)."""
+        token (which the decoder emits first and leaves out of the output). They carry one request tag."""
         beam, lp = self._mode(opts)
         gen = self.manifest.generation
         cap = self._cap(opts)
@@ -275,6 +275,7 @@ class Engine:
         if timeout is not None and timeout <= 0:
             raise DeadlineExceeded("deadline expired before the request was queued")
         deadline = time.monotonic() + timeout if timeout is not None else None
+        request = new_request()
         return [
             Sentence(
                 src_ids=s,
@@ -296,6 +297,7 @@ class Engine:
                 want_alignment=opts.return_alignment,
                 want_scores=opts.return_scores,
                 deadline=deadline,
+                request=request,
             )
             for s, k, how in zip(src, kept, sampling)
         ]

@@ -26,7 +26,9 @@ def make_scheduler(**overrides) -> Scheduler:
     return Scheduler([], Settings(**{**fields, **overrides}), Metrics().for_model("m", "1"))
 
 
-def sentence(n_tokens: int, beam: int = 1, age_s: float = 0.0, deadline: float | None = None) -> Sentence:
+def sentence(
+    n_tokens: int, beam: int = 1, age_s: float = 0.0, deadline: float | None = None, request: int | None = None
+) -> Sentence:
     return Sentence(
         src_ids=[5] * (n_tokens - 1) + [2],
         beam=beam,
@@ -34,6 +36,7 @@ def sentence(n_tokens: int, beam: int = 1, age_s: float = 0.0, deadline: float |
         max_len=20,
         deadline=deadline,
         enqueued=time.monotonic() - age_s,
+        request=request,
     )
 
 
@@ -146,3 +149,77 @@ def test_cancelled_and_expired_sentences_leave_the_queue_unadmitted():
         expired.future.result(timeout=0)
     for outcome in ("cancelled", "deadline_exceeded"):
         assert gauge(sch, "mtserve_sentences_total", outcome=outcome) == 1
+
+
+def test_an_idle_worker_batches_one_requests_many_rows_alone_up_to_the_token_cap():
+    """A long text's sentences (one request, more rows than max_batch_sentences) fill a batch of
+    their own up to max_batch_tokens; other requests' rows never join it."""
+    sch = make_scheduler(max_batch_sentences=16, max_batch_tokens=400)
+    text = [sentence(10, beam=4, age_s=1.0, request=1) for _ in range(20)]  # 80 rows
+    other = sentence(10, beam=4, request=2)
+    sch.submit([*text, other])
+    assert admit(sch) == text[:10]  # 10 x 4 rows x 10 tokens = 400 tokens, past 16 rows
+    assert admit(sch, running_rows=40, running_src_len=10) == []  # a running batch: the sentence cap
+    assert admit(sch) == text[10:]  # 40 rows, still more than 16: alone again
+    assert admit(sch) == [other]
+
+
+def test_a_request_within_the_sentence_cap_is_batched_as_before():
+    sch = make_scheduler(max_batch_sentences=16, max_batch_tokens=4096)
+    small = [sentence(10, beam=4, age_s=1.0, request=1) for _ in range(4)]  # 16 rows: not past the cap
+    others = [sentence(10, beam=4, request=2) for _ in range(4)]
+    sch.submit([*small, *others])
+    assert admit(sch) == small  # 16 rows fill the batch, whoever's rows they are
+    untagged = make_scheduler(max_batch_sentences=16, max_batch_tokens=4096)
+    untagged.submit([sentence(10, beam=4) for _ in range(20)])
+    assert len(admit(untagged)) == 4
+
+
+def test_one_requests_static_batches_keep_each_worker_its_share():
+    sch = make_scheduler(continuous_batching=False, max_batch_sentences=16, max_batch_tokens=4096)
+    sch.models = [object(), object()]  # two decode workers
+    sch.submit([sentence(10, beam=4, request=1) for _ in range(40)])  # 160 rows
+    assert len(admit(sch)) == 20  # 80 rows each, past the 16-row cap but half of the 160
+
+
+def test_an_idle_worker_waits_for_company_until_the_batch_is_full_or_the_delay_has_passed():
+    """max_queue_delay_ms is a wait for a full batch, not for the next arrival: closed-loop clients
+    answered together come back over a few milliseconds, and a worker woken by the first of them
+    would start a batch of one."""
+    import threading
+
+    sch = make_scheduler(continuous_batching=False, max_batch_sentences=3, max_queue_delay_ms=5000)
+    sch.models = [object(), object()]  # two decode workers
+    sch._busy_rows = 3  # the other worker's batch: this one's share is 3 rows
+    sch.submit([sentence(10)])
+
+    def two_more() -> None:
+        for _ in range(2):
+            time.sleep(0.05)
+            sch.submit([sentence(10)])
+
+    arrivals = threading.Thread(target=two_more)
+    arrivals.start()
+    start = time.monotonic()
+    with sch._cond:
+        sch._wait_for_company()
+        waiting = len(sch._queue)
+    waited = time.monotonic() - start
+    arrivals.join()
+    assert waiting == 3  # not woken for good by the second arrival
+    assert waited < 2.5  # the full batch ends the wait long before the 5 s delay
+
+    lone = make_scheduler(continuous_batching=False, max_queue_delay_ms=5000)
+    lone.models = [object(), object()]
+    lone.submit([sentence(10)])
+    start = time.monotonic()
+    with lone._cond:
+        lone._wait_for_company()  # nothing else in flight: its share is itself
+    assert time.monotonic() - start < 1.0
+
+    alone = make_scheduler(max_queue_delay_ms=100)  # continuous batching: waits for a full batch
+    alone.submit([sentence(10, age_s=0.04)])  # it has waited 40 ms already: 60 ms are left
+    start = time.monotonic()
+    with alone._cond:
+        alone._wait_for_company()
+    assert 0.05 <= time.monotonic() - start < 1.0

@@ -61,7 +61,7 @@ def test_an_unknown_split_value_names_the_field(client):
 
 
 def test_an_over_long_sentence_is_cut_into_parts_not_refused(client):
-    long = "Ein Mann und eine Frau und ein Kind und ein Hund " * 8 + "laufen."
+    long = "Ein Mann " + "und eine Frau und ein Kind und ein Hund " * 8 + "laufen."
     (doc,) = client.translate([long], beam_size=1)
     assert len(doc.segments) == 1 and doc.segments[0].input_tokens > LIMIT  # two rows or more
     assert doc.text == doc.segments[0].text
