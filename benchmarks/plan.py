@@ -115,6 +115,16 @@ def plan(quick: bool) -> Plan:
 
 
 def served_layout(threads: int) -> list[str]:
-    """The server's layout in the pairs: a replica per core with one decode worker each (the
-    fastest measured at concurrency 64: docs/performance.md), or the default on one core."""
+    """The server's layout in the toy-size pairs: a replica per core with one decode worker each
+    (the fastest measured at concurrency 64 there, where the Python front dominates a step:
+    docs/performance.md), or the default on one core."""
     return ["--replicas", str(threads), "--decode-workers", "1"] if threads > 1 else []
+
+
+def served_layout_real_size(threads: int) -> list[str]:
+    """The server's layout at real size (benchmarks/real_size.py): one process, a decode worker per
+    core sharing one session set, 1 intra-op thread each (the server's defaults at 2 threads). A
+    step is 40-90 ms of ONNX Runtime with the GIL released there, so one process keeps the cores as
+    busy as a replica per core does, with the weights in memory once
+    (benchmarks/real_size_layouts.py, docs/performance.md)."""
+    return ["--decode-workers", str(threads), "--intra-op-threads", "1"]

@@ -6,6 +6,7 @@ how each engine is told), so that the work per sentence is identical.
     python -m benchmarks.real_size --quick      # a few minutes once the model is built
     python -m benchmarks.real_size              # more sentences and pairs
     python -m benchmarks.real_size_profile      # where a greedy step's time goes (ORT's profiler)
+    python -m benchmarks.real_size --quick --shortlist-only    # the shortlist rows alone (no server)
 
 Engines, each in a process of its own with its model loaded once (real_size_worker.py):
   mtserve       the engine offline: service.decoding.generator over OnnxSeq2Seq int8, at the best of
@@ -16,12 +17,17 @@ Engines, each in a process of its own with its model loaded once (real_size_work
                 1 loop x 2 threads
   hf-torch      transformers' generate in PyTorch fp32, 2 threads
                 (--quick runs optimum int8 alone of these three, unless --all-hf)
-  service       `mtserve serve` on the imported model (a replica per core), under
+  service       `mtserve serve` on the imported model (one process, a decode worker per core sharing
+                one session set: `benchmarks.plan.served_layout_real_size`), under
                 benchmarks/online.py's load generator at concurrency 64 and 1
+  shortlist     (greedy) the engine over a vocabulary shortlist (`mtserve shortlist --per-source 50
+                --always 100` from the corpus's training pairs: real_size_model.prepare_shortlist)
+                and CTranslate2 int8 with the same mapping (`use_vmap`), offline and one sentence,
+                each against CTranslate2 int8 without a mapping, each other, and the plain engine
 Per beam, a choice of layout and ISA (one run each), then `rounds` interleaved pairs (A B, B A, ...)
 of each ratio's two sides; a ratio is the median of the pairs'. Peak RSS: VmHWM of each engine's
-offline process at its best layout after its runs (the server: its largest replica, and all its
-processes together). The last line printed is the JSON object `run.py --quick` nests as
+offline process at its best layout after its runs (the server: once warmed up before any traffic,
+and after its runs its largest process and all its processes together). The last line printed is the JSON object `run.py --quick` nests as
 `real_size` (`summary`).
 """
 
@@ -39,7 +45,16 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks.real_size_model import DATA, Dims, Prepared, export_optimum, hf_venv, prepare
+from benchmarks.real_size_model import (
+    DATA,
+    SHORTLIST,
+    Dims,
+    Prepared,
+    export_optimum,
+    hf_venv,
+    prepare,
+    prepare_shortlist,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 Row = dict[str, Any]
@@ -65,6 +80,8 @@ class RealSizePlan:
     layouts: list[int] = field(default_factory=lambda: [2, 1])  # the engine's decode loops to choose from
     isas: list[str] = field(default_factory=lambda: ["", "AVX512"])  # CT2_FORCE_CPU_ISA ("": its own pick)
     hf_engines: list[str] = field(default_factory=lambda: ["hf-ort-int8", "hf-ort-fp32", "hf-torch"])
+    shortlist_beams: list[int] = field(default_factory=lambda: [1])  # beams of the shortlist rows
+    shortlist: list[int] = field(default_factory=lambda: list(SHORTLIST))  # per source token, always
 
 
 def quick_plan() -> RealSizePlan:
@@ -121,10 +138,13 @@ def worker(
     batch: int,
     python: str = sys.executable,
     isa: str = "",
+    shortlist: bool = False,
 ) -> Worker:
     cmd = [python, "-m", "benchmarks.real_size_worker", "--engine", engine, "--dir", str(model_dir), "--hf", str(hf)]
     cmd += ["--data", str(DATA), "--threads", str(threads), "--workers", str(workers), "--batch", str(batch)]
+    cmd += ["--shortlist"] if shortlist else []
     name = f"{engine} {workers}x{max(1, threads // workers)}" + (f" ISA {isa}" if isa else "")
+    name += " shortlist" if shortlist else ""
     return Worker(name, cmd, {"CT2_FORCE_CPU_ISA": isa} if isa else None)
 
 
@@ -297,30 +317,108 @@ RATIOS = (
 )
 
 
+SHORTLIST_RATIOS = (
+    "shortlist_engine_over_ct2_int8",
+    "shortlist_latency_over_ct2",
+    "shortlist_engine_over_ct2_vmap",
+    "shortlist_latency_over_ct2_vmap",
+    "shortlist_engine_over_engine",
+    "shortlist_latency_over_engine",
+)
+
+
+def offline_part(w: Worker, plan: RealSizePlan, beam: int) -> Part:
+    return lambda: float(offline(w, plan, beam, plan.sentences[beam])["sentences_per_s"])
+
+
+def single_part(w: Worker, plan: RealSizePlan, beam: int) -> Part:
+    return lambda: float(w.ask(op="single", beam=beam, tokens=plan.tokens, sentences=plan.single)["p50_ms"])
+
+
+def candidate_counts(prep: Prepared, shortlist_file: Path) -> Row:
+    """The mean K a step ranks over the test sentences (benchmarks.shortlist.candidate_counts)."""
+    from transformers import AutoTokenizer
+
+    from benchmarks.shortlist import candidate_counts as counts
+
+    return counts(shortlist_file, AutoTokenizer.from_pretrained(str(prep.hf))(_test_texts()).input_ids)
+
+
+def measure_shortlist(plan: RealSizePlan, eng: Engines, prep: Prepared, row: Row) -> Row:
+    """The shortlist rows of one beam (`row`: its plain row, for the layout and ISAs chosen there):
+    the engine over the version's shortlist (prepare_shortlist) and CTranslate2 over the same
+    mapping (use_vmap), each in interleaved pairs against CTranslate2 int8 without a mapping, the
+    other, and the engine without the shortlist."""
+    beam, loops = row["beam"], row["engine_loops"]
+    isa, single_isa = (row[k].replace("default", "") for k in ("ct2_isa", "ct2_single_isa"))
+    model, ct2_vmap = prepare_shortlist(prep, (plan.shortlist[0], plan.shortlist[1]))
+    t, b, hf = plan.threads, plan.batch, prep.hf
+    ours = worker("mtserve", model, hf, loops, t, b, shortlist=True)
+    ours_single = worker("mtserve", model, hf, 1, 1, b, shortlist=True)
+    theirs = worker("ct2", ct2_vmap, hf, t, t, b, isa=isa, shortlist=True)
+    theirs_single = worker("ct2", ct2_vmap, hf, 1, 1, b, isa=single_isa, shortlist=True)
+    off, single, n = (lambda w: offline_part(w, plan, beam)), (lambda w: single_part(w, plan, beam)), plan.rounds
+    try:
+        out: Row = {
+            "size": plan.shortlist,
+            "k": candidate_counts(prep, model / "onnx" / "shortlist.npz"),
+            "shortlist_engine_over_ct2_int8": pairs(off(ours), off(eng.ct2[isa]), n),
+            "shortlist_latency_over_ct2": pairs(single(ours_single), single(eng.ct2_single[single_isa]), n),
+            "shortlist_engine_over_ct2_vmap": pairs(off(ours), off(theirs), n),
+            "shortlist_latency_over_ct2_vmap": pairs(single(ours_single), single(theirs_single), n),
+            "shortlist_engine_over_engine": pairs(off(ours), off(eng.engine[loops]), n),
+            "shortlist_latency_over_engine": pairs(single(ours_single), single(eng.engine_single), n),
+            "rss_mb": {"engine_shortlist": rss_mb(ours), "ct2_int8_vmap": rss_mb(theirs)},
+        }
+    finally:
+        for w in (ours, ours_single, theirs, theirs_single):
+            w.close()
+    for key in SHORTLIST_RATIOS:
+        log(f"  {key}: {out[key]['a']} / {out[key]['b']} -> {out[key]['ratio']}")
+    log(f"  shortlist {plan.shortlist}: mean K {out['k']}")
+    return out
+
+
+def shortlist_summary(sl: Row) -> Row:
+    """The shortlist keys of a beam's `real_size` summary: the ratios and the figures behind them."""
+    s: Row = {k: sl[k]["ratio"] for k in SHORTLIST_RATIOS}
+    s["shortlist_size"] = sl["size"]
+    s["shortlist_k_single"], s["shortlist_k_batch32"] = sl["k"]["k_single"], sl["k"]["k_batch32"]
+    for key, name in (("shortlist_engine_over_ct2_int8", "sentences_per_s"), ("shortlist_latency_over_ct2", "p50_ms")):
+        s[f"shortlist_engine_{name}"] = statistics.median(sl[key]["a"])
+        s[f"shortlist_ct2_int8_{name}"] = statistics.median(sl[key]["b"])
+    s["ct2_vmap_sentences_per_s"] = statistics.median(sl["shortlist_engine_over_ct2_vmap"]["b"])
+    s["ct2_vmap_p50_ms"] = statistics.median(sl["shortlist_latency_over_ct2_vmap"]["b"])
+    return s
+
+
 def summary(rows: list[Row], rss: dict[str, float]) -> Row:
     """The `real_size` object of `make bench-quick`: per beam the median ratios and the figures
     behind them, and each engine's peak RSS (MB)."""
     by_beam = {}
     for r in rows:
         s: Row = {k: r[k]["ratio"] for k in RATIOS if k in r}
-        s["engine_sentences_per_s"] = statistics.median(r["engine_over_ct2_int8"]["a"])
-        s["ct2_int8_sentences_per_s"] = statistics.median(r["engine_over_ct2_int8"]["b"])
-        s["engine_single_p50_ms"] = statistics.median(r["engine_latency_over_ct2"]["a"])
-        s["ct2_single_p50_ms"] = statistics.median(r["engine_latency_over_ct2"]["b"])
-        s["service_c64_sentences_per_s"] = statistics.median(r["service_over_ct2_int8"]["a"])
-        s["service_c1_p50_ms"] = statistics.median(r["latency_c1_over_ct2"]["a"])
+        if "engine_over_ct2_int8" in r:  # a --shortlist-only run has the shortlist rows alone
+            s["engine_sentences_per_s"] = statistics.median(r["engine_over_ct2_int8"]["a"])
+            s["ct2_int8_sentences_per_s"] = statistics.median(r["engine_over_ct2_int8"]["b"])
+            s["engine_single_p50_ms"] = statistics.median(r["engine_latency_over_ct2"]["a"])
+            s["ct2_single_p50_ms"] = statistics.median(r["engine_latency_over_ct2"]["b"])
+            s["service_c64_sentences_per_s"] = statistics.median(r["service_over_ct2_int8"]["a"])
+            s["service_c1_p50_ms"] = statistics.median(r["latency_c1_over_ct2"]["a"])
         s["engine_loops"], s["ct2_isa"] = r["engine_loops"], r["ct2_isa"]
         s["ct2_single_isa"] = r.get("ct2_single_isa", r["ct2_isa"])
-        for name, figs in r["hf"].items():
+        for name, figs in r.get("hf", {}).items():
             s[f"{name.replace('-', '_')}_sentences_per_s"] = figs["sentences_per_s"]
             s[f"{name.replace('-', '_')}_single_p50_ms"] = figs["single_p50_ms"]
+        if "shortlist" in r:
+            s |= shortlist_summary(r["shortlist"])
         by_beam[str(r["beam"])] = s
     return {"by_beam": by_beam, "peak_rss_mb": rss}
 
 
 def measure(plan: RealSizePlan, dims: Dims = Dims()) -> Row:
     """Build (or reuse) the model, start every engine and the server, measure each beam."""
-    from benchmarks.plan import served_layout
+    from benchmarks.plan import served_layout_real_size
     from benchmarks.processes import Server
 
     t0 = time.time()
@@ -336,13 +434,18 @@ def measure(plan: RealSizePlan, dims: Dims = Dims()) -> Row:
     texts = _test_texts()
     eng = start_engines(plan, prep, optimum, python_hf)
     try:
-        with Server(prep.model, served_layout(plan.threads)) as srv:
+        with Server(prep.model, served_layout_real_size(plan.threads)) as srv:
+            warm, _ = server_rss_mb(srv.pid)  # the model loaded and warmed up, before any traffic
             rows = [measure_beam(plan, eng, srv.address, texts, beam) for beam in plan.beams]
             replica, server_total = server_rss_mb(srv.pid)
-        rss = {"service_replica": replica, "service_all_processes": server_total}
+        rss = {"service_after_warm_up": warm, "service_replica": replica, "service_all_processes": server_total}
         rss["engine"] = rss_mb(eng.engine[rows[-1]["engine_loops"]])  # the layouts of the last beam
         rss["ct2_int8"] = rss_mb(eng.ct2[rows[-1]["ct2_isa"].replace("default", "")])
         rss.update({name.replace("-", "_"): rss_mb(w) for name, w in eng.hf.items()})
+        for r in rows:
+            if r["beam"] in plan.shortlist_beams:
+                r["shortlist"] = measure_shortlist(plan, eng, prep, r)
+                rss.update(r["shortlist"]["rss_mb"])
     finally:
         for w in eng.all():
             w.close()
@@ -351,6 +454,39 @@ def measure(plan: RealSizePlan, dims: Dims = Dims()) -> Row:
         "dims": asdict(dims),
         "rows": rows,
         "hf_error": hf_error,
+        "summary": summary(rows, rss),
+        "seconds": round(time.time() - t0, 1),
+    }
+
+
+def measure_shortlist_only(plan: RealSizePlan, dims: Dims = Dims()) -> Row:
+    """The shortlist rows alone (`--shortlist-only`, a few minutes): the engine's layout and
+    CTranslate2's ISAs chosen as measure_beam chooses them, then measure_shortlist; no server and
+    no Hugging Face engine."""
+    t0 = time.time()
+    prep = prepare(dims)
+    plan = RealSizePlan(**{**asdict(plan), "hf_engines": []})
+    eng = start_engines(plan, prep, None, "")
+    rows: list[Row] = []
+    rss: dict[str, float] = {}
+    try:
+        for beam in plan.shortlist_beams:
+            loops, _ = fastest(eng.engine, plan, beam, "offline")
+            isa, _ = fastest(eng.ct2, plan, beam, "offline")
+            single_isa, _ = fastest(eng.ct2_single, plan, beam, "single")
+            row: Row = {"beam": beam, "engine_loops": loops, "ct2_isa": isa or "default"}
+            row["ct2_single_isa"] = single_isa or "default"
+            row["shortlist"] = measure_shortlist(plan, eng, prep, row)
+            rss.update(row["shortlist"]["rss_mb"])
+            rows.append(row)
+    finally:
+        for w in eng.all():
+            w.close()
+    return {
+        "plan": asdict(plan),
+        "dims": asdict(dims),
+        "rows": rows,
+        "hf_error": "",
         "summary": summary(rows, rss),
         "seconds": round(time.time() - t0, 1),
     }
@@ -375,6 +511,8 @@ def report_lines(real: Row) -> list[str]:
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for beam, s in real["summary"]["by_beam"].items():
+        if "engine_over_ct2_int8" not in s:  # a --shortlist-only run's
+            continue
         hf = [("hf_ort_int8", "optimum int8"), ("hf_ort_fp32", "optimum fp32"), ("hf_torch", "PyTorch")]
         L.append(
             f"| {beam} | **{s.get('engine_over_ct2_int8')}** | **{s.get('engine_latency_over_ct2')}** | "
@@ -387,6 +525,7 @@ def report_lines(real: Row) -> list[str]:
             + ", ".join(str(s.get(f"{k}_single_p50_ms", "-")) for k, _ in hf)
             + " |"
         )
+    L += shortlist_report_lines(real["summary"]["by_beam"])
     rss = real["summary"]["peak_rss_mb"]
     L += [
         "",
@@ -395,6 +534,35 @@ def report_lines(real: Row) -> list[str]:
         + (f". {real['hf_error']}" if real.get("hf_error") else ""),
         "",
     ]
+    return L
+
+
+def shortlist_report_lines(by_beam: dict[str, Row]) -> list[str]:
+    """The shortlist rows (`measure_shortlist`) of the beams that have them, with the issue's targets."""
+    beams = {beam: s for beam, s in by_beam.items() if "shortlist_engine_over_ct2_int8" in s}
+    if not beams:
+        return []
+    size = next(iter(beams.values()))["shortlist_size"]
+    L = [
+        "",
+        f"With a vocabulary shortlist (`mtserve shortlist --per-source {size[0]} --always {size[1]}` from the "
+        "training pairs; CTranslate2 with the same mapping: `use_vmap`; the forced tokens come from it on both):",
+        "",
+        "| beam | engine+shortlist / CT2 int8 offline (>= 1.1) | engine+shortlist single / CT2 single (<= 0.5) | "
+        "engine+shortlist / CT2+vmap offline | single / CT2+vmap single | engine+shortlist / engine offline | "
+        "single / engine single | engine+shortlist, CT2 int8, CT2+vmap sent/s | "
+        "engine+shortlist, CT2, CT2+vmap single p50 ms | mean K, 1 sentence / 32 |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for beam, s in beams.items():
+        L.append(
+            f"| {beam} | **{s['shortlist_engine_over_ct2_int8']}** | **{s['shortlist_latency_over_ct2']}** | "
+            f"{s['shortlist_engine_over_ct2_vmap']} | {s['shortlist_latency_over_ct2_vmap']} | "
+            f"{s['shortlist_engine_over_engine']} | {s['shortlist_latency_over_engine']} | "
+            f"{s['shortlist_engine_sentences_per_s']}, {s['shortlist_ct2_int8_sentences_per_s']}, "
+            f"{s['ct2_vmap_sentences_per_s']} | {s['shortlist_engine_p50_ms']}, {s['shortlist_ct2_int8_p50_ms']}, "
+            f"{s['ct2_vmap_p50_ms']} | {s['shortlist_k_single']} / {s['shortlist_k_batch32']} |"
+        )
     return L
 
 
@@ -411,10 +579,17 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--no-hf", action="store_true", help="leave out optimum and PyTorch")
     ap.add_argument("--all-hf", action="store_true", help="with --quick: optimum fp32 and PyTorch too")
     ap.add_argument("--json", help="also write the whole result here")
+    ap.add_argument(
+        "--shortlist",
+        default=":".join(map(str, SHORTLIST)),
+        help="the shortlist rows' size, PER_SOURCE:ALWAYS (mtserve shortlist --per-source, --always)",
+    )
+    ap.add_argument("--shortlist-only", action="store_true", help="the greedy shortlist rows alone (no server)")
     args = ap.parse_args(argv)
     plan = (hf_plan() if args.all_hf else quick_plan()) if args.quick else full_plan()
     plan = RealSizePlan(**{**asdict(plan), "tokens": args.tokens, **({"hf_engines": []} if args.no_hf else {})})
-    res = measure(plan)
+    plan = RealSizePlan(**{**asdict(plan), "shortlist": [int(x) for x in args.shortlist.split(":")]})
+    res = measure_shortlist_only(plan) if args.shortlist_only else measure(plan)
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=1))
     print(json.dumps(res["summary"]))

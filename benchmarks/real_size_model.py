@@ -9,16 +9,23 @@ into a cache dir and prepared for every engine:
   on the shipped corpus; `vocab.json` holds their pieces and is padded to the vocabulary size with
   dummy pieces that never occur (`padded_vocab`), `<pad>` last as in OPUS-MT;
 - `models/opus-size/1/`: the same folder imported by `mtserve import` (fp32 and int8, portable
-  and fused graphs);
-- `ct2-int8/`: the same folder converted by `ct2-transformers-converter --quantization int8`.
+  and fused graphs); its int8 graphs (the engine's and the server's) are exported again
+  (`mtserve export --precision int8`) whenever the code that writes them changed since, docs and
+  comments aside (`export_code_hash` against `models/export-code.sha256`);
+- `ct2-int8/`: the same folder converted by `ct2-transformers-converter --quantization int8`;
+- `shortlist-p50-a100/` (`prepare_shortlist`, the real-size shortlist rows): a linked copy of the
+  imported version that `mtserve shortlist` gave a vocabulary shortlist from the training pairs,
+  and `ct2-int8` with the same mapping as its vmap.txt.
 
-Everything is keyed by the dimensions and seed (`Dims.key`), so a changed setting builds afresh.
+Everything else is keyed by the dimensions and seed (`Dims.key`), so a changed setting builds afresh.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import gzip
+import hashlib
 import json
 import shutil
 import subprocess
@@ -172,6 +179,38 @@ def import_folder(hf: Path, repository: Path) -> Path:
     return repository / NAME / "1"
 
 
+# The code that writes an imported version's graphs: a change to any of them exports them again.
+EXPORT_CODE = ("export/fused.py", "export/to_onnx.py", "export/model.py", "export/checks.py")
+_WITH_DOCSTRINGS = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+
+
+def code_of(source: str) -> str:
+    """A module's code without its comments, docstrings and layout (its syntax tree, dumped)."""
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        if isinstance(node, _WITH_DOCSTRINGS) and node.body and isinstance(node.body[0], ast.Expr):
+            first = node.body[0].value
+            if isinstance(first, ast.Constant) and isinstance(first.value, str):
+                node.body = node.body[1:] or [ast.Pass()]
+    return ast.dump(tree)
+
+
+def export_code_hash(repo: Path = REPO) -> str:
+    """The hash of EXPORT_CODE's code: edits to their docs and comments leave it as it is."""
+    h = hashlib.sha256()
+    for name in EXPORT_CODE:
+        h.update(code_of((repo / name).read_text()).encode())
+    return h.hexdigest()
+
+
+def export_int8(model: Path) -> Path:
+    """`mtserve export --precision int8` of the imported version: its int8 graphs (portable and
+    fused) written again by the present code, its fp32 ones kept (same weights)."""
+    cmd = [sys.executable, "-m", "mtserve", "export", "--model", str(model), "--precision", "int8"]
+    subprocess.run(cmd, check=True, cwd=REPO, stdout=subprocess.DEVNULL)
+    return model
+
+
 def convert_ct2(hf: Path, out: Path) -> Path:
     """`ct2-transformers-converter --quantization int8` of the folder (the console script next to
     this interpreter, else CTranslate2's module)."""
@@ -221,17 +260,40 @@ def export_optimum(hf: Path, root: Path, python: Path) -> tuple[Path, Path]:
 
 
 def prepare(dims: Dims = Dims(), cache: Path = CACHE, data: Path = DATA) -> Prepared:
-    """The model of `dims` built, imported and converted, each step only when its output is missing."""
+    """The model of `dims` built, imported and converted, each step only when its output is missing
+    (the int8 graphs also when the export code changed)."""
     root = cache / f"real-size-{dims.key}"
     hf, model, ct2 = root / "hf", root / "models" / NAME / "1", root / "ct2-int8"
     if not (hf / "model.safetensors").exists():
         shutil.rmtree(hf, ignore_errors=True)
         build_folder(hf, dims, data)
+    stamp, code = root / "models" / "export-code.sha256", export_code_hash()
     if not (model / "onnx" / "manifest.json").exists():
         import_folder(hf, root / "models")
+        stamp.write_text(code)
+    elif not stamp.exists() or stamp.read_text() != code:
+        export_int8(model)
+        stamp.write_text(code)
     if not (ct2 / "model.bin").exists():
         convert_ct2(hf, ct2)
     return Prepared(hf=hf, model=model, ct2=ct2)
+
+
+# The shortlist of the real-size rows (per source token, always): `mtserve shortlist`'s defaults.
+SHORTLIST = (50, 100)
+
+
+def prepare_shortlist(prep: Prepared, size: tuple[int, int] = SHORTLIST, data: Path = DATA) -> tuple[Path, Path]:
+    """The imported version with a vocabulary shortlist of `size` that `mtserve shortlist` derives
+    from the corpus's training pairs (de->en), in a linked copy (benchmarks.shortlist.derive:
+    ROOT/shortlist-pN-aM/models/opus-size/1), and the CTranslate2 int8 dir with the same mapping
+    as its vmap.txt (ROOT/shortlist-pN-aM/ct2-int8-vmap): (version dir, CTranslate2 dir)."""
+    from benchmarks.shortlist import Size, derive, with_vmap
+
+    sl = Size(*size)
+    root = prep.model.parent.parent.parent / f"shortlist-{sl.key}"
+    model, vmap = derive(prep.model, root, sl, data)
+    return model, with_vmap(prep.ct2, vmap, root / "ct2-int8-vmap")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -7,7 +7,8 @@ model loaded once, answering one JSON command a line on stdin with one JSON line
 
 Every engine is forced to emit exactly `tokens` target tokens a sentence (</s> not counted), so
 that work per sentence is identical:
-  mtserve    service.decoding.generator.generate over OnnxSeq2Seq int8 (what the server runs):
+  mtserve    service.decoding.generator.generate over OnnxSeq2Seq int8 (what the server runs; its
+             decode loops share one OnnxSeq2Seq, as the server's workers do):
              min_len = tokens, max_len = tokens + 1 (max_len counts the final </s>, which is forced
              at the last step: one step more than the others run)
   ct2        CTranslate2 int8: min_decoding_length = max_decoding_length = tokens (no </s>)
@@ -15,6 +16,9 @@ that work per sentence is identical:
              forced_eos_token_id off (it would spend the last token on </s>)
   hf-ort-*   optimum's ORTModelForSeq2SeqLM (fp32, or its graphs dynamically quantised to int8),
              the same generate arguments; runs in the optimum venv (it needs transformers 4.57)
+With --shortlist, mtserve ranks over its version's vocabulary shortlist (contract/shortlist.py) and
+CTranslate2 over the same mapping (`use_vmap`: vmap.txt in its model dir), so the forced tokens
+come from the shortlist on both; without it, mtserve runs the version's plain steps (shortlist=False).
 The counts of emitted tokens come back with every offline answer, so the caller can check them.
 Only the standard library is imported at the top: this module runs in both venvs.
 """
@@ -59,7 +63,12 @@ def mtserve_engine(args: argparse.Namespace, texts: list[str]) -> tuple[Translat
     keep_freed_memory()  # as `mtserve serve` does
     set_switch_interval(Settings.model_fields["gil_switch_interval_ms"].default)
     intra = max(1, args.threads // args.workers)
-    models = [OnnxSeq2Seq(args.dir, precision="int8", intra_op_threads=intra) for _ in range(args.workers)]
+    # one session set for every loop, as the server's decode workers share theirs (`share_sessions`):
+    # the weights in memory once, so that this process's peak RSS is what one server process's is
+    model = OnnxSeq2Seq(args.dir, precision="int8", intra_op_threads=intra, shortlist=args.shortlist)
+    if args.shortlist and model.shortlist is None:
+        raise SystemExit(f"{args.dir} has no vocabulary shortlist")
+    models = [model] * args.workers
 
     def translate(src: list[Any], beam: int, tokens: int) -> list[int]:
         size = balanced_batch(len(src), args.batch, args.workers)
@@ -108,6 +117,7 @@ def ct2_engine(args: argparse.Namespace, texts: list[str]) -> tuple[Translate, l
             max_decoding_length=tokens,
             max_batch_size=balanced_batch(len(src), args.batch, args.workers),
             batch_type="examples",
+            use_vmap=args.shortlist,
         )
         return [len(r.hypotheses[0]) for r in res]
 
@@ -196,6 +206,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--workers", type=int, default=1, help="decode loops (CTranslate2: inter_threads)")
     ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument(
+        "--shortlist",
+        action="store_true",
+        help="rank over the vocabulary shortlist: the version's (mtserve), vmap.txt in the model dir (ct2: use_vmap)",
+    )
     ap.add_argument("--sentences", type=int, default=1000, help="test sentences to tokenize")
     args = ap.parse_args(argv)
     texts = read_test(Path(args.data), args.sentences)

@@ -50,6 +50,8 @@ PAST_SEQUENCE_LENGTH = "past_sequence_length"
 SELF_MASK = "self_mask"
 BEAM_WIDTH = "beam_width"
 CACHE_INDIRECTION = "cache_indirection"
+# The shortlist step's (`contract.shortlist`): the batch's candidate target ids (K,), ascending.
+VOCAB_IDS = "vocab_ids"
 
 # The decoder steps' outputs.
 LOG_PROBS = "log_probs"
@@ -179,7 +181,9 @@ def decoder_io(dims: GraphDims) -> tuple[list[TensorSpec], list[TensorSpec]]:
 FUSED_LINEAR_KINDS = ("fp32", "int8", "nbits8")
 
 
-def fused_decoder_io(dims: GraphDims, scored: bool = True) -> tuple[list[TensorSpec], list[TensorSpec]]:
+def fused_decoder_io(
+    dims: GraphDims, scored: bool = True, shortlist: bool = False
+) -> tuple[list[TensorSpec], list[TensorSpec]]:
     """The fused decoder step (export/fused.py): the same step as `decoder_io`'s over a
     preallocated cache of max_len slots that the graph updates in place.
 
@@ -195,7 +199,12 @@ def fused_decoder_io(dims: GraphDims, scored: bool = True) -> tuple[list[TensorS
     P in place; cross_key_{i} / cross_value_{i} (sentences, H, S, d_k) and src_mask (sentences, S)
     once per sentence; beam_width (1,) int32 (K, 1 for greedy search) and cache_indirection
     (sentences, K, max_len) int32: which beam of the sentence holds each slot of a beam's history,
-    so that a beam reorder never moves the cache."""
+    so that a beam reorder never moves the cache.
+
+    `shortlist=True`: the step over a vocabulary shortlist (`contract.shortlist`): one more input,
+    vocab_ids (K,) int64, the batch's candidate target ids ascending (</s> among them); the
+    output layer ranks those K tokens only: log_probs (B, K) normalised over them, top_ids still
+    vocabulary ids, eos_log_prob that of </s> among them."""
     L, H, dk = dims.n_decoder_layers, dims.n_heads, dims.d_k
     cache: list[int | str] = ["batch", H, "max_len", dk]
     cross: list[int | str] = ["sentences", H, "src_len", dk]
@@ -220,10 +229,11 @@ def fused_decoder_io(dims: GraphDims, scored: bool = True) -> tuple[list[TensorS
         *([TensorSpec(name=TOP_K, dtype="int64", shape=[1])] if scored else []),
         TensorSpec(name=BEAM_WIDTH, dtype="int32", shape=[1]),
         TensorSpec(name=CACHE_INDIRECTION, dtype="int32", shape=["sentences", "beam", "max_len"]),
+        *([TensorSpec(name=VOCAB_IDS, dtype="int64", shape=["vocab"])] if shortlist else []),
     ]
     if scored:
         outputs = [
-            TensorSpec(name=LOG_PROBS, dtype="float32", shape=["batch", dims.vocab_size]),
+            TensorSpec(name=LOG_PROBS, dtype="float32", shape=["batch", "vocab" if shortlist else dims.vocab_size]),
             TensorSpec(name=TOP_LOG_PROBS, dtype="float32", shape=["batch", "top_k"]),
             TensorSpec(name=TOP_IDS, dtype="int64", shape=["batch", "top_k"]),
             TensorSpec(name=EOS_LOG_PROB, dtype="float32", shape=["batch"]),

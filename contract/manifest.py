@@ -12,6 +12,8 @@ One manifest per export dir lists every exported precision ("variant") side by s
       encoder.fp16.onnx  decoder.fp16.onnx
       encoder.fused.fp32.onnx  decoder.fused.fp32.onnx   (and the decoder step's one-row and
       encoder.fused.int8.onnx  decoder.fused.int8.onnx    unscored twins)
+      shortlist.npz  decoder.fused.*.shortlist.onnx       (only where `mtserve shortlist` made a
+                                                          vocabulary shortlist: `contract.shortlist`)
 
 Each precision has the portable graphs (the torch export, any execution provider) and, for the
 CPU precisions, fused graphs (`export/fused.py`, ONNX Runtime's contrib operators; the decoder
@@ -158,6 +160,10 @@ class GenerationDefaults(_Model):
     beam: int = Field(default=4, ge=1)  # default= by keyword: type checkers see only that as a default
 
 
+# The decoder-step fields of a variant, in order.
+STEP_FIELDS = ("decoder", "decoder_one_row", "decoder_unscored", "decoder_one_row_unscored")
+
+
 class Variant(_Model):
     precision: Precision
     graph: Graph = "portable"  # the decoder step: the torch export, or the fused contrib-operator graph
@@ -178,11 +184,28 @@ class Variant(_Model):
     # batch asks for its score. Exports before them lack them; the scored steps then run.
     decoder_unscored: GraphSpec | None = None
     decoder_one_row_unscored: GraphSpec | None = None
+    # The same steps over a vocabulary shortlist (`contract.shortlist`), by the field names above:
+    # only where the version has a shortlist (`Manifest.shortlist`), which they then run instead.
+    shortlist_steps: dict[str, GraphSpec] = {}
 
     def decoder_steps(self) -> dict[str, GraphSpec]:
         """Every decoder-step graph the variant has, by field name, in the order of the fields above."""
-        fields = ("decoder", "decoder_one_row", "decoder_unscored", "decoder_one_row_unscored")
-        return {f: getattr(self, f) for f in fields if getattr(self, f) is not None}
+        return {f: getattr(self, f) for f in STEP_FIELDS if getattr(self, f) is not None}
+
+    @model_validator(mode="after")
+    def _shortlist_steps(self) -> Variant:
+        if set(self.shortlist_steps) - set(self.decoder_steps()):
+            raise ValueError(f"shortlist_steps name steps the variant lacks: {sorted(self.shortlist_steps)}")
+        return self
+
+
+class ShortlistSpec(FileSpec):
+    """The version's vocabulary shortlist (`contract.shortlist`): its .npz file, and how it was made."""
+
+    per_source: int = Field(ge=1)  # target tokens kept per source token, at most
+    always: int = Field(ge=0)  # most frequent target tokens every batch ranks
+    derived_from: Literal["parallel", "monolingual"]
+    pairs: int = Field(ge=0)  # sentence pairs it was derived from
 
 
 class Manifest(_Model):
@@ -198,6 +221,7 @@ class Manifest(_Model):
     generation: GenerationDefaults = GenerationDefaults()
     tokenizer: FileSpec | None = None  # tokenizer.json of mtserve's own models ...
     sentencepiece: SentencePieceSpec | None = None  # ... or the SentencePiece files of an imported one
+    shortlist: ShortlistSpec | None = None  # `mtserve shortlist`; its steps in `Variant.shortlist_steps`
     tool_versions: dict[str, str]
     opset: int = Field(ge=17)  # of every variant
     variants: dict[str, Variant]  # by variant_key
@@ -209,6 +233,8 @@ class Manifest(_Model):
         if self.src_lang not in self.languages.source or self.tgt_lang not in self.languages.target:
             raise ValueError(f"src_lang/tgt_lang ({self.src_lang}/{self.tgt_lang}) are not among the languages")
         for key, v in self.variants.items():
+            if v.shortlist_steps and self.shortlist is None:
+                raise ValueError(f"variant {key!r} has shortlist steps but the manifest no shortlist")
             if variant_key(v.precision, v.graph) != key:
                 raise ValueError(f"variant {key!r} says precision {v.precision!r} and graph {v.graph!r}")
             if v.opset != self.opset:
@@ -229,9 +255,10 @@ class Manifest(_Model):
 
     def files(self, precision: str | None = None, graph: str = "portable") -> list[FileSpec]:
         variants = self.variants.values() if precision is None else [self.variant(precision, graph)]
-        graphs = [g for v in variants for g in (v.encoder, *v.decoder_steps().values())]
+        graphs = [g for v in variants for g in (v.encoder, *v.decoder_steps().values(), *v.shortlist_steps.values())]
         unique = {g.file: g for g in graphs}  # older fused variants share the portable encoder
-        return [*self.tokenizer_files(), *unique.values()]
+        shortlist = [self.shortlist] if self.shortlist is not None else []
+        return [*self.tokenizer_files(), *shortlist, *unique.values()]
 
     def tokenizer_files(self) -> list[FileSpec]:
         """tokenizer.json, or the SentencePiece models and vocabularies (each file once)."""

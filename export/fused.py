@@ -30,6 +30,9 @@ is pre-scaled), computed or stored positions (both a `pe` table), a source vocab
 - The linear layers are DynamicQuantizeMatMul (int8 weights per output channel, activations
   quantised at run time) or MatMulNBits (8 bits, blocks of 128, accuracy level 4), which is
   faster for one row only (docs/performance.md has the table from 1 to 128 rows).
+- The token embeddings of the quantised graphs are int8 rows with a scale each, gathered and
+  multiplied back (`token_embedding`), as CTranslate2 int8 keeps them: at OPUS-MT's vocabulary
+  30 MB in each graph where the fp32 table takes 119 MB.
 - The self-attention mask is bound at full capacity (B, M) and sliced to (B, P + 1) in the graph,
   so that the host binds every input once per batch and writes into it between steps.
 - The search's ranking: LogSoftmax, then the k best of each row in two passes over blocks of the
@@ -60,7 +63,7 @@ import onnx
 import torch
 from onnx import TensorProto, helper, numpy_helper
 
-from contract.graphs import FUSED_LINEAR_KINDS, encoder_io, fused_decoder_io
+from contract.graphs import FUSED_LINEAR_KINDS, VOCAB_IDS, encoder_io, fused_decoder_io
 from contract.manifest import TensorSpec
 from export.model import DecoderLayer, EncoderLayer, FeedForward, MultiHeadAttention, Transformer
 
@@ -233,6 +236,29 @@ def _token_table(model: Transformer, embed: torch.nn.Embedding) -> np.ndarray:
     return table * math.sqrt(model.cfg.d_model) if model.cfg.scale_embedding else table
 
 
+def quantize_rows(table: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """table (V, D) -> int8 (V, D) and scales (V, 1): symmetric per row, as CTranslate2 int8 stores
+    its embeddings."""
+    amax = np.abs(table).max(axis=1, keepdims=True)
+    scale = np.where(amax > 0, amax / 127.0, 1.0).astype(np.float32)
+    return np.clip(np.rint(table / scale), -127, 127).astype(np.int8), scale
+
+
+def token_embedding(g: GraphBuilder, model: Transformer, embed: torch.nn.Embedding, ids: str) -> str:
+    """The rows of `ids` in the token table (pre-scaled by √d_model where the model scales) as
+    "x_tok", shaped ids' shape + (D,). The fp32 graphs gather fp32 rows; the quantised ones store
+    the table as int8 rows with a scale each ("embed.q" (V, D), "embed.s" (V, 1): a quarter of the
+    memory of a graph's largest tensor) and gather both, then Cast and Mul."""
+    table = _token_table(model, embed)
+    if g.linear_kind == "fp32":
+        return g.node("Gather", [g.init("embed", table), ids], ["x_tok"], "embed")
+    q, scale = quantize_rows(table)
+    rows = g.node("Gather", [g.init("embed.q", q), ids], ["x_tok.q"], "embed")
+    scales = g.node("Gather", [g.init("embed.s", scale), ids], ["x_tok.s"], "embed.s")
+    rows = g.node("Cast", [rows], ["x_tok.f"], "embed.cast", to=TensorProto.FLOAT)
+    return g.node("Mul", [rows, scales], ["x_tok"], "embed.dequant")
+
+
 def rank_block(vocab_size: int) -> int:
     """The block of the vocabulary that the step's ranking reduces first (`block_top_k`): the largest
     divisor of the vocabulary up to 64, or 0 (rank in one pass) when there is none from 16 up."""
@@ -288,19 +314,25 @@ def block_argmax(g: GraphBuilder, x: str, V: int, block: int, ids: str) -> None:
 
 
 def build_fused_decoder(
-    model: Transformer, path: str | Path, linear_kind: str = "int8", scored: bool = True, blocks: bool = True
+    model: Transformer,
+    path: str | Path,
+    linear_kind: str = "int8",
+    scored: bool = True,
+    blocks: bool = True,
+    shortlist: bool = False,
 ) -> onnx.ModelProto:
     """Write the fused decoder step of `model` to `path` and return it (`contract.graphs.fused_decoder_io`).
     `scored=False` ends it with an ArgMax over the logits instead of LogSoftmax and TopK: greedy
     search's step when nobody asks for scores, as CTranslate2 skips its log-softmax then. Over
     (32, 8,000) logits the two take about 240 against 480 µs. `blocks`: rank in two passes
     (`block_top_k`, `block_argmax`) where the vocabulary divides into blocks; for one row a
-    single pass costs as much and takes fewer nodes."""
+    single pass costs as much and takes fewer nodes. `shortlist`: the step over a vocabulary
+    shortlist (`shortlist_ranking`), ranking the batch's `vocab_ids` only."""
     cfg = model.cfg
     g = GraphBuilder(linear_kind)
     _step_self_mask(g)
     # token embedding (table pre-scaled by √d_model where the model scales) + position: (B, 1, D) each
-    x = g.node("Gather", [g.init("embed", _token_table(model, model.embed)), "tokens"], ["x_tok"], "embed")
+    x = token_embedding(g, model, model.embed, "tokens")
     pe = g.node("Gather", [g.init("pe", _np(model.pe)), "positions"], ["x_pos"], "pos_embed")
     _beam_folding(g, cfg.d_model)
 
@@ -320,13 +352,17 @@ def build_fused_decoder(
         h, resid = stream.join(a, resid)
         y = g.feed_forward(f"l{i}", h, layer.ffn, cfg.activation)
     h, _ = stream.join(y, resid)
-    _step_ranking(g, model, h, scored, blocks)
+    if shortlist:
+        shortlist_ranking(g, model, h, scored)
+    else:
+        _step_ranking(g, model, h, scored, blocks)
     _cross_attention_output(g)
 
     # MultiHeadAttention's scores output has no type inference of its own
     scores_info = helper.make_tensor_value_info("cross_scores", TensorProto.FLOAT, None)
     name = "fused_decoder_step" if scored else "fused_decoder_step_unscored"
-    return _save(g, name, fused_decoder_io(cfg, scored), path, [scores_info])
+    name += "_shortlist" if shortlist else ""
+    return _save(g, name, fused_decoder_io(cfg, scored, shortlist), path, [scores_info])
 
 
 def _step_self_mask(g: GraphBuilder) -> str:
@@ -412,6 +448,53 @@ def _step_ranking(g: GraphBuilder, model: Transformer, h: str, scored: bool, blo
         g.node("ArgMax", [logits], ["top_ids"], "argmax", axis=-1, keepdims=1)  # (B, 1), the first on ties
 
 
+def _output_table(model: Transformer) -> tuple[np.ndarray, np.ndarray | None]:
+    """The output projection (V, D) (the tied embedding where the model has no generator of its
+    own) and the stored logits bias (V,), or None."""
+    out_w = model.generator.weight if model.generator is not None else model.embed.weight
+    return _np(out_w), _np(model.final_logits_bias) if model.cfg.logits_bias else None
+
+
+def _shortlist_logits(g: GraphBuilder, model: Transformer, h: str) -> str:
+    """(B, K) logits of the `vocab_ids` rows of the output projection: a Gather of K rows of the
+    (V, D) table, then one MatMul. fp32: the rows in fp32 and Gemm(transB). int8 (and nbits8):
+    the table stored as int8 rows with a scale each, the same numbers as the full step's
+    DynamicQuantizeMatMul (per output column); the gathered rows go through the same operator."""
+    table, bias = _output_table(model)
+    b = ""
+    if bias is not None:
+        b = g.node("Gather", [g.init("logits.b_all", bias), VOCAB_IDS], ["logits.b"], "logits.bias")
+    if g.linear_kind == "fp32":
+        w = g.node("Gather", [g.init("logits.w_all", table), VOCAB_IDS], ["logits.w"], "logits.rows")
+        return g.node("Gemm", [h, w, *([b] if b else [])], ["logits"], "logits", transB=1)
+    q, s = quantize_per_channel(table.T)  # per vocabulary row: the full step's scales
+    wq = g.node("Gather", [g.init("logits.wq_all", q.T.copy()), VOCAB_IDS], ["logits.wq_rows"], "logits.rows")
+    wq = g.node("Transpose", [wq], ["logits.wq"], "logits.wq", perm=[1, 0])  # (D, K)
+    ws = g.node("Gather", [g.init("logits.ws_all", s), VOCAB_IDS], ["logits.ws"], "logits.scales")
+    zp = g.node("Gather", [g.init("logits.wz_all", np.zeros(len(s), np.int8)), VOCAB_IDS], ["logits.wz"], "logits.zp")
+    return g.node("DynamicQuantizeMatMul", [h, wq, ws, zp, b], ["logits"], "logits", MS)
+
+
+def shortlist_ranking(g: GraphBuilder, model: Transformer, h: str, scored: bool) -> None:
+    """`_step_ranking` over the batch's candidates `vocab_ids` (K,) (`contract.graphs.fused_decoder_io`
+    with shortlist=True): LogSoftmax and TopK (or ArgMax) over K logits, the chosen positions
+    mapped back to vocabulary ids by a Gather of vocab_ids, and </s>'s log-probability found by
+    its place in vocab_ids."""
+    cfg = model.cfg
+    h = g.node("Reshape", [h, g.init("flat_shape", np.array([-1, cfg.d_model], np.int64))], ["hidden"], "hidden")
+    logits = _shortlist_logits(g, model, h)  # (B, K)
+    if scored:
+        g.node("LogSoftmax", [logits], ["log_probs"], "log_softmax", axis=-1)
+        g.node("TopK", ["log_probs", "top_k"], ["top_log_probs", "rank.at"], "top_k", axis=-1, largest=1, sorted=1)
+        is_eos = g.node("Equal", [VOCAB_IDS, g.init("eos_id", np.array(cfg.eos_id, np.int64))], ["is_eos"], "is_eos")
+        is_eos = g.node("Cast", [is_eos], ["is_eos.f"], "is_eos.f", to=TensorProto.FLOAT)
+        eos_at = g.node("ArgMax", [is_eos], ["eos_at"], "eos_at", axis=0, keepdims=0)  # () its place
+        g.node("Gather", ["log_probs", eos_at], ["eos_log_prob"], "eos", axis=1)
+    else:
+        g.node("ArgMax", [logits], ["rank.at"], "argmax", axis=-1, keepdims=1)  # (B, 1), the first on ties
+    g.node("Gather", [VOCAB_IDS, "rank.at"], ["top_ids"], "top_ids", axis=0)
+
+
 def _cross_attention_output(g: GraphBuilder) -> None:
     """ "cross_attention" (B, S): the last layer's cross-attention averaged over heads, from the
     kernel's scaled masked scores."""
@@ -430,14 +513,14 @@ def build_fused_encoder(model: Transformer, path: str | Path, linear_kind: str =
     """Write the encoder of `model` with every decoder layer's cross-attention keys and values
     (`contract.graphs.encoder_io`) to `path` and return it. Its int8 MatMuls quantise the same
     activations per call as the torch export's do (the cross keys and values of all layers in one
-    call over the memory, whose scale is the memory's either way), so its outputs match that
-    graph's to float rounding."""
+    call over the memory, whose scale is the memory's either way), so in fp32, and in int8 but for
+    its int8 token table (`token_embedding`), its outputs match that graph's to float rounding."""
     cfg = model.cfg
     g = GraphBuilder(linear_kind)
 
     # token embedding (the source's own table where it has one) + the first S positions: (B, S, D)
     embed = model.src_embed if model.src_embed is not None else model.embed
-    x = g.node("Gather", [g.init("embed", _token_table(model, embed)), "src_ids"], ["x_tok"], "embed")
+    x = token_embedding(g, model, embed, "src_ids")
     S = g.node("Shape", ["src_ids"], ["src_len"], "src_len", start=1, end=2)
     zero, axis0 = g.init("zero", np.array([0], np.int64)), g.init("axis0", np.array([0], np.int64))
     pe = g.node("Slice", [g.init("pe", _np(model.pe)), zero, S, axis0], ["x_pos"], "pos_embed")  # (S, D)

@@ -39,6 +39,7 @@ from contract.manifest import (
     ManifestError,
     Precision,
     SentencePieceSpec,
+    ShortlistSpec,
     SpecialIds,
     TensorSpec,
     Variant,
@@ -60,6 +61,7 @@ from export.fused import build_fused_decoder, build_fused_encoder
 from export.graphs import EXPORTERS, OPSET, export_raw
 from export.model import ModelConfig, Transformer
 from export.precision import VARIANT_RECIPES, build_variant, variant_level
+from export.shortlist import with_shortlist
 
 try:
     import onnxscript
@@ -116,6 +118,27 @@ def _reusable_variants(out: Path, weights_sha: str, precisions: list[str]) -> di
     if old is None or old.source_weights_sha256 != weights_sha:
         return {}
     return {k: v for k, v in old.variants.items() if v.precision not in precisions and v.opset == OPSET}
+
+
+def _kept_shortlist(out: Path, weights_sha: str) -> ShortlistSpec | None:
+    """The vocabulary shortlist of the export in `out` (`mtserve shortlist`) where it stays: exported
+    from the same weights, its file intact. Its decoder steps are built again for every fused
+    variant; a shortlist of other weights is removed."""
+    old: Manifest | None = None
+    if (out / MANIFEST).is_file():
+        try:
+            old = load_manifest(out, verify_checksums=False)
+        except ManifestError:
+            return None  # `_reusable_variants` has said why
+    spec = old.shortlist if old is not None else None
+    if spec is None:
+        return None
+    if old is not None and old.source_weights_sha256 == weights_sha and (out / spec.file).is_file():
+        if sha256_file(out / spec.file) == spec.sha256:
+            return spec
+    log.warning("dropping the vocabulary shortlist of other weights: run `mtserve shortlist` again")
+    (out / spec.file).unlink(missing_ok=True)
+    return None
 
 
 def _check_variant(model: Transformer, precision: str, enc: Path, dec: Path) -> dict[str, float]:
@@ -341,8 +364,12 @@ def export_model(
 
     variants = _reusable_variants(out, weights_sha, precisions)
     variants.update(_export_variants(model, out, precisions, exporter, check))
+    shortlist = _kept_shortlist(out, weights_sha)
+    variants = {k: v.model_copy(update={"shortlist_steps": {}}) for k, v in variants.items()}
     tokenizer = _copy_tokenizer(model_dir, meta, out)
     manifest = _assemble_manifest(model_dir, meta, model.cfg, weights_sha, variants, tokenizer, name, version)
+    if shortlist is not None:
+        manifest = with_shortlist(model, out, manifest, shortlist)
     _write_export(out, manifest)
     log.info("export done in %.1fs", time.perf_counter() - t0)
     return manifest

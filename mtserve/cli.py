@@ -34,6 +34,12 @@ COMMANDS = {
         "add_arguments",
         "run",
     ),
+    "shortlist": (
+        "mtserve.shortlist",
+        "derive a vocabulary shortlist for a model version and store it with it (needs the export extra)",
+        "add_arguments",
+        "run",
+    ),
     "verify": (
         "mtserve.verify",
         "check an ONNX export against PyTorch: log-prob diffs, greedy agreement",

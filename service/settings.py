@@ -51,6 +51,11 @@ class Settings(BaseSettings):
         description="decoder step: fused (contrib operators over an in-place cache, export/fused.py), portable "
         "(the torch export, any execution provider), or auto: fused where the export has it for the provider",
     )
+    shortlist: bool = Field(
+        True,
+        description="rank the output layer over the version's vocabulary shortlist where it has one (`mtserve "
+        "shortlist`; fused graph only); off: the whole vocabulary. Per model in NAME/serving.json",
+    )
 
     # Thread layout: `decode_workers` decode loops, each running its batches through ONNX Runtime
     # with `intra_op_threads` threads. On the CPU they share one session pair (one copy of the

@@ -37,6 +37,7 @@ from contract.graphs import (
     TOP_IDS,
     TOP_K,
     TOP_LOG_PROBS,
+    VOCAB_IDS,
     cache_key,
     cache_value,
     cross_key,
@@ -103,10 +104,14 @@ class RowCache(ABC):
         src_mask: np.ndarray,
         top_k: int,
         scored: bool = True,
+        vocab: Sequence[np.ndarray] = (),
     ) -> StepResult:
         """Run the decoder once for every row; `advance` must follow. `scored=False` (greedy
         search, top_k 1, nobody asking for scores) lets the step skip the log-probabilities where
-        the model has a step without them: top_log_probs and eos_log_prob are then None."""
+        the model has a step without them: top_log_probs and eos_log_prob are then None.
+        `vocab`: each sentence's shortlist candidates (`Shortlist.candidates`), where the model
+        ranks over a shortlist (`DecoderModel.shortlist`): top_k is then at most the batch's
+        vocab_ids."""
 
     @abstractmethod
     def first_step(
@@ -118,6 +123,7 @@ class RowCache(ABC):
         cross_v: list[np.ndarray],
         src_mask: np.ndarray,
         top_k: int,
+        vocab: Sequence[np.ndarray] = (),
     ) -> StepResult:
         """`step` for a batch that has not decoded yet, with beams: a sentence's beams are identical
         then (only the first is live), so the decoder runs one row per sentence and its results are
@@ -174,6 +180,7 @@ class ConcatCache(RowCache):
         src_mask: np.ndarray,
         top_k: int,
         scored: bool = True,
+        vocab: Sequence[np.ndarray] = (),
     ) -> StepResult:
         out = model.step(tokens, positions, self.past_k, self.past_v, self.past_mask, cross_k, cross_v, src_mask, top_k)
         self._present = (out.present_k, out.present_v)
@@ -188,6 +195,7 @@ class ConcatCache(RowCache):
         cross_v: list[np.ndarray],
         src_mask: np.ndarray,
         top_k: int,
+        vocab: Sequence[np.ndarray] = (),
     ) -> StepResult:
         K = len(self) // len(src_mask)
         assert self.past_len == 0, "the first step is a batch's first"
@@ -293,10 +301,11 @@ def _fused_inputs(
     cross_v: list[np.ndarray],
     src_mask: np.ndarray,
     top_k: int | None,
+    vocab_ids: np.ndarray | None,
 ) -> dict[str, np.ndarray]:
     """The fused step's inputs (`contract.graphs.fused_decoder_io`) at slot 0; the caller writes the
     step's slot into `past_sequence_length` when it runs later steps on the same arrays. top_k None:
-    the unscored step's inputs, which have none."""
+    the unscored step's inputs, which have none; vocab_ids: the shortlist step's candidates."""
     ins: dict[str, np.ndarray] = {
         TOKENS: tokens,
         POSITIONS: positions,
@@ -308,6 +317,8 @@ def _fused_inputs(
     }
     if top_k is not None:
         ins[TOP_K] = np.array([top_k], dtype=np.int64)
+    if vocab_ids is not None:
+        ins[VOCAB_IDS] = vocab_ids
     for i, (k, v) in enumerate(zip(keys, values)):
         ins[cache_key(i)], ins[cache_value(i)] = k, v
         ins[cross_key(i)] = np.ascontiguousarray(cross_k[i], dtype=np.float32)
@@ -327,6 +338,9 @@ class InPlaceCache(RowCache):
         self._bound_for: tuple[np.ndarray, int, bool] | None = None
         self._inputs: dict[str, np.ndarray] = {}
         self._outputs: dict[str, np.ndarray] = {}
+        # The batch's vocab_ids (a shortlist's candidates), worked out when its sentences change.
+        self._vocab_for: Sequence[np.ndarray] | None = None
+        self._vocab_ids: np.ndarray | None = None
 
     @classmethod
     def empty(cls, model: DecoderModel, rows: int, beam: int, capacity: int) -> InPlaceCache:
@@ -368,18 +382,23 @@ class InPlaceCache(RowCache):
         src_mask: np.ndarray,
         top_k: int,
         scored: bool = True,
+        vocab: Sequence[np.ndarray] = (),
     ) -> StepResult:
         if self.P >= self.capacity:
             self._grow(max(2 * self.capacity, self.P + 1))
         scored = scored or not model.unscored_steps
+        vocab_ids = self._batch_vocab(model, vocab)
+        if vocab_ids is not None:
+            top_k = min(top_k, len(vocab_ids))
         bound = self._bound
         if (
             bound is None
             or self._bound_for is None
             or self._bound_for[0] is not cross_k[0]
             or self._bound_for[1:] != (top_k, scored)
+            or (vocab_ids is not None and self._inputs.get(VOCAB_IDS) is not vocab_ids)
         ):
-            bound = self._bind(model, cross_k, cross_v, src_mask, top_k, scored)
+            bound = self._bind(model, cross_k, cross_v, src_mask, top_k, scored, vocab_ids)
         ins = self._inputs
         ins[TOKENS][:, 0] = tokens
         ins[POSITIONS][:, 0] = positions
@@ -404,16 +423,22 @@ class InPlaceCache(RowCache):
         cross_v: list[np.ndarray],
         src_mask: np.ndarray,
         top_k: int,
+        vocab: Sequence[np.ndarray] = (),
     ) -> StepResult:
         K = self.beam
         assert self.P == 0, "the first step is a batch's first"
+        vocab_ids = self._batch_vocab(model, vocab)
+        if vocab_ids is not None:
+            top_k = min(top_k, len(vocab_ids))
         # The first beams alone, in a cache of one slot; their entries go to slot 0 of their rows,
         # the only rows of slot 0 that the indirection names after this step.
         n, L = len(self) // K, len(self.k)
         empty = [np.zeros((n, model.n_heads, 1, model.d_k), dtype=np.float32)] * L
         tokens, positions = np.ascontiguousarray(tokens[::K, None]), np.ascontiguousarray(positions[::K, None])
         one_slot, one_beam = np.ones((n, 1), dtype=np.int32), np.zeros((n, 1, 1), dtype=np.int32)
-        feeds = _fused_inputs(tokens, positions, one_slot, one_beam, empty, empty, cross_k, cross_v, src_mask, top_k)
+        feeds = _fused_inputs(
+            tokens, positions, one_slot, one_beam, empty, empty, cross_k, cross_v, src_mask, top_k, vocab_ids
+        )
         present = [name for i in range(L) for name in (present_key(i), present_value(i))]
         out = model.run_fused(feeds, [*_STEP_RESULT_OUTPUTS, *present])
         for i in range(L):
@@ -430,6 +455,7 @@ class InPlaceCache(RowCache):
         src_mask: np.ndarray,
         top_k: int,
         scored: bool,
+        vocab_ids: np.ndarray | None,
     ) -> BoundStep:
         R = len(self.mask)
         tokens, positions = np.zeros((R, 1), dtype=np.int64), np.zeros((R, 1), dtype=np.int64)
@@ -444,6 +470,7 @@ class InPlaceCache(RowCache):
             cross_v,
             src_mask,
             top_k if scored else None,
+            vocab_ids,
         )
         outs: dict[str, np.ndarray] = {
             TOP_IDS: np.empty((R, top_k), dtype=np.int64),
@@ -457,6 +484,17 @@ class InPlaceCache(RowCache):
         self._inputs, self._outputs = ins, outs
         self._bound, self._bound_for = model.bind_step(ins, outs, scored), (cross_k[0], top_k, scored)
         return self._bound
+
+    def _batch_vocab(self, model: DecoderModel, vocab: Sequence[np.ndarray]) -> np.ndarray | None:
+        """The batch's vocab_ids where the model ranks over a shortlist (None: it does not), made
+        from the sentences' candidates `vocab` again only when the batch's sentences changed (a
+        filter or a concatenation gives a new list)."""
+        shortlist = model.shortlist
+        if shortlist is None:
+            return None
+        if self._vocab_ids is None or self._vocab_for is not vocab:
+            self._vocab_ids, self._vocab_for = shortlist.batch_ids(vocab), vocab
+        return self._vocab_ids
 
     def advance(self, rows: np.ndarray | None) -> None:
         """Slot P is written; beams follow their parents through the indirection alone."""

@@ -47,6 +47,7 @@ from service.decoding.model import DecoderModel
 from service.decoding.sampling import Sampling, draw
 
 NEG_INF = float("-inf")
+_NO_IDS = np.zeros(0, dtype=np.int64)  # a sentence's shortlist candidates where the model has no shortlist
 # The encoder runs over a batch's sources in length-sorted chunks, each padded only to its own longest
 # source (a mixed batch of 16 padded to its longest is 42% padding, test_2016_flickr). A chunk takes
 # the next longer source while that adds at most this many padding tokens to it, about what one more
@@ -300,6 +301,10 @@ class DecodeBatch:
     samples: np.ndarray = _per("sentence", _zeros(0, dtype=bool))
     # Greedy only: the token each sentence emitted at the last step, by key (`last_tokens`).
     last_emitted: dict[Hashable, list[int]] = _per("sentence", dict)
+    # Where the model ranks over a vocabulary shortlist (`DecoderModel.shortlist`): each sentence's
+    # own candidates, its source tokens' rows and its forced tokens (`Shortlist.candidates`);
+    # the cache makes the batch's vocab_ids of them when its sentences change. Else empty arrays.
+    vocab: list[np.ndarray] = _per("sentence", list)
 
     # -- per row --------------------------------------------------------------
     # The self-attention keys and values of every row, with which entries are the row's own (a
@@ -361,6 +366,11 @@ class DecodeBatch:
         R = n * K
         self.keys = list(keys)
         self._set_output_rules(n, min_lens, target_prefixes, kept_prefixes, num_hypotheses, sampling)
+        shortlist = model.shortlist
+        self.vocab = [
+            shortlist.candidates(src, forced) if shortlist is not None else _NO_IDS
+            for src, forced in zip(src_ids_lists, self.target_prefix)
+        ]
         rule = [max_output_len(int(L), max_len_a, max_len_b, model.max_positions) for L in lens]
         if max_lens is not None:
             rule = [max(1, min(int(m), model.max_positions - 1)) for m in _as_list(max_lens, n, "max_lens")]
@@ -482,11 +492,11 @@ class DecodeBatch:
         first = K > 1 and self.cache.past_len == 0
         step_args = (model, self.tokens, self.positions, self.cross_k, self.cross_v, self.src_mask, k_row)
         if first:
-            out = self.cache.first_step(*step_args)
+            out = self.cache.first_step(*step_args, vocab=self.vocab)
         else:
             # Greedy search ranks by the logits alone (no log-softmax) while nobody wants a score.
             scored = K > 1 or k_row > 1 or bool(self.want_scores[live_before].any())
-            out = self.cache.step(*step_args, scored=scored)
+            out = self.cache.step(*step_args, scored=scored, vocab=self.vocab)
         top_lp, top_ids, att = out.top_log_probs, out.top_ids, out.cross_attention
         if sampling:
             top_ids, top_lp = self._sample(top_ids, top_lp, rules)
@@ -619,7 +629,7 @@ class DecodeBatch:
         K, live = self.beam, not self.done[0]
         scored = K > 1 or k_row > 1 or (live and bool(self.want_scores[0]))
         step_args = (model, self.tokens, self.positions, self.cross_k, self.cross_v, self.src_mask, k_row)
-        out = self.cache.step(*step_args, scored=scored)
+        out = self.cache.step(*step_args, scored=scored, vocab=self.vocab)
         if sampling:
             drawn_ids, drawn_lp = self._sample(out.top_ids, out.top_log_probs, rules)
             out = out._replace(top_ids=drawn_ids, top_log_probs=drawn_lp)

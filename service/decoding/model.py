@@ -12,6 +12,7 @@ from typing import Protocol
 
 import numpy as np
 
+from contract.shortlist import Shortlist
 from service.runtime.onnx_model import BoundStep, StepOutput
 
 
@@ -50,6 +51,10 @@ class DecoderModel(Protocol):
     @property
     def start_id(self) -> int:
         """The decoder's first input token (the manifest's decoder_start_id, else bos_id)."""
+
+    @property
+    def shortlist(self) -> Shortlist | None:
+        """The vocabulary shortlist the fused steps rank over (their input vocab_ids), or None."""
 
     @property
     def unscored_steps(self) -> bool:

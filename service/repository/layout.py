@@ -27,6 +27,7 @@ PER_MODEL = frozenset(
     {
         "precision",
         "graph",
+        "shortlist",
         "decode_workers",
         "intra_op_threads",
         "inter_op_threads",

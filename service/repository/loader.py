@@ -22,7 +22,7 @@ from service.repository.layout import SERVING_FILE, VersionDir, model_overrides
 from service.repository.registry import ServedModel
 from service.runtime.loading import load_models
 from service.runtime.memory import mapped_allocations
-from service.runtime.onnx_model import choose_graph
+from service.runtime.onnx_model import choose_graph, uses_shortlist
 from service.runtime.tokenizer import TextTokenizer, load_tokenizer
 from service.settings import Settings
 
@@ -100,6 +100,7 @@ class ModelLoader:
             loaded = await loop.run_in_executor(None, _load_in_process, st, metrics)
         engine = Engine(st, loaded.manifest, loaded.tokenizer, loaded.backend, metrics, loaded.provider, loaded.graph)
         engine.notes = graph_notes(loaded.manifest, st, loaded.provider, loaded.graph)
+        engine.notes += shortlist_notes(loaded.manifest, st, loaded.graph)
         for note in engine.notes:
             log.warning("%s:%s: %s", source.name, source.version, note)
         metrics.model_info.info(
@@ -141,6 +142,21 @@ def graph_notes(manifest: Manifest, st: Settings, provider: str, graph: str) -> 
     if st.graph == "portable":
         return ["the portable decoder step runs as configured (MTSERVE_GRAPH=portable), not the fused one"]
     return []
+
+
+def shortlist_notes(manifest: Manifest, st: Settings, graph: str) -> list[str]:
+    """What GetModelInfo says of the version's vocabulary shortlist (`contract.shortlist`), when it has one."""
+    spec = manifest.shortlist
+    if spec is None:
+        return []
+    if uses_shortlist(manifest, st.precision, graph, st.shortlist):
+        return [
+            f"vocabulary shortlist: the output layer ranks each batch's candidate tokens only ({spec.per_source} "
+            f"per source token, {spec.always} always; derived from {spec.pairs} {spec.derived_from} sentence pairs); "
+            "shortlist=false in serving.json turns it off"
+        ]
+    why = "shortlist=false" if not st.shortlist else f"the {graph} decoder step of {st.precision} has none"
+    return [f"the version's vocabulary shortlist is not used ({why}): the output layer ranks the whole vocabulary"]
 
 
 async def _start_engine_processes(st: Settings, metrics: ModelMetrics) -> LoadedModel:

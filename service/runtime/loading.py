@@ -20,6 +20,7 @@ def load_models(settings: Settings) -> list[OnnxSeq2Seq]:
             graphs,
             precision=settings.precision,
             graph=settings.graph,
+            shortlist=settings.shortlist,
             provider=settings.provider,
             intra_op_threads=settings.intra_op_threads,
             inter_op_threads=settings.inter_op_threads,

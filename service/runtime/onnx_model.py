@@ -30,6 +30,7 @@ from contract.graphs import (
     past_value,
 )
 from contract.manifest import GRAPHS, GraphSpec, Manifest, Variant, load_manifest, resolve_onnx_dir, verify_files
+from contract.shortlist import Shortlist
 from service.runtime.tokenizer import TextTokenizer, load_tokenizer
 
 log = logging.getLogger("mtserve.onnx")
@@ -69,6 +70,14 @@ def choose_graph(manifest: Manifest, precision: str, provider: str, graph: str =
     return graph
 
 
+def uses_shortlist(manifest: Manifest, precision: str, graph: str, enabled: bool = True) -> bool:
+    """Whether the decoder steps rank over the version's vocabulary shortlist (`contract.shortlist`):
+    where it has one, for this variant's fused steps, and the per-model setting leaves it on."""
+    if not enabled or graph != "fused" or manifest.shortlist is None or not manifest.has(precision, graph):
+        return False
+    return bool(manifest.variant(precision, graph).shortlist_steps)
+
+
 class BoundStep:
     """A decoder session with its inputs and outputs bound to numpy buffers (IO binding): `run()`
     reads the inputs' current contents and writes the outputs in place, nothing copied."""
@@ -105,7 +114,9 @@ class OnnxSeq2Seq:
     """An ONNX export dir (or a model dir with an `onnx/` subdir) loaded for inference.
 
     Attributes: manifest, tokenizer, provider ("cpu"/"cuda", the one in use), precision, graph
-    ("portable"/"fused", the decoder step in use), and the model's dims and special ids for convenience (n_layers, n_heads, d_k, vocab_size, pad_id,
+    ("portable"/"fused", the decoder step in use), shortlist (the version's vocabulary shortlist
+    when its fused steps rank over it instead of the whole vocabulary: `uses_shortlist`; `shortlist=False`
+    runs the plain steps; only one set of steps is loaded), and the model's dims and special ids for convenience (n_layers, n_heads, d_k, vocab_size, pad_id,
     bos_id, eos_id, start_id (the decoder's first input token), max_positions)."""
 
     def __init__(
@@ -118,6 +129,7 @@ class OnnxSeq2Seq:
         strict: bool = False,
         verify_checksums: bool = True,
         graph: str = "auto",
+        shortlist: bool = True,
     ):
         self.dir = resolve_onnx_dir(model_dir_or_onnx_dir)
         self.provider = choose_provider(provider, strict)
@@ -142,8 +154,10 @@ class OnnxSeq2Seq:
         so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         so.log_severity_level = 3
         providers = [PROVIDERS[self.provider]] + (["CPUExecutionProvider"] if self.provider == "cuda" else [])
+        self.shortlist = self._load_shortlist(precision, shortlist)
+        self._steps = dict(variant.shortlist_steps) if self.shortlist is not None else variant.decoder_steps()
         self.encoder = ort.InferenceSession(str(self.dir / variant.encoder.file), so, providers=providers)
-        self.decoder = ort.InferenceSession(str(self.dir / variant.decoder.file), so, providers=providers)
+        self.decoder = ort.InferenceSession(str(self.dir / self._steps["decoder"].file), so, providers=providers)
 
         def fused(spec: GraphSpec | None) -> ort.InferenceSession | None:
             if self.graph != "fused" or spec is None:
@@ -152,9 +166,9 @@ class OnnxSeq2Seq:
 
         # The fused step for batches of one row (a lone greedy request), where it is faster; and
         # both again ending with the argmax alone, for greedy batches that want no scores.
-        self.decoder_one_row = fused(variant.decoder_one_row)
-        self.decoder_unscored = fused(variant.decoder_unscored)
-        self.decoder_one_row_unscored = fused(variant.decoder_one_row_unscored)
+        self.decoder_one_row = fused(self._steps.get("decoder_one_row"))
+        self.decoder_unscored = fused(self._steps.get("decoder_unscored"))
+        self.decoder_one_row_unscored = fused(self._steps.get("decoder_one_row_unscored"))
         if self.provider == "cuda" and PROVIDERS["cuda"] not in self.decoder.get_providers():
             # Listed by onnxruntime-gpu, but the session could not start it (no driver, wrong
             # CUDA or cuDNN): onnxruntime fell back to the CPU. Say so, or refuse when strict.
@@ -180,10 +194,23 @@ class OnnxSeq2Seq:
         self._cross_names = [(cross_key(i), cross_value(i)) for i in range(L)]
         self._check_io(variant)
 
+    def _load_shortlist(self, precision: str, enabled: bool) -> Shortlist | None:
+        """The version's vocabulary shortlist where the fused steps rank over it (`uses_shortlist`)."""
+        spec = self.manifest.shortlist
+        if spec is None or not uses_shortlist(self.manifest, precision, self.graph, enabled):
+            return None
+        shortlist = Shortlist.load(self.dir / spec.file)
+        if shortlist.vocab_size != self.manifest.dims.vocab_size:
+            raise ValueError(
+                f"{spec.file} is for a vocabulary of {shortlist.vocab_size}, the model's has "
+                f"{self.manifest.dims.vocab_size}: run `mtserve shortlist` again"
+            )
+        return shortlist
+
     def _check_io(self, variant: Variant) -> None:
         # the decoder steps' sessions are attributes named as the manifest's fields
         checks = [(self.encoder, variant.encoder, "encoder")]
-        checks += [(getattr(self, field), spec, field) for field, spec in variant.decoder_steps().items()]
+        checks += [(getattr(self, field), spec, field) for field, spec in self._steps.items()]
         for session, spec, what in checks:
             if session is None:  # a step of the fused graph while the portable one runs
                 continue
@@ -196,7 +223,8 @@ class OnnxSeq2Seq:
 
     def __repr__(self) -> str:
         return (
-            f"OnnxSeq2Seq({self.manifest.name}:{self.manifest.version}, {self.precision}, {self.graph}, "
+            f"OnnxSeq2Seq({self.manifest.name}:{self.manifest.version}, {self.precision}, {self.graph}"
+            f"{' with a shortlist' if self.shortlist is not None else ''}, "
             f"{self.provider}, layers={self.n_layers}, heads={self.n_heads})"
         )
 
@@ -293,7 +321,8 @@ class OnnxSeq2Seq:
         """The fused decoder step bound to a batch's buffers (`contract.graphs.fused_decoder_io`):
         bind a cache buffer as both its input and its present output, and the step writes it in place.
         `scored=False`: the unscored step (`unscored_steps`), whose inputs lack top_k and whose only
-        search output is top_ids (B, 1)."""
+        search output is top_ids (B, 1). With a `shortlist`, the steps take vocab_ids too (the
+        batch's candidate ids, `Shortlist.batch_ids`)."""
         if self.graph != "fused":
             raise RuntimeError(f"bind_step runs the fused graph; this model runs the {self.graph} one")
         return BoundStep(self._step_session(len(inputs[TOKENS]), scored), inputs, outputs)

@@ -107,8 +107,15 @@ def test_the_fused_graphs_have_the_architecture_of_the_model(exported):
             ACTIVATION_OPS[cfg.activation] in ops
             and not (set(ACTIVATION_OPS.values()) - {ACTIVATION_OPS[cfg.activation]}) & ops
         )
+    # int8: the token tables are int8 rows with a scale each; fp32 keeps the float table
+    V = cfg.src_vocab_size or cfg.vocab_size
     inits = {t.name: t for t in encoder.graph.initializer}
-    assert tuple(inits["embed"].dims) == (cfg.src_vocab_size or cfg.vocab_size, cfg.d_model)
+    assert "embed" not in inits
+    assert (tuple(inits["embed.q"].dims), inits["embed.q"].data_type) == ((V, cfg.d_model), onnx.TensorProto.INT8)
+    assert tuple(inits["embed.s"].dims) == (V, 1)
+    assert [tuple(t.dims) for t in decoder.graph.initializer if t.name == "embed.q"] == [(cfg.vocab_size, cfg.d_model)]
+    fp32 = onnx.load(str(out / manifest.variants["fp32-fused"].encoder.file))
+    assert {t.name: tuple(t.dims) for t in fp32.graph.initializer}["embed"] == (V, cfg.d_model)
     assert ("logits.b" in {t.name for t in decoder.graph.initializer}) == cfg.logits_bias
 
 

@@ -101,8 +101,9 @@ def test_manifest_lists_every_variant_with_its_contract(tiny_onnx_dir, tiny_mode
         else:
             assert v.decoder.file == f"decoder.fused.{p}.onnx" and v.target == "cpu"
             assert v.decoder.inputs == fused_decoder_io(cfg)[0] and v.decoder.outputs == fused_decoder_io(cfg)[1]
-            # the fused encoder quantises the same activations per call as the portable one
-            assert v.parity["encoder_vs_portable"] <= 1e-4
+            # the fused encoder quantises the same activations per call as the portable one; at int8
+            # its token table is int8 rows too (the portable graph's is fp32)
+            assert v.parity["encoder_vs_portable"] <= (1e-4 if p == "fp32" else 0.5)
             assert v.parity["encoder_memory"] <= (1e-4 if p == "fp32" else 0.5)
             # greedy search's step without log-probabilities: no top_k in, the argmax alone out
             unscored = v.decoder_unscored

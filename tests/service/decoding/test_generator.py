@@ -614,9 +614,9 @@ def _record_scored(monkeypatch, model) -> list[bool]:
     cls = InPlaceCache if model.graph == "fused" else ConcatCache
     step = cls.step
 
-    def recording(self, *args, scored: bool = True):
+    def recording(self, *args, scored: bool = True, **kw):
         asked.append(scored)
-        return step(self, *args, scored=scored)
+        return step(self, *args, scored=scored, **kw)
 
     monkeypatch.setattr(cls, "step", recording)
     return asked
