@@ -258,9 +258,9 @@ def server_level(address: str, texts: list[str], plan: RealSizePlan, beam: int, 
     return row
 
 
-def measure_beam(plan: RealSizePlan, eng: Engines, address: str, texts: list[str], beam: int) -> Row:
-    """One beam: the choices of layout and ISA, then the pairs behind each ratio."""
-    n, n_hf, tokens = plan.sentences[beam], plan.hf_sentences[beam], plan.tokens
+def choose_layouts(plan: RealSizePlan, eng: Engines, beam: int) -> Row:
+    """A beam's row begun with each engine's best: the engine's decode loops, CTranslate2's ISA
+    offline and for one sentence, and the figures behind the choices."""
     loops, layout_figs = fastest(eng.engine, plan, beam, "offline")
     isa, isa_figs = fastest(eng.ct2, plan, beam, "offline")
     single_isa, single_isa_figs = fastest(eng.ct2_single, plan, beam, "single")
@@ -268,6 +268,18 @@ def measure_beam(plan: RealSizePlan, eng: Engines, address: str, texts: list[str
         f"real size beam {beam}: engine loops {layout_figs} sent/s -> {loops}; CT2 ISA {isa_figs} sent/s -> "
         f"{isa or 'default'}, single {single_isa_figs} ms -> {single_isa or 'default'}"
     )
+    row: Row = {"beam": beam, "engine_loops": loops, "ct2_isa": isa or "default"}
+    row["ct2_single_isa"], row["isas_single_p50_ms"] = single_isa or "default", single_isa_figs
+    row["layouts_sentences_per_s"], row["isas_sentences_per_s"] = layout_figs, isa_figs
+    return row
+
+
+def measure_beam(plan: RealSizePlan, eng: Engines, address: str, texts: list[str], beam: int) -> Row:
+    """One beam: the choices of layout and ISA, then the pairs behind each ratio."""
+    n, n_hf, tokens = plan.sentences[beam], plan.hf_sentences[beam], plan.tokens
+    row = choose_layouts(plan, eng, beam)
+    loops: int = row["engine_loops"]
+    isa, single_isa = (row[k].replace("default", "") for k in ("ct2_isa", "ct2_single_isa"))
     ours, ct2 = eng.engine[loops], eng.ct2[isa]
 
     def off(w: Worker, k: int = n) -> Part:
@@ -279,9 +291,6 @@ def measure_beam(plan: RealSizePlan, eng: Engines, address: str, texts: list[str
     def served(c: int, key: str) -> Part:
         return lambda: float(server_level(address, texts, plan, beam, c)[key])
 
-    row: Row = {"beam": beam, "engine_loops": loops, "ct2_isa": isa or "default"}
-    row["ct2_single_isa"], row["isas_single_p50_ms"] = single_isa or "default", single_isa_figs
-    row["layouts_sentences_per_s"], row["isas_sentences_per_s"] = layout_figs, isa_figs
     row["engine_over_ct2_int8"] = pairs(off(ours), off(ct2), plan.rounds)
     row["engine_latency_over_ct2"] = pairs(single(eng.engine_single), single(eng.ct2_single[single_isa]), plan.rounds)
     row["service_over_ct2_int8"] = pairs(served(64, "sentences_per_s"), off(ct2), plan.rounds)
@@ -449,6 +458,11 @@ def measure(plan: RealSizePlan, dims: Dims = Dims()) -> Row:
     finally:
         for w in eng.all():
             w.close()
+    return result(plan, dims, rows, rss, t0, hf_error)
+
+
+def result(plan: RealSizePlan, dims: Dims, rows: list[Row], rss: dict[str, float], t0: float, hf_error: str) -> Row:
+    """A run's JSON: its plan and dimensions, the rows per beam, the summary and the seconds it took."""
     return {
         "plan": asdict(plan),
         "dims": asdict(dims),
@@ -471,25 +485,14 @@ def measure_shortlist_only(plan: RealSizePlan, dims: Dims = Dims()) -> Row:
     rss: dict[str, float] = {}
     try:
         for beam in plan.shortlist_beams:
-            loops, _ = fastest(eng.engine, plan, beam, "offline")
-            isa, _ = fastest(eng.ct2, plan, beam, "offline")
-            single_isa, _ = fastest(eng.ct2_single, plan, beam, "single")
-            row: Row = {"beam": beam, "engine_loops": loops, "ct2_isa": isa or "default"}
-            row["ct2_single_isa"] = single_isa or "default"
+            row = choose_layouts(plan, eng, beam)
             row["shortlist"] = measure_shortlist(plan, eng, prep, row)
             rss.update(row["shortlist"]["rss_mb"])
             rows.append(row)
     finally:
         for w in eng.all():
             w.close()
-    return {
-        "plan": asdict(plan),
-        "dims": asdict(dims),
-        "rows": rows,
-        "hf_error": "",
-        "summary": summary(rows, rss),
-        "seconds": round(time.time() - t0, 1),
-    }
+    return result(plan, dims, rows, rss, t0, "")
 
 
 def report_lines(real: Row) -> list[str]:

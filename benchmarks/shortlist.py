@@ -37,9 +37,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
+from benchmarks.real_size_model import DATA, REPO, read_lines
+
 CACHE = REPO / "benchmarks" / ".cache"
-DATA = REPO.parent / "shared" / "data" / "multi30k"
 TRAINED_HF = Path("/tmp/marian-de-en")  # export.hf.train_marian's output (docs/models.md)
 TRAINED_VERSION = Path("/tmp/byom-models/marian-de-en/1")  # its `mtserve import`
 LINKED_SUFFIXES = (".onnx", ".onnx_data", ".safetensors", ".bin", ".spm")
@@ -170,13 +170,6 @@ def convert_marian(hf: Path, out: Path) -> Path:
     return out
 
 
-def read_split(split: str, lang: str, data: Path = DATA) -> list[str]:
-    import gzip
-
-    with gzip.open(data / f"{split}.{lang}.gz", "rt", encoding="utf-8") as f:
-        return [line.strip() for line in f]
-
-
 def ct2_translate(
     translator: Any, tokenizer: Any, texts: list[str], beam: int, use_vmap: bool, batch: int = 64
 ) -> list[str]:
@@ -206,7 +199,7 @@ def ct2_bleu(ct2_dir: Path, hf: Path, split: str, beam: int, use_vmap: bool, com
     import sacrebleu
     from transformers import AutoTokenizer
 
-    texts, refs = read_split(split, "de"), read_split(split, "en")
+    texts, refs = read_lines("de", split), read_lines("en", split)
     translator = ctranslate2.Translator(str(ct2_dir), device="cpu", compute_type=compute_type, intra_threads=threads)
     t0 = time.perf_counter()
     hyps = ct2_translate(translator, AutoTokenizer.from_pretrained(str(hf)), texts, beam, use_vmap)
@@ -302,7 +295,7 @@ def bleu_rows(hf: Path, original: Path, sizes: list[Size], cache: Path, threads:
 
     ct2 = convert_marian(hf, cache / "ct2")
     tokenizer = AutoTokenizer.from_pretrained(str(hf))
-    sources = tokenizer(read_split(split, "de")).input_ids
+    sources = tokenizer(read_lines("de", split)).input_ids
     vocabulary = [str(tokenizer.convert_ids_to_tokens(i)) for i in range(len(tokenizer))]
     rows = []
     for size in [None, *sizes]:

@@ -430,9 +430,8 @@ def _step_ranking(g: GraphBuilder, model: Transformer, h: str, scored: bool, blo
     the stored logits bias where the model has one, and the search's outputs from the logits."""
     cfg = model.cfg
     h = g.node("Reshape", [h, g.init("flat_shape", np.array([-1, cfg.d_model], np.int64))], ["hidden"], "hidden")
-    out_w = model.generator.weight if model.generator is not None else model.embed.weight  # (V, D)
-    bias = _np(model.final_logits_bias) if cfg.logits_bias else None
-    logits = g.linear("logits", h, _np(out_w).T, bias)  # (B, V)
+    table, bias = _output_table(model)  # (V, D), (V,) or None
+    logits = g.linear("logits", h, table.T, bias)  # (B, V)
     block = rank_block(cfg.vocab_size) if blocks else 0
     if scored:
         g.node("LogSoftmax", [logits], ["log_probs"], "log_softmax", axis=-1)
@@ -471,8 +470,7 @@ def _shortlist_logits(g: GraphBuilder, model: Transformer, h: str) -> str:
     wq = g.node("Gather", [g.init("logits.wq_all", q.T.copy()), VOCAB_IDS], ["logits.wq_rows"], "logits.rows")
     wq = g.node("Transpose", [wq], ["logits.wq"], "logits.wq", perm=[1, 0])  # (D, K)
     ws = g.node("Gather", [g.init("logits.ws_all", s), VOCAB_IDS], ["logits.ws"], "logits.scales")
-    zp = g.node("Gather", [g.init("logits.wz_all", np.zeros(len(s), np.int8)), VOCAB_IDS], ["logits.wz"], "logits.zp")
-    return g.node("DynamicQuantizeMatMul", [h, wq, ws, zp, b], ["logits"], "logits", MS)
+    return g.node("DynamicQuantizeMatMul", [h, wq, ws, "", b], ["logits"], "logits", MS)  # zero points: 0
 
 
 def shortlist_ranking(g: GraphBuilder, model: Transformer, h: str, scored: bool) -> None:

@@ -308,6 +308,39 @@ def _hf_scale_weights(model, factor: float) -> None:
                 p.mul_(factor)
 
 
+def _tiny_m2m100(out: Path, vocab_size: int, activation: str, seed: int) -> Path:
+    """A seeded M2M100ForConditionalGeneration of 2+2 layers of width 32 saved into `out` (M2M100's
+    and NLLB's special ids), its weights scaled up so that its outputs vary."""
+    import torch
+    from transformers import M2M100Config, M2M100ForConditionalGeneration
+
+    config = M2M100Config(
+        vocab_size=vocab_size,
+        d_model=32,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=64,
+        decoder_ffn_dim=64,
+        max_position_embeddings=128,
+        activation_function=activation,
+        scale_embedding=True,
+        pad_token_id=1,
+        bos_token_id=0,
+        eos_token_id=2,
+        decoder_start_token_id=2,
+        forced_eos_token_id=2,
+        dropout=0.0,
+        init_std=0.1,
+    )
+    torch.manual_seed(seed)
+    model = M2M100ForConditionalGeneration(config)
+    _hf_scale_weights(model, 2.0)
+    model.save_pretrained(str(out))
+    return out
+
+
 def hf_marian_folder(
     out: Path, src_spm: Path, tgt_spm: Path, activation: str, separate: bool, seed: int, bad_words: bool = True
 ) -> Path:
@@ -378,8 +411,7 @@ def hf_marian_folder(
 def hf_m2m100_folder(out: Path, spm: Path, activation: str, seed: int) -> Path:
     import json
 
-    import torch
-    from transformers import M2M100Config, M2M100ForConditionalGeneration, M2M100Tokenizer
+    from transformers import M2M100Tokenizer
 
     out.mkdir(parents=True)
     vocab = {"<s>": 0, "<pad>": 1, "</s>": 2, "<unk>": 3, **{p: i + 4 for i, p in enumerate(_hf_pieces(spm))}}
@@ -393,31 +425,8 @@ def hf_m2m100_folder(out: Path, spm: Path, activation: str, seed: int) -> Path:
         language_codes="wmt21",
     )
     tok.save_pretrained(str(out))
-    config = M2M100Config(
-        vocab_size=max(tok.lang_code_to_id.values()) + 1 + 8,  # and M2M100's 8 made-up words
-        d_model=32,
-        encoder_layers=2,
-        decoder_layers=2,
-        encoder_attention_heads=4,
-        decoder_attention_heads=4,
-        encoder_ffn_dim=64,
-        decoder_ffn_dim=64,
-        max_position_embeddings=128,
-        activation_function=activation,
-        scale_embedding=True,
-        pad_token_id=1,
-        bos_token_id=0,
-        eos_token_id=2,
-        decoder_start_token_id=2,
-        forced_eos_token_id=2,
-        dropout=0.0,
-        init_std=0.1,
-    )
-    torch.manual_seed(seed)
-    model = M2M100ForConditionalGeneration(config)
-    _hf_scale_weights(model, 2.0)
-    model.save_pretrained(str(out))
-    return out
+    # and M2M100's 8 made-up words
+    return _tiny_m2m100(out, max(tok.lang_code_to_id.values()) + 1 + 8, activation, seed)
 
 
 @pytest.fixture(scope="session")
@@ -463,8 +472,7 @@ def hf_nllb_folder(out: Path, spm: Path, seed: int) -> Path:
     model itself shipped beside them as on the hub, and an M2M100 model with two unused rows."""
     import shutil
 
-    import torch
-    from transformers import M2M100Config, M2M100ForConditionalGeneration, NllbTokenizer
+    from transformers import NllbTokenizer
 
     spm_only = out.with_name(out.name + "-spm")
     spm_only.mkdir(parents=True)
@@ -474,31 +482,7 @@ def hf_nllb_folder(out: Path, spm: Path, seed: int) -> Path:
     )
     tok.save_pretrained(str(out))
     shutil.copyfile(spm, out / "sentencepiece.bpe.model")
-    config = M2M100Config(
-        vocab_size=len(tok) + 2,
-        d_model=32,
-        encoder_layers=2,
-        decoder_layers=2,
-        encoder_attention_heads=4,
-        decoder_attention_heads=4,
-        encoder_ffn_dim=64,
-        decoder_ffn_dim=64,
-        max_position_embeddings=128,
-        activation_function="relu",
-        scale_embedding=True,
-        pad_token_id=1,
-        bos_token_id=0,
-        eos_token_id=2,
-        decoder_start_token_id=2,
-        forced_eos_token_id=2,
-        dropout=0.0,
-        init_std=0.1,
-    )
-    torch.manual_seed(seed)
-    model = M2M100ForConditionalGeneration(config)
-    _hf_scale_weights(model, 2.0)
-    model.save_pretrained(str(out))
-    return out
+    return _tiny_m2m100(out, len(tok) + 2, "relu", seed)
 
 
 @pytest.fixture(scope="session")

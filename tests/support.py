@@ -7,6 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import grpc
+
+from service.api.inference import grpc_service_pb2 as kpb
+from service.api.inference import grpc_service_pb2_grpc as kpb_grpc
 from service.client import healthcheck
 
 
@@ -30,3 +34,23 @@ def wait_serving(address: str, proc: subprocess.Popen, timeout: float = 90) -> l
         return healthcheck.wait_serving(address, timeout, alive=lambda: proc.poll() is None)
     except RuntimeError:
         raise AssertionError(proc.stdout.read()) from None
+
+
+def kserve_infer(address: str, model: str, texts: list[str], **params: str | float | int) -> kpb.ModelInferResponse:
+    """One KServe ModelInfer of `texts` (the TEXT input) with `params` as request parameters."""
+    req = kpb.ModelInferRequest(model_name=model)
+    req.inputs.add(
+        name="TEXT",
+        datatype="BYTES",
+        shape=[len(texts)],
+        contents=kpb.InferTensorContents(bytes_contents=[t.encode() for t in texts]),
+    )
+    for k, v in params.items():
+        if isinstance(v, str):
+            req.parameters[k].string_param = v
+        elif isinstance(v, float):
+            req.parameters[k].double_param = v
+        else:
+            req.parameters[k].int64_param = v
+    with grpc.insecure_channel(address) as ch:
+        return kpb_grpc.GRPCInferenceServiceStub(ch).ModelInfer(req, timeout=30)

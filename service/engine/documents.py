@@ -59,9 +59,12 @@ _LOWER_CASE_NOUNS = {"en", "fr"}
 # Words no sentence ends in, after which an opener is not split off ("eine Zwei in Mathe", "à La
 # Rochelle"): the articles, and in French the prepositions too (French strands none).
 _NEVER_LAST = {
-    "de": "der die das den dem des ein eine einer einem einen eines",
-    "en": "the a an",
-    "fr": "le la les un une des du de à au aux en dans par pour sur sous avec sans chez vers entre",
+    lang: set(words.split())
+    for lang, words in {
+        "de": "der die das den dem des ein eine einer einem einen eines",
+        "en": "the a an",
+        "fr": "le la les un une des du de à au aux en dans par pour sur sous avec sans chez vers entre",
+    }.items()
 }
 _OPENER_AT = {
     lang: re.compile(rf"(?<=[^\W_]|\.)\s+(?=(?:{'|'.join(words.split())})\s+[^\W\d_])")
@@ -146,7 +149,7 @@ def _split_at_openers(sentence: str, code: str) -> list[str]:
     at_opener = _OPENER_AT.get(code)
     if at_opener is None:
         return [sentence]
-    never_last = set(_NEVER_LAST[code].split())
+    never_last = _NEVER_LAST[code]
     parts: list[str] = []
     start = 0
     for m in at_opener.finditer(sentence):

@@ -10,9 +10,9 @@ import grpc
 import pytest
 
 from service.api.inference import grpc_service_pb2 as kpb
-from service.api.inference import grpc_service_pb2_grpc as kpb_grpc
 from service.api.mtserve.v1 import translation_pb2 as pb
 from service.client import cli
+from tests.support import kserve_infer
 
 TEXTS = [
     "Ein Mann fährt Fahrrad.",
@@ -149,22 +149,7 @@ def test_the_cli_takes_the_decoding_flags(server, capsys):
 
 
 def _infer(server, texts: list[str], **params) -> kpb.ModelInferResponse:
-    req = kpb.ModelInferRequest(model_name=server.server.engine.translation_model)
-    req.inputs.add(
-        name="TEXT",
-        datatype="BYTES",
-        shape=[len(texts)],
-        contents=kpb.InferTensorContents(bytes_contents=[t.encode() for t in texts]),
-    )
-    for k, v in params.items():
-        if isinstance(v, str):
-            req.parameters[k].string_param = v
-        elif isinstance(v, float):
-            req.parameters[k].double_param = v
-        else:
-            req.parameters[k].int64_param = v
-    with grpc.insecure_channel(server.address) as ch:
-        return kpb_grpc.GRPCInferenceServiceStub(ch).ModelInfer(req, timeout=30)
+    return kserve_infer(server.address, server.server.engine.translation_model, texts, **params)
 
 
 def _outputs(resp: kpb.ModelInferResponse) -> list[str]:

@@ -11,9 +11,9 @@ import grpc
 import pytest
 
 from service.api.inference import grpc_service_pb2 as kpb
-from service.api.inference import grpc_service_pb2_grpc as kpb_grpc
 from service.api.mtserve.v1 import translation_pb2 as pb
 from service.client import cli
+from tests.support import kserve_infer
 
 SENTENCES = ["Ein Mann fährt Fahrrad.", "Zwei Hunde spielen im Schnee!", "Dr. Müller liest z. B. ein Buch."]
 DOCUMENT = f"  {SENTENCES[0]} {SENTENCES[1]}\n\n{SENTENCES[2]}\n"
@@ -95,18 +95,8 @@ def test_translate_stream_goes_sentence_by_sentence_in_order(client):
     assert at == sorted(at)
 
 
-def _infer(server, texts: list[str], **params: str) -> kpb.ModelInferResponse:
-    req = kpb.ModelInferRequest(model_name=server.server.engine.translation_model)
-    req.inputs.add(
-        name="TEXT",
-        datatype="BYTES",
-        shape=[len(texts)],
-        contents=kpb.InferTensorContents(bytes_contents=[t.encode() for t in texts]),
-    )
-    for k, v in params.items():
-        req.parameters[k].string_param = v
-    with grpc.insecure_channel(server.address) as ch:
-        return kpb_grpc.GRPCInferenceServiceStub(ch).ModelInfer(req, timeout=30)
+def _infer(server, texts: list[str], **params) -> kpb.ModelInferResponse:
+    return kserve_infer(server.address, server.server.engine.translation_model, texts, **params)
 
 
 def test_kserve_takes_the_split_parameter(server, client):
