@@ -14,8 +14,13 @@ flags).
 
 For every level: requests, ok, errors (by status code), seconds, throughput (ok sentences/s and
 target tokens/s), latency p50/p95/p99/mean in ms, BLEU of the answers against the references.
-Each level starts with a warm-up of 2 x concurrency requests that is not counted. The client runs
-on the same machine as the server and uses CPU too (one Python process).
+Each level starts with a warm-up of 2 x concurrency requests that is not counted. Then it measures
+the steady state, as perf_analyzer's windows do: one closed loop of `concurrency` clients sends
+concurrency + n + concurrency requests, and the figures are those of the n that finish after the
+first `concurrency`, over the time from the last of those finishing to the n-th after it (neither
+the clients' start, a burst into an idle server, nor their drain). With `duration` the level is
+the requests sent within it, start and drain included. The client runs on the same machine as the
+server and uses CPU too (one Python process).
 """
 
 from __future__ import annotations
@@ -108,13 +113,17 @@ async def _load(
             except grpc.aio.AioRpcError as e:
                 return i, time.perf_counter() - t, e.code().name, None
 
+        finished_at: list[float] = []  # drive's results are in the order they finished, these when
+
         async def drive(start: int, count: int, until: float | None = None) -> list:
             counter = iter(range(start, start + count))
             results = []
+            finished_at.clear()
 
             async def worker(w: int):  # a closed-loop client on connection w % connections
                 for i in counter:
                     results.append(await one(i, w))
+                    finished_at.append(time.perf_counter())
                     if until is not None and time.perf_counter() > until:
                         break
 
@@ -122,9 +131,19 @@ async def _load(
             return results
 
         await drive(0, 2 * concurrency)  # warm-up: connections, batches at this concurrency
-        t0 = time.perf_counter()
-        results = await drive(0, n_requests, None if duration is None else t0 + duration)
-        seconds = time.perf_counter() - t0
+        if duration is not None:
+            t0 = time.perf_counter()
+            results = await drive(0, n_requests, t0 + duration)
+            seconds = time.perf_counter() - t0
+        else:
+            # The steady state: the measured requests are those that finish after the first
+            # `concurrency` of one closed loop, which goes on for `concurrency` more. The window
+            # runs from the last of those first ones finishing to the last measured one finishing,
+            # so it holds neither the clients' start (a burst from an idle server) nor their drain.
+            lead = concurrency
+            results = await drive(0, lead + n_requests + concurrency)
+            seconds = finished_at[lead + n_requests - 1] - finished_at[lead - 1]
+            results = results[lead : lead + n_requests]
         for m in many:
             await m.close()
     finally:

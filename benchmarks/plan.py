@@ -125,6 +125,8 @@ def served_layout_real_size(threads: int) -> list[str]:
     """The server's layout at real size (benchmarks/real_size.py): one process, a decode worker per
     core sharing one session set, 1 intra-op thread each (the server's defaults at 2 threads). A
     step is 40-90 ms of ONNX Runtime with the GIL released there, so one process keeps the cores as
-    busy as a replica per core does, with the weights in memory once
-    (benchmarks/real_size_layouts.py, docs/performance.md)."""
-    return ["--decode-workers", str(threads), "--intra-op-threads", "1"]
+    busy as a replica per core does, with the weights in memory once. An idle worker waits up to
+    50 ms for its share of the rows in flight, the rows it has just answered included: at c64 a
+    finished batch's clients come back over tens of milliseconds, and a batch of 30 steps takes
+    most of a second (benchmarks/real_size_layouts.py, docs/performance.md)."""
+    return ["--decode-workers", str(threads), "--intra-op-threads", "1", "--max-queue-delay-ms", "50"]

@@ -8,8 +8,8 @@ CTranslate2 int8 offline (at its faster ISA) in a rotated order each round:
 
 Per layout and beam: the median sentences/s and its ratio to CTranslate2's, the server's CPU
 milliseconds a sentence against CTranslate2's (less disturbed by other load on the machine than
-sentences/s), and over each run with
-the load generator's warm-up before it (as many requests again), from the server's metrics, the
+sentences/s), and over each whole run (the load generator's warm-up, its lead and tail around the
+measured requests: `benchmarks.online`, 4 x 64 requests more), from the server's metrics, the
 mean rows of a decoder step and the share of the wall time its decode workers spent in encoder and
 decoder runs (summed over workers: 2.0 = two workers busy throughout), and the load generator's CPU
 seconds a second. Per layout: its peak RSS (VmHWM: the largest process, and all
@@ -39,6 +39,10 @@ LAYOUTS = {
     "threads": ["--decode-workers", "1", "--intra-op-threads", "2"],  # 1 process x 1 worker x 2 threads
     # 1 process x 2 workers, an idle worker waiting up to 10 ms for its batch to fill
     "workers-delay10": ["--decode-workers", "2", "--intra-op-threads", "1", "--max-queue-delay-ms", "10"],
+    # an idle worker waits up to 20 / 50 / 100 ms for its share, counting the rows just answered
+    "workers-wait20": ["--decode-workers", "2", "--intra-op-threads", "1", "--max-queue-delay-ms", "20"],
+    "workers-wait50": ["--decode-workers", "2", "--intra-op-threads", "1", "--max-queue-delay-ms", "50"],
+    "workers-wait100": ["--decode-workers", "2", "--intra-op-threads", "1", "--max-queue-delay-ms", "100"],
     "workers-b128": ["--decode-workers", "2", "--intra-op-threads", "1", "--max-batch-sentences", "128"],
     # an idle worker waits 10 ms for the burst a finished batch's clients send (a step is 40-90 ms)
     "workers-b128-wait10": [
@@ -69,8 +73,8 @@ def scrape(port: int) -> dict[str, float]:
 
 
 def served_run(srv: Server, port: int, texts: list[str], plan: RealSizePlan, beam: int) -> Row:
-    """One c64 run: sentences/s, and over the run and the load generator's warm-up before it (as
-    many requests again) the mean rows of a step, the workers' busy share and the client's CPU."""
+    """One c64 run: sentences/s, and over the whole run (warm-up, lead and tail included) the mean
+    rows of a step, the server's CPU a sentence, the workers' busy share and the client's CPU."""
     before, cpu, t0 = scrape(port), resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
     server_cpu = process_cpu_s(srv.pid)
     row = server_level(srv.address, texts, plan, beam, 64)
@@ -80,7 +84,7 @@ def served_run(srv: Server, port: int, texts: list[str], plan: RealSizePlan, bea
     client_cpu = (cpu_after.ru_utime + cpu_after.ru_stime) - (cpu.ru_utime + cpu.ru_stime)
     return {
         "sentences_per_s": row["sentences_per_s"],
-        "cpu_ms_per_sentence": round(1000 * server_cpu / (2 * plan.requests), 1),
+        "cpu_ms_per_sentence": round(1000 * server_cpu / (plan.requests + 4 * 64), 1),
         "rows_per_step": round(d[ROWS[0]] / max(d[ROWS[1]], 1), 1),
         "busy": round(sum(d[k] for k in BUSY) / wall, 2),
         "client_cpu": round(client_cpu / wall, 2),

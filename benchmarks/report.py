@@ -180,7 +180,9 @@ def _report_what_is_measured() -> list[str]:
         "(CTranslate2: `inter_threads`) of T threads each. Single-sentence latency: one sentence per call.",
         "- **Online** (`benchmarks/online.py`): `mtserve serve` on loopback, a grpc.aio client keeps N single-sentence "
         "`Translate` requests in flight (API `unary`), or the same requests as items of one `TranslateMany` stream "
-        "(API `many`); warm-up of 2N requests not counted; the client shares the cores.",
+        "(API `many`); a warm-up of 2N requests, then the steady state of one closed loop: the figures of n requests "
+        "that finish after its first N, with N more after them (neither the clients' start nor their drain); the "
+        "client shares the cores.",
         "- **Batcher** (`benchmarks/batcher.py`): the same scheduler and decode workers in one process with no gRPC, "
         "64 sentences in flight: what batching arrivals of mixed length costs, apart from the RPC layer.",
         "- **Pairs** (`run_pairs`): CTranslate2 int8 offline and the server (a replica per core with one decode "

@@ -103,8 +103,10 @@ class Settings(BaseSettings):
     max_queue_delay_ms: float = Field(
         0.0,
         ge=0,
-        description="wait this long for company before starting an idle "
-        "batch (with continuous batching a burst joins at the next step anyway)",
+        description="an idle worker waits up to this long, from when it starts waiting, for its "
+        "share of the rows in flight before starting a batch, counting rows answered within this "
+        "time as about to come back (closed-loop clients); 0: it starts at once (with continuous "
+        "batching a burst joins at the next step anyway)",
     )
     admit_fraction: float = Field(
         0.25,

@@ -25,6 +25,7 @@ client cancel) makes the sentence leave its batch at the next step.
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import logging
 import threading
@@ -58,6 +59,10 @@ class Scheduler(SentenceQueue):
         self._encode_queue: list[EncodeJob] = []
         self._busy_rows = 0  # rows in running batches, all workers
         self._busy_encodes = 0  # encode jobs taken off the queue and not yet answered
+        # Rows answered within the last max_queue_delay_ms whose clients have not sent again yet,
+        # oldest first: [answered at, rows]. Closed-loop clients send their next request when
+        # answered, so these are rows about to be in flight again (`_share`); arrivals use them up.
+        self._returning: collections.deque[list[float]] = collections.deque()
 
     # -- caller side (event loop thread) ------------------------------------------------
 
@@ -143,14 +148,16 @@ class Scheduler(SentenceQueue):
 
     def _wait_for_company(self) -> None:
         """An idle worker waits until the rows of its batch are there (a full batch, or with static
-        batches its `_share`), at most max_queue_delay_ms after the oldest arrived (lock held), so
-        that a burst shares one batch: closed-loop clients answered together come back over a few
-        milliseconds, and a worker that started at the first of them would run the rest apart.
-        Triton's dynamic batcher waits the same way (max_queue_delay_microseconds)."""
+        batches its `_share`), at most max_queue_delay_ms (lock held), so that a burst shares one
+        batch: closed-loop clients answered together come back over tens of milliseconds, and a
+        worker that started at the first of them would run the rest apart. Triton's dynamic batcher
+        waits the same way (max_queue_delay_microseconds)."""
         delay = self.settings.max_queue_delay_s
         if delay <= 0:
             return
-        deadline = self._queue[0].enqueued + delay
+        # From now, not from the oldest arrival: that may be a straggler left over from a full
+        # batch, and the wait is for the rows coming back.
+        deadline = time.monotonic() + delay
         while self._queue and not self._stopping and (left := deadline - time.monotonic()) > 0:
             waiting = sum(s.beam for s in self._queue)
             full = self.settings.max_batch_sentences
@@ -161,10 +168,35 @@ class Scheduler(SentenceQueue):
     def _share(self, waiting_rows: int) -> int:
         """The rows of a static batch an idle worker starts (lock held): its share of the rows in
         flight, not all that wait. At c64 greedy one batch of 64 beside one of stragglers averages
-        11-12 rows a step, two batches of about 32 average 18 (docs/performance.md). A lone
+        11-12 rows a step, two batches of about 32 average 18 (docs/performance.md). In flight
+        counts the rows answered within max_queue_delay_ms whose clients have not sent again
+        (`_returning`): a worker that has just answered 32 closed-loop clients waits for them, where
+        a straggler alone would start a batch of one and leave the 31 to wait a whole batch. A lone
         request's share is itself, so it never waits for company."""
-        in_flight = self._busy_rows + waiting_rows
+        in_flight = self._busy_rows + waiting_rows + self._returning_rows()
         return max(1, -(-in_flight // max(1, len(self.models))))
+
+    def _arrived(self, rows: int) -> None:
+        """Arrivals use up the oldest answered rows first (lock held)."""
+        returning = self._returning
+        while rows and returning:
+            used = min(rows, int(returning[0][1]))
+            returning[0][1] -= used
+            rows -= used
+            if not returning[0][1]:
+                returning.popleft()
+
+    def _answered(self, rows: int) -> None:
+        """Rows were answered (lock held): their clients may send again within max_queue_delay_ms."""
+        if self.settings.max_queue_delay_s > 0 and not self.settings.continuous_batching:
+            self._returning.append([time.monotonic(), rows])
+
+    def _returning_rows(self) -> int:
+        """The answered rows still expected back (lock held); older than max_queue_delay_ms: not."""
+        returning, oldest = self._returning, time.monotonic() - self.settings.max_queue_delay_s
+        while returning and returning[0][0] < oldest:
+            returning.popleft()
+        return int(sum(r for _, r in returning))
 
     def _worker(self, model: DecoderModel) -> None:
         batches: Batches = {}
@@ -174,8 +206,10 @@ class Scheduler(SentenceQueue):
                     self._cond.wait()
                 if self._stopping and not batches:
                     return
+                waited = time.monotonic()
                 if not batches and self._queue:
                     self._wait_for_company()
+                waited = time.monotonic() - waited
                 admitted = []
                 if self._admission_due(sum(len(m) for _, m in batches.values())):
                     rows = sum(len(b) for b, _ in batches.values())
@@ -186,6 +220,16 @@ class Scheduler(SentenceQueue):
                     self._encode_queue[self.settings.max_batch_sentences :],
                 )
                 self._busy_rows += sum(s.beam for s in admitted)
+                if admitted and log.isEnabledFor(logging.DEBUG):
+                    log.debug(
+                        "%s admitted %d rows after %.1f ms (%d still waiting, %d rows running, %d returning)",
+                        threading.current_thread().name,
+                        sum(s.beam for s in admitted),
+                        1000 * waited,
+                        sum(s.beam for s in self._queue),
+                        self._busy_rows,
+                        self._returning_rows(),
+                    )
                 self._busy_encodes += len(encode_jobs)
             if encode_jobs:
                 try:
@@ -283,15 +327,15 @@ class Scheduler(SentenceQueue):
 
     def _answer(self, finished: list[Finished], members: dict[Hashable, Sentence]) -> int:
         """Settle the futures of the sentences that finished; how many were still waiting."""
-        answered = 0
-        for f in finished:
-            s = members.pop(f.key, None)
-            if s is not None:  # None: cancelled earlier, its rows still in the batch
-                answered += 1
-                self.metrics.sentences.labels("ok").inc()
-                self.metrics.generated_tokens.inc(len(f.tokens) + 1)
-                settle(s.future, result=f)
-        return answered
+        done = [(s, f) for f in finished if (s := members.pop(f.key, None)) is not None]  # None: cancelled earlier
+        if done:
+            with self._cond:  # before the answers go: a client may send again at once
+                self._answered(sum(s.beam for s, _ in done))
+        for s, f in done:
+            self.metrics.sentences.labels("ok").inc()
+            self.metrics.generated_tokens.inc(len(f.tokens) + 1)
+            settle(s.future, result=f)
+        return len(done)
 
     @staticmethod
     def _stream(batch: DecodeBatch, members: dict[Hashable, Sentence]) -> None:

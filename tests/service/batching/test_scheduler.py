@@ -223,3 +223,80 @@ def test_an_idle_worker_waits_for_company_until_the_batch_is_full_or_the_delay_h
     with alone._cond:
         alone._wait_for_company()
     assert 0.05 <= time.monotonic() - start < 1.0
+
+
+def test_a_worker_that_answered_closed_loop_clients_waits_for_them_not_for_a_straggler():
+    """At c64 greedy a worker finishes 32 rows while the other runs 32: its clients come back over
+    tens of milliseconds, and a straggler that waited through the other batch is already there. The
+    rows just answered count as in flight (`_returning`), so the worker waits for its 32 instead of
+    starting a batch of the straggler, with the delay counted from when it starts waiting."""
+    import threading
+
+    sch = make_scheduler(continuous_batching=False, max_queue_delay_ms=5000)
+    sch.models = [object(), object()]  # two decode workers
+    sch._busy_rows = 32  # the other worker's batch
+    sch.submit([sentence(10, age_s=1.0)])  # a straggler, older than the delay
+    with sch._cond:
+        sch._answered(31)  # this worker's batch, just answered
+        assert sch._returning_rows() == 31 and sch._share(1) == 32  # (32 + 1 + 31) / 2
+
+    def come_back() -> None:
+        for _ in range(31):
+            time.sleep(0.002)
+            sch.submit([sentence(10)])
+
+    clients = threading.Thread(target=come_back)
+    clients.start()
+    start = time.monotonic()
+    with sch._cond:
+        sch._wait_for_company()
+        waiting = len(sch._queue)
+    waited = time.monotonic() - start
+    clients.join()
+    assert waiting == 32 and waited < 2.5  # all of them, long before the delay
+    assert len(admit(sch)) == 32
+    with sch._cond:
+        assert sch._returning_rows() == 0  # the arrivals used them up
+
+
+def test_answered_rows_are_expected_back_for_max_queue_delay_ms_at_most():
+    sch = make_scheduler(continuous_batching=False, max_queue_delay_ms=100)
+    sch.models = [object(), object()]
+    with sch._cond:
+        sch._answered(8)
+        sch._answered(4)
+    sch.submit([sentence(10) for _ in range(10)])  # the oldest answered rows are used up first
+    with sch._cond:
+        assert [r for _, r in sch._returning] == [2]
+    time.sleep(0.15)
+    with sch._cond:
+        assert sch._returning_rows() == 0 and not sch._returning  # open-loop clients never come back
+    for settings in ({"max_queue_delay_ms": 0, "continuous_batching": False}, {"max_queue_delay_ms": 100}):
+        never = make_scheduler(**settings)  # no wait (the default), or continuous batching: not recorded
+        with never._cond:
+            never._answered(8)
+            assert never._returning_rows() == 0
+
+
+def test_answered_rows_count_as_returning_before_their_clients_have_the_answer():
+    """A client can send again before the worker's next line runs: the rows are recorded first."""
+    from service.decoding.generator import Finished
+
+    sch = make_scheduler(continuous_batching=False, max_queue_delay_ms=1000)
+    s = sentence(10)
+    seen = []
+    s.future.add_done_callback(lambda _: seen.append(sch._returning_rows()))
+    done = Finished(key=s.key, tokens=[5], score=None, log_prob=None, alignment=None, steps=2)
+    assert sch._answer([done], {s.key: s}) == 1
+    assert seen == [1]
+
+
+def test_a_straggler_alone_still_waits_from_when_the_worker_starts_waiting():
+    sch = make_scheduler(continuous_batching=False, max_queue_delay_ms=100)
+    sch.models = [object(), object()]
+    sch._busy_rows = 32  # its share is 17 rows: it waits the whole delay for them
+    sch.submit([sentence(10, age_s=1.0)])
+    start = time.monotonic()
+    with sch._cond:
+        sch._wait_for_company()
+    assert 0.09 <= time.monotonic() - start < 1.0
