@@ -189,6 +189,7 @@ class Scheduler(SentenceQueue):
     def _answered(self, rows: int) -> None:
         """Rows were answered (lock held): their clients may send again within max_queue_delay_ms."""
         if self.settings.max_queue_delay_s > 0 and not self.settings.continuous_batching:
+            self._returning_rows()  # drops the expired ones: a busy server may not ask for a while
             self._returning.append([time.monotonic(), rows])
 
     def _returning_rows(self) -> int:

@@ -49,6 +49,7 @@ class SentenceSpec:
     output_prefix: tuple[int, ...] = ()  # the request's target prefix, kept in the output
     num_hypotheses: int = 1
     sampling: Sampling | None = None  # its generator crosses with its state
+    request: int | None = None  # the request whose row it is (Sentence.request): one parent's tags
 
     @classmethod
     def of(cls, sentence: Sentence) -> SentenceSpec:
@@ -68,6 +69,7 @@ class SentenceSpec:
             output_prefix=tuple(sentence.output_prefix),
             num_hypotheses=sentence.num_hypotheses,
             sampling=sentence.sampling,
+            request=sentence.request,
         )
 
     def sentence(self, on_tokens: Callable[[list[int]], None] | None = None) -> Sentence:
@@ -88,6 +90,7 @@ class SentenceSpec:
             deadline=self.deadline,
             on_tokens=on_tokens,
             key=self.key,
+            request=self.request,
         )
 
 

@@ -202,6 +202,7 @@ def test_a_sentence_crosses_as_a_spec_and_comes_back_with_its_fields():
         key=17,
         target_prefix=[9],
         min_len=4,
+        request=23,
     )
     spec = SentenceSpec.of(sent)
     assert (spec.target_prefix, spec.min_len) == ((9,), 4)
@@ -211,7 +212,7 @@ def test_a_sentence_crosses_as_a_spec_and_comes_back_with_its_fields():
     assert not SentenceSpec.of(dataclasses.replace(sent, on_tokens=None)).stream
     copy = spec.sentence(on_tokens)
     fields = ("key", "src_ids", "beam", "length_penalty", "max_len", "want_alignment", "want_scores", "deadline")
-    fields += ("target_prefix", "min_len")
+    fields += ("target_prefix", "min_len", "request")  # the request tag: one-request batching in the child
     assert all(getattr(copy, f) == getattr(sent, f) for f in fields)
     assert copy.on_tokens is on_tokens and copy.future is not sent.future
     assert spec.sentence().on_tokens is None
