@@ -443,7 +443,8 @@ def measure(plan: RealSizePlan, dims: Dims = Dims()) -> Row:
     texts = _test_texts()
     eng = start_engines(plan, prep, optimum, python_hf)
     try:
-        with Server(prep.model, served_layout_real_size(plan.threads)) as srv:
+        server_args = served_layout_real_size(plan.threads)
+        with Server(prep.model, server_args) as srv:
             warm, _ = server_rss_mb(srv.pid)  # the model loaded and warmed up, before any traffic
             rows = [measure_beam(plan, eng, srv.address, texts, beam) for beam in plan.beams]
             replica, server_total = server_rss_mb(srv.pid)
@@ -458,7 +459,7 @@ def measure(plan: RealSizePlan, dims: Dims = Dims()) -> Row:
     finally:
         for w in eng.all():
             w.close()
-    return result(plan, dims, rows, rss, t0, hf_error)
+    return {**result(plan, dims, rows, rss, t0, hf_error), "server_args": server_args}
 
 
 def result(plan: RealSizePlan, dims: Dims, rows: list[Row], rss: dict[str, float], t0: float, hf_error: str) -> Row:
@@ -505,7 +506,8 @@ def report_lines(real: Row) -> list[str]:
         f"`python -m benchmarks.real_size` (part of `make bench-quick`): a random Marian of d_model {dims['d_model']}, "
         f"{dims['layers']}+{dims['layers']} layers, {dims['heads']} heads, ffn {dims['ffn']}, vocabulary {dims['vocab']:,}, "
         f"every engine forced to {plan['tokens']} target tokens a sentence; {plan['threads']} threads per engine; "
-        f"ratios are the medians of {plan['rounds']} interleaved pairs.",
+        f"ratios are the medians of {plan['rounds']} interleaved pairs."
+        + (f" The server: `mtserve serve {' '.join(real['server_args'])}`." if real.get("server_args") else ""),
         "",
         "| beam | engine / CT2 int8 offline (>= 1.0) | engine single / CT2 single, 1 thread (<= 1.0) | "
         "server c64 / CT2 int8 offline (>= 0.9) | server c1 p50 / CT2 single (<= 1.15) | engine / optimum int8 | "

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import real_size
+from benchmarks.plan import served_layout_real_size
 from benchmarks.real_size_model import (
     Dims,
     code_of,
@@ -138,6 +139,10 @@ def test_summary_keys_and_report() -> None:
     table = "\n".join(real_size.report_lines(real))
     assert "| 1 | **0.55** | **1.9** | **0.9** | **1.2** | 2.0 |" in table
     assert "engine 500.0, ct2_int8 300.0" in table
+    assert "The server:" not in table  # a run from before the result kept the server's flags
+    real["server_args"] = served_layout_real_size(2)
+    shown = "\n".join(real_size.report_lines(real))
+    assert "The server: `mtserve serve --decode-workers 2 --intra-op-threads 1 --max-queue-delay-ms 50`." in shown
     # `make bench-quick`'s last line nests it as `real_size`; the report renders it beside the toy size's
     res = {"mode": "quick", "summary_by_beam": [{"beam": 4}], "ct2_check": {"identical": 1, "sentences": 1}}
     res |= {"plan": {"limits": {}}, "real_size": real}
