@@ -127,6 +127,27 @@ def tiny_onnx_dir(tiny_model_dir) -> Path:
 
 
 @pytest.fixture(scope="session")
+def shortlisted_copy(tmp_path_factory, tiny_model_dir, tiny_onnx_dir, tiny_model):
+    """make(rows, always, params) -> a copy of the tiny model and its export with the vocabulary
+    shortlist `Shortlist.from_rows(rows, always, V, params)` installed (its `.shortlist` steps)."""
+    import shutil
+
+    from contract.manifest import load_manifest
+    from contract.shortlist import Shortlist
+    from export.shortlist import install
+
+    def make(rows: list[list[int]], always, params: dict) -> Path:
+        model_dir = tmp_path_factory.mktemp("shortlisted") / "model"
+        shutil.copytree(tiny_model_dir, model_dir)
+        manifest = load_manifest(model_dir / "onnx", verify_checksums=False)
+        shortlist = Shortlist.from_rows(rows, always, manifest.dims.vocab_size, params)
+        install(tiny_model, model_dir / "onnx", manifest, shortlist)
+        return model_dir
+
+    return make
+
+
+@pytest.fixture(scope="session")
 def tiny_onnx(tiny_onnx_dir):
     """The fp32 export's portable graphs loaded with ONNX Runtime (CPU, one thread): `step` feeds
     the decoder graph directly (tests/service/decoding/test_generator.py runs the fused one too)."""
@@ -308,6 +329,22 @@ def _hf_scale_weights(model, factor: float) -> None:
                 p.mul_(factor)
 
 
+# The dimensions of the tiny Hugging Face models (MarianConfig and M2M100Config take the same names).
+_TINY_HF = {
+    "d_model": 32,
+    "encoder_layers": 2,
+    "decoder_layers": 2,
+    "encoder_attention_heads": 4,
+    "decoder_attention_heads": 4,
+    "encoder_ffn_dim": 64,
+    "decoder_ffn_dim": 64,
+    "max_position_embeddings": 128,
+    "scale_embedding": True,
+    "dropout": 0.0,
+    "init_std": 0.1,
+}
+
+
 def _tiny_m2m100(out: Path, vocab_size: int, activation: str, seed: int) -> Path:
     """A seeded M2M100ForConditionalGeneration of 2+2 layers of width 32 saved into `out` (M2M100's
     and NLLB's special ids), its weights scaled up so that its outputs vary."""
@@ -316,23 +353,13 @@ def _tiny_m2m100(out: Path, vocab_size: int, activation: str, seed: int) -> Path
 
     config = M2M100Config(
         vocab_size=vocab_size,
-        d_model=32,
-        encoder_layers=2,
-        decoder_layers=2,
-        encoder_attention_heads=4,
-        decoder_attention_heads=4,
-        encoder_ffn_dim=64,
-        decoder_ffn_dim=64,
-        max_position_embeddings=128,
+        **_TINY_HF,
         activation_function=activation,
-        scale_embedding=True,
         pad_token_id=1,
         bos_token_id=0,
         eos_token_id=2,
         decoder_start_token_id=2,
         forced_eos_token_id=2,
-        dropout=0.0,
-        init_std=0.1,
     )
     torch.manual_seed(seed)
     model = M2M100ForConditionalGeneration(config)
@@ -379,22 +406,12 @@ def hf_marian_folder(
         vocab_size=len(src_vocab),
         decoder_vocab_size=len(tgt_vocab),
         share_encoder_decoder_embeddings=not separate,
-        d_model=32,
-        encoder_layers=2,
-        decoder_layers=2,
-        encoder_attention_heads=4,
-        decoder_attention_heads=4,
-        encoder_ffn_dim=64,
-        decoder_ffn_dim=64,
-        max_position_embeddings=128,
+        **_TINY_HF,
         activation_function=activation,
-        scale_embedding=True,
         pad_token_id=pad,
         eos_token_id=0,
         decoder_start_token_id=pad,
         forced_eos_token_id=0,
-        dropout=0.0,
-        init_std=0.1,
     )
     torch.manual_seed(seed)
     model = MarianMTModel(config)

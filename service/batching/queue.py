@@ -42,11 +42,11 @@ class SentenceQueue:
                 )
             self._queue.extend(sentences)
             self.metrics.queue_depth.set(len(self._queue))
-            self._arrived(sum(s.beam for s in sentences))
+            self._arrived(sentences)
             self._cond.notify_all()
 
-    def _arrived(self, rows: int) -> None:
-        """`rows` joined the queue (lock held): for subclasses that count arrivals."""
+    def _arrived(self, sentences: list[Sentence]) -> None:
+        """`sentences` joined the queue (lock held): for subclasses that count arrivals."""
 
     @property
     def queue_depth(self) -> int:

@@ -176,9 +176,12 @@ class Scheduler(SentenceQueue):
         in_flight = self._busy_rows + waiting_rows + self._returning_rows()
         return max(1, -(-in_flight // max(1, len(self.models))))
 
-    def _arrived(self, rows: int) -> None:
+    def _arrived(self, sentences: list[Sentence]) -> None:
         """Arrivals use up the oldest answered rows first (lock held)."""
         returning = self._returning
+        if not returning:
+            return
+        rows = sum(s.beam for s in sentences)
         while rows and returning:
             used = min(rows, int(returning[0][1]))
             returning[0][1] -= used
@@ -186,9 +189,14 @@ class Scheduler(SentenceQueue):
             if not returning[0][1]:
                 returning.popleft()
 
+    @property
+    def _counts_returning(self) -> bool:
+        """Whether answered rows are expected back (`_returning`): static batches that wait."""
+        return self.settings.max_queue_delay_s > 0 and not self.settings.continuous_batching
+
     def _answered(self, rows: int) -> None:
         """Rows were answered (lock held): their clients may send again within max_queue_delay_ms."""
-        if self.settings.max_queue_delay_s > 0 and not self.settings.continuous_batching:
+        if self._counts_returning:
             self._returning_rows()  # drops the expired ones: a busy server may not ask for a while
             self._returning.append([time.monotonic(), rows])
 
@@ -207,10 +215,11 @@ class Scheduler(SentenceQueue):
                     self._cond.wait()
                 if self._stopping and not batches:
                     return
-                waited = time.monotonic()
+                waited = 0.0
                 if not batches and self._queue:
+                    waited = time.monotonic()
                     self._wait_for_company()
-                waited = time.monotonic() - waited
+                    waited = time.monotonic() - waited
                 admitted = []
                 if self._admission_due(sum(len(m) for _, m in batches.values())):
                     rows = sum(len(b) for b, _ in batches.values())
@@ -329,7 +338,7 @@ class Scheduler(SentenceQueue):
     def _answer(self, finished: list[Finished], members: dict[Hashable, Sentence]) -> int:
         """Settle the futures of the sentences that finished; how many were still waiting."""
         done = [(s, f) for f in finished if (s := members.pop(f.key, None)) is not None]  # None: cancelled earlier
-        if done:
+        if done and self._counts_returning:
             with self._cond:  # before the answers go: a client may send again at once
                 self._answered(sum(s.beam for s, _ in done))
         for s, f in done:

@@ -3,8 +3,6 @@ steps stored with an export (kept by `mtserve export` of the same weights)."""
 
 from __future__ import annotations
 
-import shutil
-
 import numpy as np
 import onnxruntime as ort
 import pytest
@@ -12,7 +10,7 @@ import pytest
 from contract.graphs import VOCAB_IDS, fused_decoder_io
 from contract.manifest import load_manifest
 from contract.shortlist import Shortlist
-from export.shortlist import derive, ibm1, install, write_vmap
+from export.shortlist import derive, ibm1, write_vmap
 
 # each source token translates to one target token; every pair has two of them
 PAIRS = [([10, 11], [20, 21]), ([10, 12], [20, 22]), ([11, 12], [21, 22]), ([10], [20])]
@@ -45,17 +43,10 @@ def test_the_vocabulary_map_is_ctranslate2s_text_format(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def shortlisted(tmp_path_factory, tiny_model_dir, tiny_onnx_dir, tiny_model):
+def shortlisted(shortlisted_copy):
     """A copy of the tiny model and its export with a shortlist of a few rows."""
-    model_dir = tmp_path_factory.mktemp("shortlisted") / "model"
-    shutil.copytree(tiny_model_dir, model_dir)
-    manifest = load_manifest(model_dir / "onnx", verify_checksums=False)
-    V = manifest.dims.vocab_size
-    sl = Shortlist.from_rows(
-        [[5, 6], [7]], [0, 1, 2, 3], V, {"per_source": 2, "always": 4, "derived_from": "parallel", "pairs": 2}
-    )
-    install(tiny_model, model_dir / "onnx", manifest, sl)
-    return model_dir
+    params = {"per_source": 2, "always": 4, "derived_from": "parallel", "pairs": 2}
+    return shortlisted_copy([[5, 6], [7]], [0, 1, 2, 3], params)
 
 
 def test_the_shortlist_steps_are_stored_with_the_export(shortlisted):

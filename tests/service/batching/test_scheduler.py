@@ -54,6 +54,27 @@ def admit(sch: Scheduler, running_rows: int = 0, running_src_len: int = 0) -> li
         return sch._admit(running_rows, running_src_len)
 
 
+def wait_for_company_while(sch: Scheduler, arrivals: int, gap_s: float) -> tuple[int, float]:
+    """Run `_wait_for_company` while `arrivals` sentences arrive one every `gap_s` seconds: the
+    rows waiting when it ended, and how long it took."""
+    import threading
+
+    def arrive() -> None:
+        for _ in range(arrivals):
+            time.sleep(gap_s)
+            sch.submit([sentence(10)])
+
+    clients = threading.Thread(target=arrive)
+    clients.start()
+    start = time.monotonic()
+    with sch._cond:
+        sch._wait_for_company()
+        waiting = len(sch._queue)
+    waited = time.monotonic() - start
+    clients.join()
+    return waiting, waited
+
+
 def test_nothing_waiting_is_never_due():
     assert not due(make_scheduler(), 0)
     assert not due(make_scheduler(), 10)
@@ -186,26 +207,11 @@ def test_an_idle_worker_waits_for_company_until_the_batch_is_full_or_the_delay_h
     """max_queue_delay_ms is a wait for a full batch, not for the next arrival: closed-loop clients
     answered together come back over a few milliseconds, and a worker woken by the first of them
     would start a batch of one."""
-    import threading
-
     sch = make_scheduler(continuous_batching=False, max_batch_sentences=3, max_queue_delay_ms=5000)
     sch.models = [object(), object()]  # two decode workers
     sch._busy_rows = 3  # the other worker's batch: this one's share is 3 rows
     sch.submit([sentence(10)])
-
-    def two_more() -> None:
-        for _ in range(2):
-            time.sleep(0.05)
-            sch.submit([sentence(10)])
-
-    arrivals = threading.Thread(target=two_more)
-    arrivals.start()
-    start = time.monotonic()
-    with sch._cond:
-        sch._wait_for_company()
-        waiting = len(sch._queue)
-    waited = time.monotonic() - start
-    arrivals.join()
+    waiting, waited = wait_for_company_while(sch, 2, 0.05)
     assert waiting == 3  # not woken for good by the second arrival
     assert waited < 2.5  # the full batch ends the wait long before the 5 s delay
 
@@ -218,7 +224,7 @@ def test_an_idle_worker_waits_for_company_until_the_batch_is_full_or_the_delay_h
     assert time.monotonic() - start < 1.0
 
     alone = make_scheduler(max_queue_delay_ms=100)  # continuous batching: waits for a full batch
-    alone.submit([sentence(10, age_s=0.04)])  # it has waited 40 ms already: 60 ms are left
+    alone.submit([sentence(10, age_s=0.04)])  # it waited 40 ms already; the delay runs from now
     start = time.monotonic()
     with alone._cond:
         alone._wait_for_company()
@@ -230,8 +236,6 @@ def test_a_worker_that_answered_closed_loop_clients_waits_for_them_not_for_a_str
     tens of milliseconds, and a straggler that waited through the other batch is already there. The
     rows just answered count as in flight (`_returning`), so the worker waits for its 32 instead of
     starting a batch of the straggler, with the delay counted from when it starts waiting."""
-    import threading
-
     sch = make_scheduler(continuous_batching=False, max_queue_delay_ms=5000)
     sch.models = [object(), object()]  # two decode workers
     sch._busy_rows = 32  # the other worker's batch
@@ -240,19 +244,7 @@ def test_a_worker_that_answered_closed_loop_clients_waits_for_them_not_for_a_str
         sch._answered(31)  # this worker's batch, just answered
         assert sch._returning_rows() == 31 and sch._share(1) == 32  # (32 + 1 + 31) / 2
 
-    def come_back() -> None:
-        for _ in range(31):
-            time.sleep(0.002)
-            sch.submit([sentence(10)])
-
-    clients = threading.Thread(target=come_back)
-    clients.start()
-    start = time.monotonic()
-    with sch._cond:
-        sch._wait_for_company()
-        waiting = len(sch._queue)
-    waited = time.monotonic() - start
-    clients.join()
+    waiting, waited = wait_for_company_while(sch, 31, 0.002)
     assert waiting == 32 and waited < 2.5  # all of them, long before the delay
     assert len(admit(sch)) == 32
     with sch._cond:

@@ -3,27 +3,15 @@ per-model setting turns it off."""
 
 from __future__ import annotations
 
-import shutil
-
 import pytest
-
-from contract.manifest import load_manifest
-from contract.shortlist import Shortlist
 
 TEXTS = ["Ein Mann fährt Fahrrad .", "Zwei Hunde spielen im Schnee ."]
 
 
 @pytest.fixture(scope="module")
-def shortlisted(tmp_path_factory, tiny_model_dir, tiny_onnx_dir, tiny_model):
-    from export.shortlist import install
-
-    model_dir = tmp_path_factory.mktemp("served") / "model"
-    shutil.copytree(tiny_model_dir, model_dir)
-    manifest = load_manifest(model_dir / "onnx", verify_checksums=False)
-    V = manifest.dims.vocab_size
+def shortlisted(shortlisted_copy):
     params = {"per_source": 3, "always": 200, "derived_from": "parallel", "pairs": 0}
-    install(tiny_model, model_dir / "onnx", manifest, Shortlist.from_rows([], range(200), V, params))
-    return model_dir
+    return shortlisted_copy([], range(200), params)
 
 
 @pytest.mark.parametrize("on", [True, False])
