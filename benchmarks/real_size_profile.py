@@ -7,9 +7,9 @@ forced to `--tokens` target tokens.
 
 Each graph node's kernel time is put in one bucket by its name (`bucket`): encoder (the whole
 encoder graph), self-attention, cross-attention, feed-forward, output projection, top-k (the log-
-softmax, top-k and argmax after the projection), other (embeddings, layer norms outside a block,
-reshapes); `host` is the wall time of generate() less the time inside the graphs' runs (Python,
-the search, copies in and out). Figures are ms per decoder step (the encoder's: per batch, shown
+softmax, top-k and argmax after the projection, and the unscored step's </s> ban), other
+(embeddings, layer norms outside a block, reshapes); `host` is the wall time of generate() less
+the time inside the graphs' runs (Python, the search, copies in and out). Figures are ms per decoder step (the encoder's: per batch, shown
 per step too) and shares of the wall time.
 """
 
@@ -28,8 +28,8 @@ BUCKETS = (
     ("cross-attention", re.compile(r"cross|\.cq\b|encoder_attn")),
     ("self-attention", re.compile(r"qkv|self_attn|self_out|norm_self|\.q_proj|\.k_proj|\.v_proj")),
     ("feed-forward", re.compile(r"\.w1|\.w2|relu|swish|silu|gelu|sigmoid|\.act|fc1|fc2|norm_ffn")),
+    ("top-k", re.compile(r"top_?k|log_softmax|argmax|\beos\b|best|^rank\.|eos_biased|^logits\.eos")),
     ("output projection", re.compile(r"logits|lm_head|final_bias|final_logits")),
-    ("top-k", re.compile(r"top_?k|log_softmax|argmax|\beos\b|best")),
 )
 DECODER_STEPS = ("decoder", "decoder_one_row", "decoder_unscored", "decoder_one_row_unscored")
 

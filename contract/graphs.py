@@ -43,6 +43,8 @@ MEMORY = "memory"
 TOKENS = "tokens"
 POSITIONS = "positions"
 TOP_K = "top_k"
+# The unscored fused steps': added to each row's </s> logit before the argmax.
+EOS_BIAS = "eos_bias"
 # The portable step's.
 PAST_MASK = "past_mask"
 # The fused step's.
@@ -189,7 +191,11 @@ def fused_decoder_io(
 
     `scored=False` is the step for greedy search when no sentence of the batch asks for its score:
     it takes no top_k and returns top_ids (B, 1), each row's most likely token (the argmax of the
-    logits, the lower id on ties), without log-probabilities; the rest is the same.
+    logits, the lower id on ties), without log-probabilities; the rest is the same. In top_k's
+    place it takes eos_bias (B, 1) float32, added to each row's </s> logit before the argmax: 0,
+    or -inf for a row that may not end yet (a sentence under its minimum length), so that a
+    minimum costs greedy search no scores. Exports from before it lack the input; the server then
+    runs the scored step for rows that may not end.
 
     tokens (B, 1), positions (B, 1): each row's newest token and its position; past_sequence_length
     (1,) int32: the slot P this step writes, the same for every row; self_mask (B, max_len) int32:
@@ -226,7 +232,9 @@ def fused_decoder_io(
         ]
     inputs += [
         TensorSpec(name=SRC_MASK, dtype="int32", shape=["sentences", "src_len"]),
-        *([TensorSpec(name=TOP_K, dtype="int64", shape=[1])] if scored else []),
+        TensorSpec(name=TOP_K, dtype="int64", shape=[1])
+        if scored
+        else TensorSpec(name=EOS_BIAS, dtype="float32", shape=["batch", 1]),
         TensorSpec(name=BEAM_WIDTH, dtype="int32", shape=[1]),
         TensorSpec(name=CACHE_INDIRECTION, dtype="int32", shape=["sentences", "beam", "max_len"]),
         *([TensorSpec(name=VOCAB_IDS, dtype="int64", shape=["vocab"])] if shortlist else []),

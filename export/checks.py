@@ -11,6 +11,7 @@ import onnx
 import onnxruntime as ort
 import torch
 
+from contract.graphs import EOS_BIAS
 from contract.manifest import TensorSpec
 from export.model import ModelConfig, Transformer
 
@@ -279,17 +280,24 @@ def _compare_unscored(
     feed: dict[str, np.ndarray],
     out: dict[str, np.ndarray],
     dec_name: str,
+    eos_id: int,
     diffs: dict[str, float],
 ) -> None:
-    """Run the unscored step on the scored step's state: its top_ids must be the argmax of the
-    scored log_probs, and its other outputs are folded into diffs["unscored"]."""
+    """Run the unscored step on the scored step's state, with eos_bias 0 and again with every other
+    row's </s> banned (-inf): its top_ids must be the argmax of the scored log_probs, without </s>
+    in the banned rows, and its other outputs are folded into diffs["unscored"]."""
     feed = {k: v for k, v in feed.items() if k != "top_k"}
-    got = dict(zip([o.name for o in unscored.get_outputs()], unscored.run(None, feed)))
-    if not np.array_equal(got["top_ids"][:, 0], out["log_probs"].argmax(axis=1)):
-        raise RuntimeError(f"{unscored_name}: top_ids are not the argmax of {dec_name}'s log_probs")
-    for name, value in got.items():
-        if name != "top_ids":
-            diffs["unscored"] = _max_diff(diffs["unscored"], value, out[name])
+    rows = len(feed["tokens"])
+    banned = np.arange(rows) % 2 == 1
+    for bias in (np.zeros((rows, 1), np.float32), np.where(banned, -np.inf, 0).astype(np.float32)[:, None]):
+        got = dict(zip([o.name for o in unscored.get_outputs()], unscored.run(None, feed | {EOS_BIAS: bias})))
+        want = out["log_probs"].copy()
+        want[:, eos_id] += bias[:, 0]
+        if not np.array_equal(got["top_ids"][:, 0], want.argmax(axis=1)):
+            raise RuntimeError(f"{unscored_name}: top_ids are not the argmax of {dec_name}'s log_probs with eos_bias")
+        for name, value in got.items():
+            if name != "top_ids":
+                diffs["unscored"] = _max_diff(diffs["unscored"], value, out[name])
 
 
 def fused_parity_check(
@@ -318,5 +326,5 @@ def fused_parity_check(
         _compare_fused(out, ref, case[2], diffs)
         _check_fused_search(out, 2 * case[1], model.cfg.eos_id, dec_path.name)
         if unscored is not None and unscored_path is not None:
-            _compare_unscored(unscored, unscored_path.name, feed, out, dec_path.name, diffs)
+            _compare_unscored(unscored, unscored_path.name, feed, out, dec_path.name, model.cfg.eos_id, diffs)
     return diffs

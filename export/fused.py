@@ -38,7 +38,10 @@ is pre-scaled), computed or stored positions (both a `pe` table), a source vocab
 - The search's ranking: LogSoftmax, then the k best of each row in two passes over blocks of the
   vocabulary (`block_top_k`; ONNX Runtime's TopK keeps a heap over the whole row). The unscored
   variant (`scored=False`, greedy search when nobody asks for a score) ends with the argmax of the
-  logits instead (`block_argmax`), as CTranslate2 skips its log-softmax then.
+  logits instead (`block_argmax`), as CTranslate2 skips its log-softmax then, after adding the
+  input eos_bias to </s>'s logit in its block alone: rows under their minimum length ban </s>
+  there (-inf), so that a minimum needs no scores either. Its output layer is padded to a
+  multiple of 64 where no block divides the vocabulary (OPUS-MT's 58,101).
 
 The encoder (`build_fused_encoder`) is the same pattern over the source: per layer Add+LayerNorm,
 one packed QKV MatMul, MultiHeadAttention with the key padding mask, out proj, Add+LayerNorm, the
@@ -63,7 +66,7 @@ import onnx
 import torch
 from onnx import TensorProto, helper, numpy_helper
 
-from contract.graphs import FUSED_LINEAR_KINDS, VOCAB_IDS, encoder_io, fused_decoder_io
+from contract.graphs import EOS_BIAS, FUSED_LINEAR_KINDS, VOCAB_IDS, encoder_io, fused_decoder_io
 from contract.manifest import TensorSpec
 from export.model import DecoderLayer, EncoderLayer, FeedForward, MultiHeadAttention, Transformer
 
@@ -303,14 +306,42 @@ def block_top_k(g: GraphBuilder, x: str, k: str, V: int, block: int, values: str
     g.node("Add", [g.node("Mul", [base, blk], ["rank.base"], "rank.base"), inner], [ids], "rank.ids")
 
 
-def block_argmax(g: GraphBuilder, x: str, V: int, block: int, ids: str) -> None:
+def block_argmax(g: GraphBuilder, x: str, V: int, block: int, ids: str, eos: tuple[str, int] | None = None) -> None:
     """ArgMax of x (B, V) keeping dims, in two passes with the same result (the first on ties): the
-    block holding the maximum, then the maximum within it. Over (32, 8,000): 72 against 210 µs."""
+    block holding the maximum, then the maximum within it. Over (32, 8,000): 72 against 210 µs.
+    `eos` (bias, id): the input bias (B, 1) is added to column id first, in that column's block
+    alone (a row's </s> banned with -inf costs no pass over the logits)."""
     xb, bmax = _blocks(g, x, V, block)
+    eos_block = ""
+    if eos is not None:
+        bias, eos_id = eos
+        at, within = divmod(eos_id, block)
+        blk_at = g.init("rank.eos_block", np.array(at, np.int64))
+        own = g.node("Gather", [xb, blk_at], ["rank.eos_xb"], "rank.eos_xb", axis=1)  # (B, block)
+        biased = g.node("Add", [own, bias], ["rank.eos_biased"], "rank.eos_biased")
+        eos_block = g.node(
+            "Where", [g.init("rank.eos_at", np.arange(block) == within), biased, own], ["rank.eos_b"], "rank.eos_b"
+        )  # (B, block): the block with its </s> biased
+        emax = g.node(
+            "ReduceMax", [eos_block, g.init("rank.axis1", np.array([1], np.int64))], ["rank.eos_max"], "rank.eos_max"
+        )  # (B, 1)
+        in_block = g.init("rank.eos_blocks", (np.arange(V // block) == at)[None, :])
+        bmax = g.node("Where", [in_block, emax, bmax], ["rank.bmax_eos"], "rank.bmax_eos")  # (B, V / block)
     bi = g.node("ArgMax", [bmax], ["rank.bi"], "rank.best_block", axis=-1, keepdims=1)  # (B, 1)
-    inner = g.node("ArgMax", [_candidates(g, xb, bi)], ["rank.inner"], "rank.inner", axis=-1, keepdims=1)
+    cand = _candidates(g, xb, bi)  # (B, block)
+    if eos_block:
+        is_at = g.node("Equal", [bi, "rank.eos_block"], ["rank.is_eos_block"], "rank.is_eos_block")  # (B, 1)
+        cand = g.node("Where", [is_at, eos_block, cand], ["rank.cand_eos"], "rank.cand_eos")
+    inner = g.node("ArgMax", [cand], ["rank.inner"], "rank.inner", axis=-1, keepdims=1)
     blk = g.init("rank.block", np.array([block], np.int64))
     g.node("Add", [g.node("Mul", [bi, blk], ["rank.base"], "rank.base"), inner], [ids], "rank.ids")
+
+
+def biased_eos(g: GraphBuilder, logits: str, is_eos: str) -> str:
+    """logits (B, N) with the input eos_bias (B, 1) added where `is_eos` (N,) bool: one pass over
+    the logits, for steps that rank in one pass (one row, or a shortlist's candidates)."""
+    biased = g.node("Add", [logits, EOS_BIAS], ["logits.eos_biased"], "logits.eos_biased")
+    return g.node("Where", [is_eos, biased, logits], ["logits.eos"], "logits.eos")
 
 
 def build_fused_decoder(
@@ -427,13 +458,16 @@ def _cross_attention(g: GraphBuilder, i: int, h: str, attn: MultiHeadAttention, 
 
 def _step_ranking(g: GraphBuilder, model: Transformer, h: str, scored: bool, blocks: bool) -> None:
     """The output projection (its own copy of the tied embedding, so that it is quantised too), plus
-    the stored logits bias where the model has one, and the search's outputs from the logits."""
+    the stored logits bias where the model has one, and the search's outputs from the logits. The
+    unscored step adds eos_bias to each row's </s> logit before its argmax; where it ranks in
+    blocks and the vocabulary has no block that divides it, its output layer has padding columns
+    up to a multiple of `ARGMAX_BLOCK`, which no row can win (`_padded_output`)."""
     cfg = model.cfg
     h = g.node("Reshape", [h, g.init("flat_shape", np.array([-1, cfg.d_model], np.int64))], ["hidden"], "hidden")
     table, bias = _output_table(model)  # (V, D), (V,) or None
-    logits = g.linear("logits", h, table.T, bias)  # (B, V)
-    block = rank_block(cfg.vocab_size) if blocks else 0
     if scored:
+        logits = g.linear("logits", h, table.T, bias)  # (B, V)
+        block = rank_block(cfg.vocab_size) if blocks else 0
         g.node("LogSoftmax", [logits], ["log_probs"], "log_softmax", axis=-1)
         if block:
             block_top_k(g, "log_probs", "top_k", cfg.vocab_size, block, "top_log_probs", "top_ids")
@@ -441,10 +475,33 @@ def _step_ranking(g: GraphBuilder, model: Transformer, h: str, scored: bool, blo
             g.node("TopK", ["log_probs", "top_k"], ["top_log_probs", "top_ids"], "top_k", axis=-1, largest=1, sorted=1)
         eos = g.init("eos_id", np.array(cfg.eos_id, np.int64))
         g.node("Gather", ["log_probs", eos], ["eos_log_prob"], "eos", axis=1)
-    elif block:
-        block_argmax(g, logits, cfg.vocab_size, block, "top_ids")
+    elif blocks:
+        block = rank_block(cfg.vocab_size) or ARGMAX_BLOCK
+        table, bias = _padded_output(table, bias, block)
+        logits = g.linear("logits", h, table.T, bias)  # (B, V padded to a multiple of block)
+        block_argmax(g, logits, len(table), block, "top_ids", eos=(EOS_BIAS, cfg.eos_id))
     else:
+        logits = g.linear("logits", h, table.T, bias)  # (B, V)
+        logits = biased_eos(g, logits, g.init("is_eos", np.arange(cfg.vocab_size) == cfg.eos_id))
         g.node("ArgMax", [logits], ["top_ids"], "argmax", axis=-1, keepdims=1)  # (B, 1), the first on ties
+
+
+# The block of an unscored step's two-pass argmax where no divisor of the vocabulary from 16 to 64
+# serves (`rank_block`; OPUS-MT's 58,101 = 3 x 107 x 181): ONNX Runtime's ArgMax over (32, 58,101)
+# takes 1.6 ms on one thread, ReduceMax over blocks of 64 of it 0.16 ms.
+ARGMAX_BLOCK = 64
+
+
+def _padded_output(table: np.ndarray, bias: np.ndarray | None, block: int) -> tuple[np.ndarray, np.ndarray | None]:
+    """The output projection (V, D) and bias padded to a multiple of `block` rows: zero rows, whose
+    logit is the bias's float32 minimum, which no token's logit falls to. Unchanged where V divides."""
+    V, D = table.shape
+    pad = -V % block
+    if not pad:
+        return table, bias
+    bias = np.zeros(V, np.float32) if bias is None else bias.astype(np.float32)
+    lowest = np.full(pad, np.finfo(np.float32).min, np.float32)
+    return np.concatenate([table, np.zeros((pad, D), table.dtype)]), np.concatenate([bias, lowest])
 
 
 def _output_table(model: Transformer) -> tuple[np.ndarray, np.ndarray | None]:
@@ -475,20 +532,21 @@ def _shortlist_logits(g: GraphBuilder, model: Transformer, h: str) -> str:
 
 def shortlist_ranking(g: GraphBuilder, model: Transformer, h: str, scored: bool) -> None:
     """`_step_ranking` over the batch's candidates `vocab_ids` (K,) (`contract.graphs.fused_decoder_io`
-    with shortlist=True): LogSoftmax and TopK (or ArgMax) over K logits, the chosen positions
+    with shortlist=True): LogSoftmax and TopK (or eos_bias and ArgMax) over K logits, the chosen positions
     mapped back to vocabulary ids by a Gather of vocab_ids, and </s>'s log-probability found by
     its place in vocab_ids."""
     cfg = model.cfg
     h = g.node("Reshape", [h, g.init("flat_shape", np.array([-1, cfg.d_model], np.int64))], ["hidden"], "hidden")
     logits = _shortlist_logits(g, model, h)  # (B, K)
+    is_eos = g.node("Equal", [VOCAB_IDS, g.init("eos_id", np.array(cfg.eos_id, np.int64))], ["is_eos"], "is_eos")
     if scored:
         g.node("LogSoftmax", [logits], ["log_probs"], "log_softmax", axis=-1)
         g.node("TopK", ["log_probs", "top_k"], ["top_log_probs", "rank.at"], "top_k", axis=-1, largest=1, sorted=1)
-        is_eos = g.node("Equal", [VOCAB_IDS, g.init("eos_id", np.array(cfg.eos_id, np.int64))], ["is_eos"], "is_eos")
-        is_eos = g.node("Cast", [is_eos], ["is_eos.f"], "is_eos.f", to=TensorProto.FLOAT)
-        eos_at = g.node("ArgMax", [is_eos], ["eos_at"], "eos_at", axis=0, keepdims=0)  # () its place
+        eos_f = g.node("Cast", [is_eos], ["is_eos.f"], "is_eos.f", to=TensorProto.FLOAT)
+        eos_at = g.node("ArgMax", [eos_f], ["eos_at"], "eos_at", axis=0, keepdims=0)  # () its place
         g.node("Gather", ["log_probs", eos_at], ["eos_log_prob"], "eos", axis=1)
     else:
+        logits = biased_eos(g, logits, is_eos)
         g.node("ArgMax", [logits], ["rank.at"], "argmax", axis=-1, keepdims=1)  # (B, 1), the first on ties
     g.node("Gather", [VOCAB_IDS, "rank.at"], ["top_ids"], "top_ids", axis=0)
 

@@ -28,6 +28,7 @@ from contract.graphs import (
     BEAM_WIDTH,
     CACHE_INDIRECTION,
     CROSS_ATTENTION,
+    EOS_BIAS,
     EOS_LOG_PROB,
     PAST_SEQUENCE_LENGTH,
     POSITIONS,
@@ -105,13 +106,16 @@ class RowCache(ABC):
         top_k: int,
         scored: bool = True,
         vocab: Sequence[np.ndarray] = (),
+        no_eos: np.ndarray | None = None,
     ) -> StepResult:
         """Run the decoder once for every row; `advance` must follow. `scored=False` (greedy
         search, top_k 1, nobody asking for scores) lets the step skip the log-probabilities where
         the model has a step without them: top_log_probs and eos_log_prob are then None.
         `vocab`: each sentence's shortlist candidates (`Shortlist.candidates`), where the model
         ranks over a shortlist (`DecoderModel.shortlist`): top_k is then at most the batch's
-        vocab_ids."""
+        vocab_ids. `no_eos` (R,) bool: the rows whose </s> the unscored step may not choose, where
+        the model's unscored steps ban it (`DecoderModel.unscored_bans_eos`); scored steps rank it
+        as any token (the caller takes the second best)."""
 
     @abstractmethod
     def first_step(
@@ -181,6 +185,7 @@ class ConcatCache(RowCache):
         top_k: int,
         scored: bool = True,
         vocab: Sequence[np.ndarray] = (),
+        no_eos: np.ndarray | None = None,
     ) -> StepResult:
         out = model.step(tokens, positions, self.past_k, self.past_v, self.past_mask, cross_k, cross_v, src_mask, top_k)
         self._present = (out.present_k, out.present_v)
@@ -383,6 +388,7 @@ class InPlaceCache(RowCache):
         top_k: int,
         scored: bool = True,
         vocab: Sequence[np.ndarray] = (),
+        no_eos: np.ndarray | None = None,
     ) -> StepResult:
         if self.P >= self.capacity:
             self._grow(max(2 * self.capacity, self.P + 1))
@@ -403,6 +409,12 @@ class InPlaceCache(RowCache):
         ins[TOKENS][:, 0] = tokens
         ins[POSITIONS][:, 0] = positions
         ins[PAST_SEQUENCE_LENGTH][0] = self.P
+        if EOS_BIAS in ins:
+            bias = ins[EOS_BIAS]
+            if no_eos is None:
+                bias.fill(0.0)
+            else:
+                np.copyto(bias[:, 0], np.where(no_eos, -np.inf, 0.0))
         self.mask[:, self.P] = 1
         bound.run()
         out = self._outputs
@@ -472,6 +484,8 @@ class InPlaceCache(RowCache):
             top_k if scored else None,
             vocab_ids,
         )
+        if not scored and model.unscored_bans_eos:
+            ins[EOS_BIAS] = np.zeros((R, 1), dtype=np.float32)
         outs: dict[str, np.ndarray] = {
             TOP_IDS: np.empty((R, top_k), dtype=np.int64),
             CROSS_ATTENTION: np.empty((R, src_mask.shape[1]), dtype=np.float32),

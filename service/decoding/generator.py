@@ -476,17 +476,23 @@ class DecodeBatch:
             return []
         K = self.beam
         rules = self._rules()
+        live_before = ~self.done
+        sampling = K == 1 and bool(self.samples.any()) and bool((self.samples & live_before).any())
+        # Greedy search ranks by the logits alone (no log-softmax) while nobody wants a score; its
+        # unscored step bans </s> itself in the rows that may not end yet, where the export can.
+        unscored = K == 1 and not sampling and not bool(self.want_scores[live_before].any())
+        no_eos = None if rules is None or not (unscored and model.unscored_bans_eos) else rules[1]
         # The graph ranks the vocabulary: the best token of a row (greedy), or its 2K best (beam:
         # a sentence's 2K best candidates over K rows x V tokens are among its rows' 2K best).
-        # Greedy rows that may not end yet need the second best too, should the best be </s>.
-        k_row = (2 if rules is not None and rules[1].any() else 1) if K == 1 else min(2 * K, model.vocab_size)
-        sampling = K == 1 and bool(self.samples.any()) and bool((self.samples & ~self.done).any())
+        # Greedy rows that may not end yet need the second best too, should the best be </s>,
+        # unless the step bans it (no_eos).
+        k_row = (2 if rules is not None and no_eos is None else 1) if K == 1 else min(2 * K, model.vocab_size)
         if sampling:  # the candidates of the sentences that sample
             live = [x for x, d in zip(self.sampling, self.done) if x is not None and not d]
             k_row = max(k_row, *(x.candidates(model.vocab_size) for x in live))
+        scored = not unscored or k_row > 1
         if self.n_sentences == 1:
-            return self._lone_step(model, k_row, rules, sampling)
-        live_before = ~self.done
+            return self._lone_step(model, k_row, scored, no_eos, rules, sampling)
         # A batch's first step with beams runs one row per sentence (its beams are identical then).
         # A lone sentence (`_lone_step`) does not gain: its step of K rows costs about what the separate call adds.
         first = K > 1 and self.cache.past_len == 0
@@ -494,9 +500,7 @@ class DecodeBatch:
         if first:
             out = self.cache.first_step(*step_args, vocab=self.vocab)
         else:
-            # Greedy search ranks by the logits alone (no log-softmax) while nobody wants a score.
-            scored = K > 1 or k_row > 1 or bool(self.want_scores[live_before].any())
-            out = self.cache.step(*step_args, scored=scored, vocab=self.vocab)
+            out = self.cache.step(*step_args, scored=scored, vocab=self.vocab, no_eos=no_eos)
         top_lp, top_ids, att = out.top_log_probs, out.top_ids, out.cross_attention
         if sampling:
             top_ids, top_lp = self._sample(top_ids, top_lp, rules)
@@ -619,6 +623,8 @@ class DecodeBatch:
         self,
         model: DecoderModel,
         k_row: int,
+        scored: bool,
+        no_eos: np.ndarray | None,
         rules: tuple[np.ndarray, np.ndarray] | None = None,
         sampling: bool = False,
     ) -> list[Finished]:
@@ -627,9 +633,8 @@ class DecodeBatch:
         where numpy's cost per call on arrays of one element was most of a step's host time (about
         70 µs around a 230 µs greedy decoder call). Beam search selects in `_beam_one`."""
         K, live = self.beam, not self.done[0]
-        scored = K > 1 or k_row > 1 or (live and bool(self.want_scores[0]))
         step_args = (model, self.tokens, self.positions, self.cross_k, self.cross_v, self.src_mask, k_row)
-        out = self.cache.step(*step_args, scored=scored, vocab=self.vocab)
+        out = self.cache.step(*step_args, scored=scored, vocab=self.vocab, no_eos=no_eos)
         if sampling:
             drawn_ids, drawn_lp = self._sample(out.top_ids, out.top_log_probs, rules)
             out = out._replace(top_ids=drawn_ids, top_log_probs=drawn_lp)

@@ -60,6 +60,10 @@ class DecoderModel(Protocol):
     def unscored_steps(self) -> bool:
         """Whether greedy batches that want no scores have a step of their own (`bind_step(scored=False)`)."""
 
+    @property
+    def unscored_bans_eos(self) -> bool:
+        """Whether the unscored steps take eos_bias: greedy rows that may not end yet need no scored step."""
+
     def encode(
         self, src_ids: np.ndarray, src_mask: np.ndarray
     ) -> tuple[np.ndarray, list[np.ndarray], list[np.ndarray]]:

@@ -17,6 +17,7 @@ import numpy as np
 import onnxruntime as ort
 
 from contract.graphs import (
+    EOS_BIAS,
     LOG_PROBS,
     PAST_MASK,
     POSITIONS,
@@ -169,6 +170,8 @@ class OnnxSeq2Seq:
         self.decoder_one_row = fused(self._steps.get("decoder_one_row"))
         self.decoder_unscored = fused(self._steps.get("decoder_unscored"))
         self.decoder_one_row_unscored = fused(self._steps.get("decoder_one_row_unscored"))
+        unscored = [x for x in (self.decoder_unscored, self.decoder_one_row_unscored) if x is not None]
+        self._unscored_bans_eos = bool(unscored) and all(EOS_BIAS in (i.name for i in x.get_inputs()) for x in unscored)
         if self.provider == "cuda" and PROVIDERS["cuda"] not in self.decoder.get_providers():
             # Listed by onnxruntime-gpu, but the session could not start it (no driver, wrong
             # CUDA or cuDNN): onnxruntime fell back to the CPU. Say so, or refuse when strict.
@@ -314,6 +317,12 @@ class OnnxSeq2Seq:
     def unscored_steps(self) -> bool:
         """Whether greedy batches that want no scores have a step of their own (`bind_step(scored=False)`)."""
         return self.decoder_unscored is not None
+
+    @property
+    def unscored_bans_eos(self) -> bool:
+        """Whether the unscored steps take eos_bias (`contract.graphs.fused_decoder_io`), so that
+        greedy rows that may not end yet need no scored step; exports from before it lack it."""
+        return self._unscored_bans_eos
 
     def bind_step(
         self, inputs: dict[str, np.ndarray], outputs: dict[str, np.ndarray], scored: bool = True

@@ -163,7 +163,8 @@ def _greedy_against_pytorch(model: Transformer, out: Path, variant: Variant, one
     one-row step with `one_row`, over one source; else two), each step fed PyTorch's own choice from
     the start token on, the unscored twin of the step run on the same state. Returns the max |Δ| of
     the log-probabilities and cross-attention against `Transformer.decode_step`; asserts that the
-    unscored step's tokens are the argmax of the scored step's log-probabilities, and both PyTorch's
+    unscored step's tokens are the argmax of the scored step's log-probabilities (without </s>
+    where its eos_bias bans it), and both PyTorch's
     wherever PyTorch's margin exceeds twice that row's |Δ|."""
     cfg = model.cfg
     rows = 1 if one_row else 2
@@ -188,8 +189,12 @@ def _greedy_against_pytorch(model: Transformer, out: Path, variant: Variant, one
     for P in range(STEPS):
         step = _step_feed(cfg, tokens.numpy(), P, caches, cross, src_mask.numpy())
         got = dict(zip(names, scored.run(None, step)))
-        greedy = unscored.run(["top_ids"], {k: v for k, v in step.items() if k != "top_k"})[0][:, 0]
-        assert np.array_equal(greedy, got["log_probs"].argmax(axis=1)), f"step {P}"
+        for ban in (0.0, -np.inf):  # eos_bias: none, then every row's </s> banned
+            bias = np.full((rows, 1), ban, np.float32)
+            greedy = unscored.run(["top_ids"], {k: v for k, v in step.items() if k != "top_k"} | {"eos_bias": bias})
+            want = got["log_probs"].copy()
+            want[:, cfg.eos_id] += ban
+            assert np.array_equal(greedy[0][:, 0], want.argmax(axis=1)), f"step {P}, eos_bias {ban}"
         with torch.no_grad():
             lp, new_kv, w = model.decode_step(
                 tokens, torch.full((rows,), P), past, torch.ones(rows, P), ref_cross, src_mask, need_weights=True

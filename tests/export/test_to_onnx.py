@@ -567,3 +567,47 @@ def test_the_two_pass_ranking_equals_one_pass_ties_included(V):
         values, ids = graphs["top_k"].run(None, {"x": x, "k": np.array([k], np.int64)})
         np.testing.assert_array_equal(ids, order[:, :k], err_msg=f"k={k}")
         np.testing.assert_array_equal(values, np.take_along_axis(x, order[:, :k], axis=1))
+
+
+@pytest.mark.parametrize("V,eos", [(96, 0), (96, 50), (8000, 2), (8000, 7999), (1009, 0), (1009, 1008)])
+def test_the_unscored_argmax_bans_eos_where_eos_bias_says(V, eos):
+    """The unscored step's ranking (`_step_ranking` with scored=False): the logits, padded to
+    blocks where no block divides the vocabulary (1009 is prime), then `block_argmax` with
+    eos_bias added to </s>'s logit. </s> is the best token of every row but the first; the rows
+    with -inf take the next best, the lower id on ties, and a padding column never wins."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    from export.fused import ARGMAX_BLOCK, GraphBuilder, _padded_output, block_argmax, rank_block
+
+    rng = np.random.default_rng(V + eos)
+    D = 8
+    table = rng.integers(-2, 3, (V, D)).astype(np.float32)
+    bias = rng.integers(-3, 1, V).astype(np.float32)  # logits of small integers: ties everywhere
+    bias[eos] = 100.0
+    block = rank_block(V) or ARGMAX_BLOCK
+    padded, padded_bias = _padded_output(table, bias, block)
+    assert len(padded) % block == 0 and len(padded) - V == (0 if rank_block(V) else -V % ARGMAX_BLOCK)
+    b = GraphBuilder("fp32")
+    logits = b.linear("logits", "h", padded.T, padded_bias)
+    block_argmax(b, logits, len(padded), block, "best", eos=("eos_bias", eos))
+    ins = [
+        helper.make_tensor_value_info("h", TensorProto.FLOAT, [None, D]),
+        helper.make_tensor_value_info("eos_bias", TensorProto.FLOAT, [None, 1]),
+    ]
+    outs = [helper.make_tensor_value_info("best", TensorProto.INT64, [None, 1])]
+    model = helper.make_model(
+        helper.make_graph(b.nodes, "argmax", ins, outs, b.inits), opset_imports=[helper.make_opsetid("", 18)]
+    )
+    model.ir_version = 9
+    onnx.checker.check_model(model, full_check=True)
+    graph = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    h = rng.integers(-1, 2, (7, D)).astype(np.float32)
+    h[0] = 0.0  # a row of the bias alone
+    eos_bias = np.array([[0.0], [-np.inf], [0.0], [-np.inf], [-np.inf], [0.0], [-np.inf]], np.float32)
+    want = h @ table.T + bias
+    assert (want.argmax(axis=1) == eos).all()
+    want[:, eos] += eos_bias[:, 0]
+    (best,) = graph.run(None, {"h": h, "eos_bias": eos_bias})
+    np.testing.assert_array_equal(best[:, 0], want.argmax(axis=1))
+    assert (best[eos_bias[:, 0] == 0, 0] == eos).all() and (best[eos_bias[:, 0] < 0, 0] != eos).all()

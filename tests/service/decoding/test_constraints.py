@@ -77,3 +77,30 @@ def test_prefix_and_min_len_in_a_running_batch(tiny_onnx, sources):
         (alone,) = generate(tiny_onnx, [sources[i]], beam=1, min_len=m, target_prefixes=[p])
         assert got[i] == alone.tokens
         assert len(got[i]) >= m
+
+
+def test_min_len_runs_the_unscored_step_where_it_bans_eos(tiny_onnx_dir, test_split, monkeypatch):
+    """Greedy rows under their minimum run the fused unscored step with </s> banned by eos_bias: no
+    step is scored, and the tokens are the portable graph's, whose rows under the minimum run the
+    scored step and take the second best instead of </s> (as an export without eos_bias does)."""
+    from service.runtime.onnx_model import OnnxSeq2Seq
+
+    fused = OnnxSeq2Seq(tiny_onnx_dir, precision="fp32", graph="fused")
+    portable = OnnxSeq2Seq(tiny_onnx_dir, precision="fp32", graph="portable")
+    assert fused.unscored_bans_eos and not portable.unscored_bans_eos
+    sources = fused.source_ids(test_split[0][:N_SENTENCES])
+    free = generate(fused, sources, beam=1, max_len_b=40, want_scores=False)
+    n = sorted(len(h.tokens) for h in free)[len(free) // 2] + 2
+    bound: list[bool] = []
+    bind_step = fused.bind_step
+    monkeypatch.setattr(fused, "bind_step", lambda i, o, scored=True: bound.append(scored) or bind_step(i, o, scored))
+
+    def decode(model: OnnxSeq2Seq) -> list[list[int]]:
+        got = generate(model, sources, beam=1, min_len=n, max_len_b=40, want_scores=False, batch_size=8)
+        got += generate(model, sources[:1], beam=1, min_len=n, max_len_b=40, want_scores=False)
+        return [h.tokens for h in got]
+
+    banned = decode(fused)
+    assert bound and not any(bound)
+    assert banned == decode(portable)
+    assert all(len(t) >= n for t in banned) and banned[: len(free)] != [h.tokens for h in free]
