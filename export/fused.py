@@ -337,11 +337,20 @@ def block_argmax(g: GraphBuilder, x: str, V: int, block: int, ids: str, eos: tup
     g.node("Add", [g.node("Mul", [bi, blk], ["rank.base"], "rank.base"), inner], [ids], "rank.ids")
 
 
-def biased_eos(g: GraphBuilder, logits: str, is_eos: str) -> str:
-    """logits (B, N) with the input eos_bias (B, 1) added where `is_eos` (N,) bool: one pass over
-    the logits, for steps that rank in one pass (one row, or a shortlist's candidates)."""
-    biased = g.node("Add", [logits, EOS_BIAS], ["logits.eos_biased"], "logits.eos_biased")
-    return g.node("Where", [is_eos, biased, logits], ["logits.eos"], "logits.eos")
+def biased_eos(g: GraphBuilder, logits: str, eos_at: str) -> str:
+    """logits (B, N) with the input eos_bias (B, 1) added to column `eos_at` ((1,) int64: </s>'s
+    place), for steps that rank in one pass (one row, or a shortlist's candidates): the column
+    gathered, biased and scattered back, one copy of the logits (an Add and a Where over all of
+    them took 20 µs a toy one-row step)."""
+    col = g.node("Gather", [logits, eos_at], ["logits.eos_col"], "logits.eos_col", axis=1)  # (B, 1)
+    biased = g.node("Add", [col, EOS_BIAS], ["logits.eos_biased"], "logits.eos_biased")
+    at = g.node(
+        "Expand",
+        [eos_at, g.node("Shape", [EOS_BIAS], ["logits.eos_shape"], "logits.eos_shape")],
+        ["logits.eos_idx"],
+        "logits.eos_idx",
+    )
+    return g.node("ScatterElements", [logits, at, biased], ["logits.eos"], "logits.eos", axis=1)
 
 
 def build_fused_decoder(
@@ -482,7 +491,7 @@ def _step_ranking(g: GraphBuilder, model: Transformer, h: str, scored: bool, blo
         block_argmax(g, logits, len(table), block, "top_ids", eos=(EOS_BIAS, cfg.eos_id))
     else:
         logits = g.linear("logits", h, table.T, bias)  # (B, V)
-        logits = biased_eos(g, logits, g.init("is_eos", np.arange(cfg.vocab_size) == cfg.eos_id))
+        logits = biased_eos(g, logits, g.init("eos_at", np.array([cfg.eos_id], np.int64)))
         g.node("ArgMax", [logits], ["top_ids"], "argmax", axis=-1, keepdims=1)  # (B, 1), the first on ties
 
 
@@ -539,14 +548,15 @@ def shortlist_ranking(g: GraphBuilder, model: Transformer, h: str, scored: bool)
     h = g.node("Reshape", [h, g.init("flat_shape", np.array([-1, cfg.d_model], np.int64))], ["hidden"], "hidden")
     logits = _shortlist_logits(g, model, h)  # (B, K)
     is_eos = g.node("Equal", [VOCAB_IDS, g.init("eos_id", np.array(cfg.eos_id, np.int64))], ["is_eos"], "is_eos")
+    is_eos = g.node("Cast", [is_eos], ["is_eos.f"], "is_eos.f", to=TensorProto.FLOAT)
     if scored:
         g.node("LogSoftmax", [logits], ["log_probs"], "log_softmax", axis=-1)
         g.node("TopK", ["log_probs", "top_k"], ["top_log_probs", "rank.at"], "top_k", axis=-1, largest=1, sorted=1)
-        eos_f = g.node("Cast", [is_eos], ["is_eos.f"], "is_eos.f", to=TensorProto.FLOAT)
-        eos_at = g.node("ArgMax", [eos_f], ["eos_at"], "eos_at", axis=0, keepdims=0)  # () its place
+        eos_at = g.node("ArgMax", [is_eos], ["eos_at"], "eos_at", axis=0, keepdims=0)  # () its place
         g.node("Gather", ["log_probs", eos_at], ["eos_log_prob"], "eos", axis=1)
     else:
-        logits = biased_eos(g, logits, is_eos)
+        eos_at = g.node("ArgMax", [is_eos], ["eos_at"], "eos_at", axis=0, keepdims=1)  # (1,) its place
+        logits = biased_eos(g, logits, eos_at)
         g.node("ArgMax", [logits], ["rank.at"], "argmax", axis=-1, keepdims=1)  # (B, 1), the first on ties
     g.node("Gather", [VOCAB_IDS, "rank.at"], ["top_ids"], "top_ids", axis=0)
 
