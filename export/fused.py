@@ -46,7 +46,7 @@ is pre-scaled), computed or stored positions (both a `pe` table), a source vocab
 The encoder (`build_fused_encoder`) is the same pattern over the source: per layer Add+LayerNorm,
 one packed QKV MatMul, MultiHeadAttention with the key padding mask, out proj, Add+LayerNorm, the
 feed-forward; then every decoder layer's cross-attention keys and values from one MatMul over
-the memory, laid out (B, H, S, d_k) by one Transpose: 48 nodes at int8, where the torch export
+the memory, laid out (B, H, S, d_k) by one Transpose: 51 nodes at int8, where the torch export
 spends 36 of its 103 on Reshape and Transpose around unfused attention.
 
 Shapes: B rows = n sentences x K beams (a sentence's beams are consecutive rows), M cache slots,

@@ -329,9 +329,10 @@ class OnnxSeq2Seq:
     ) -> BoundStep:
         """The fused decoder step bound to a batch's buffers (`contract.graphs.fused_decoder_io`):
         bind a cache buffer as both its input and its present output, and the step writes it in place.
-        `scored=False`: the unscored step (`unscored_steps`), whose inputs lack top_k and whose only
-        search output is top_ids (B, 1). With a `shortlist`, the steps take vocab_ids too (the
-        batch's candidate ids, `Shortlist.batch_ids`)."""
+        `scored=False`: the unscored step (`unscored_steps`), whose inputs have eos_bias in top_k's
+        place (`unscored_bans_eos`; none in older exports) and whose only search output is top_ids
+        (B, 1). With a `shortlist`, the steps take vocab_ids too (the batch's candidate ids,
+        `Shortlist.batch_ids`)."""
         if self.graph != "fused":
             raise RuntimeError(f"bind_step runs the fused graph; this model runs the {self.graph} one")
         return BoundStep(self._step_session(len(inputs[TOKENS]), scored), inputs, outputs)
