@@ -33,6 +33,7 @@ from benchmarks.real_size_model import DATA, prepare
 from benchmarks.real_size_worker import read_test
 
 Row = dict[str, Any]
+CONCURRENCY = 64  # the clients of a run
 LAYOUTS = {
     "replicas": ["--replicas", "2", "--decode-workers", "1"],  # 2 processes x 1 worker, 1 thread
     "workers": ["--decode-workers", "2", "--intra-op-threads", "1"],  # 1 process x 2 workers sharing sessions
@@ -77,14 +78,15 @@ def served_run(srv: Server, port: int, texts: list[str], plan: RealSizePlan, bea
     rows of a step, the server's CPU a sentence, the workers' busy share and the client's CPU."""
     before, cpu, t0 = scrape(port), resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
     server_cpu = process_cpu_s(srv.pid)
-    row = server_level(srv.address, texts, plan, beam, 64)
+    row = server_level(srv.address, texts, plan, beam, CONCURRENCY)
     wall, server_cpu = time.perf_counter() - t0, process_cpu_s(srv.pid) - server_cpu
     after, cpu_after = scrape(port), resource.getrusage(resource.RUSAGE_SELF)
     d = {k: after[k] - before[k] for k in after}
     client_cpu = (cpu_after.ru_utime + cpu_after.ru_stime) - (cpu.ru_utime + cpu.ru_stime)
     return {
         "sentences_per_s": row["sentences_per_s"],
-        "cpu_ms_per_sentence": round(1000 * server_cpu / (plan.requests + 4 * 64), 1),
+        # the load generator's warm-up (2 x C), lead (C) and tail (C) around the measured requests
+        "cpu_ms_per_sentence": round(1000 * server_cpu / (plan.requests + 4 * CONCURRENCY), 1),
         "rows_per_step": round(d[ROWS[0]] / max(d[ROWS[1]], 1), 1),
         "busy": round(sum(d[k] for k in BUSY) / wall, 2),
         "client_cpu": round(client_cpu / wall, 2),

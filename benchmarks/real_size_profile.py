@@ -9,8 +9,8 @@ Each graph node's kernel time is put in one bucket by its name (`bucket`): encod
 encoder graph), self-attention, cross-attention, feed-forward, output projection, top-k (the log-
 softmax, top-k and argmax after the projection, and the unscored step's </s> ban), other
 (embeddings, layer norms outside a block, reshapes); `host` is the wall time of generate() less
-the time inside the graphs' runs (Python, the search, copies in and out). Figures are ms per decoder step (the encoder's: per batch, shown
-per step too) and shares of the wall time.
+the time inside the graphs' runs (Python, the search, copies in and out). Figures are ms per
+decoder step (the encoder's: per batch, shown per step too) and shares of the wall time.
 """
 
 from __future__ import annotations

@@ -474,9 +474,12 @@ def _step_ranking(g: GraphBuilder, model: Transformer, h: str, scored: bool, blo
     cfg = model.cfg
     h = g.node("Reshape", [h, g.init("flat_shape", np.array([-1, cfg.d_model], np.int64))], ["hidden"], "hidden")
     table, bias = _output_table(model)  # (V, D), (V,) or None
+    block = rank_block(cfg.vocab_size) if blocks else 0
+    if blocks and not scored:
+        block = block or ARGMAX_BLOCK
+        table, bias = _padded_output(table, bias, block)
+    logits = g.linear("logits", h, table.T, bias)  # (B, V), padded to a multiple of block unscored
     if scored:
-        logits = g.linear("logits", h, table.T, bias)  # (B, V)
-        block = rank_block(cfg.vocab_size) if blocks else 0
         g.node("LogSoftmax", [logits], ["log_probs"], "log_softmax", axis=-1)
         if block:
             block_top_k(g, "log_probs", "top_k", cfg.vocab_size, block, "top_log_probs", "top_ids")
@@ -484,13 +487,9 @@ def _step_ranking(g: GraphBuilder, model: Transformer, h: str, scored: bool, blo
             g.node("TopK", ["log_probs", "top_k"], ["top_log_probs", "top_ids"], "top_k", axis=-1, largest=1, sorted=1)
         eos = g.init("eos_id", np.array(cfg.eos_id, np.int64))
         g.node("Gather", ["log_probs", eos], ["eos_log_prob"], "eos", axis=1)
-    elif blocks:
-        block = rank_block(cfg.vocab_size) or ARGMAX_BLOCK
-        table, bias = _padded_output(table, bias, block)
-        logits = g.linear("logits", h, table.T, bias)  # (B, V padded to a multiple of block)
+    elif block:
         block_argmax(g, logits, len(table), block, "top_ids", eos=(EOS_BIAS, cfg.eos_id))
     else:
-        logits = g.linear("logits", h, table.T, bias)  # (B, V)
         logits = biased_eos(g, logits, g.init("eos_at", np.array([cfg.eos_id], np.int64)))
         g.node("ArgMax", [logits], ["top_ids"], "argmax", axis=-1, keepdims=1)  # (B, 1), the first on ties
 
