@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from benchmarks.machine import machine
 from benchmarks.real_size_model import DATA, REPO, read_lines
 
 CACHE = REPO / "benchmarks" / ".cache"
@@ -427,7 +428,7 @@ def main(argv: list[str] | None = None) -> None:
         rows = bleu_rows(Path(args.hf), Path(args.model), args.sizes, Path(args.cache), args.threads, args.split)
         table = bleu_table(rows)
     if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=1))
+        Path(args.json).write_text(json.dumps({"machine": machine(), "rows": rows}, indent=1))
     print("\n".join(table))
     print("\n$ " + " ".join(["python -m benchmarks.shortlist", *(argv if argv is not None else sys.argv[1:])]))
     if args.bleu:
