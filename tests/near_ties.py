@@ -62,3 +62,44 @@ def torch_next_log_probs(model, src_ids: Sequence[int]) -> NextLogProbs:
         return torch.log_softmax(logits.float(), dim=-1).numpy()
 
     return log_probs
+
+
+def assert_text_equal_up_to_a_near_tie(
+    got_text: str,
+    want: Sequence[int],
+    log_probs: NextLogProbs,
+    eos_id: int,
+    detokenize: Callable[[Sequence[int]], str],
+    tie: float = INT8_TIE,
+) -> None:
+    """`assert_equal_up_to_a_near_tie` where one side is known as text only (the command-line
+    client's output file): got_text is the detokenized output of some token sequence `got` that
+    equals want up to a near-tie. Text does not say where `got` parted from want (a word may be
+    split into other tokens), so this asserts what must then hold: at some position j where
+    want[:j]'s text still fits got_text, a token t other than want[j] (</s> past want's end) within
+    `tie` nats of it in the fp32 reference continues want[:j] into a prefix of got_text (or ends
+    it there, if t is </s>). `detokenize(ids)`: the text of ids as the server writes it (stripped)."""
+
+    def fits(ids: Sequence[int]) -> bool:
+        # a prefix's text: the bytes of a character cut at its end decode as U+FFFD; drop them
+        return got_text.startswith(detokenize(list(ids)).rstrip("\ufffd"))
+
+    if detokenize(list(want)) == got_text:
+        return
+    parted = []
+    for j in range(len(want) + 1):
+        lp = log_probs(list(want[:j]))
+        w = want[j] if j < len(want) else eos_id
+        for t in np.flatnonzero(np.abs(lp - lp[w]) <= tie).tolist():
+            if t == w:
+                continue
+            ends = t == eos_id
+            if (detokenize(list(want[:j])) == got_text) if ends else fits([*want[:j], t]):
+                return
+        parted.append(j)
+        if j < len(want) and not fits(want[: j + 1]):
+            break  # got_text has left want's text: got parted from want at j or before
+    raise AssertionError(
+        f"{got_text!r} is not {detokenize(list(want))!r} up to a near-tie: at none of tokens {parted} does a "
+        f"token within {tie} nats of want's in fp32 continue into it"
+    )
