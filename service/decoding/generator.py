@@ -45,6 +45,7 @@ import numpy as np
 from service.decoding.cache import ConcatCache, RowCache, StepResult, fill_order, new_cache, row_moves, stack_padded
 from service.decoding.model import DecoderModel
 from service.decoding.sampling import Sampling, draw
+from service.decoding.terms import MAX_TERMS, SourceTerm, TermStep, advance, decide, landed
 
 NEG_INF = float("-inf")
 _NO_IDS = np.zeros(0, dtype=np.int64)  # a sentence's shortlist candidates where the model has no shortlist
@@ -87,6 +88,9 @@ class Finished:
     # num_hypotheses > 1 (beam search): the n best finished hypotheses, best first (the first is
     # this one), without alignment.
     hypotheses: list[Hypothesis] = field(default_factory=list)
+    # Glossary terms (`service.decoding.terms`): (term, start, end) token positions in `tokens`
+    # where each term's target stands, in output order.
+    terms: list[tuple[int, int, int]] = field(default_factory=list)
 
     def hypothesis(self) -> Hypothesis:
         return Hypothesis(self.tokens, self.score, self.log_prob, self.alignment)
@@ -305,6 +309,9 @@ class DecodeBatch:
     # own candidates, its source tokens' rows and its forced tokens (`Shortlist.candidates`);
     # the cache makes the batch's vocab_ids of them when its sentences change. Else empty arrays.
     vocab: list[np.ndarray] = _per("sentence", list)
+    # Glossary terms forced on each sentence's output (`service.decoding.terms`), and whether it has any.
+    terms: list[tuple[SourceTerm, ...]] = _per("sentence", list)
+    with_terms: np.ndarray = _per("sentence", _zeros(0, dtype=bool))
 
     # -- per row --------------------------------------------------------------
     # The self-attention keys and values of every row, with which entries are the row's own (a
@@ -319,6 +326,10 @@ class DecodeBatch:
     # for all rows in one call a step, and here only the attention rows of those that want them.
     hist: list[_Node | None] = _per("row", list)
     out_ids: np.ndarray = _per("row", _zeros(0, 0, dtype=np.int64), padded="output")  # (R, T) greedy
+    # Each row's glossary terms: the one it is emitting (-1: none), its next token, those placed (bits).
+    term_at: np.ndarray = _per("row", _zeros(0, dtype=np.int64))
+    term_pos: np.ndarray = _per("row", _zeros(0, dtype=np.int64))
+    terms_placed: np.ndarray = _per("row", _zeros(0, dtype=np.int64))
 
     # -- construction ---------------------------------------------------------
 
@@ -340,6 +351,7 @@ class DecodeBatch:
         kept_prefixes: Sequence[Sequence[int]] | None = None,
         num_hypotheses: int | Sequence[int] = 1,
         sampling: Sequence[Sampling | None] | None = None,
+        terms: Sequence[Sequence[SourceTerm]] | None = None,
     ) -> DecodeBatch:
         """Run the encoder over `src_ids_lists` (each ending with </s>) and set up their decoding.
         `keys` identify the sentences (unique, hashable); `max_lens` overrides the length rule per
@@ -347,7 +359,8 @@ class DecodeBatch:
         as the reference does. `min_lens` and `target_prefixes`: see the module doc.
         `kept_prefixes`: tokens forced after the target prefix and kept in the output (min_lens
         then counts them). `num_hypotheses`: beam search's n-best list (`Finished.hypotheses`).
-        `sampling`: greedy sentences that draw their tokens (`service.decoding.sampling`)."""
+        `sampling`: greedy sentences that draw their tokens (`service.decoding.sampling`).
+        `terms`: glossary terms forced on each sentence's output (`service.decoding.terms`)."""
         n = len(src_ids_lists)
         if len(keys) != n:
             raise ValueError(f"{len(keys)} keys for {n} sentences")
@@ -366,10 +379,13 @@ class DecodeBatch:
         R = n * K
         self.keys = list(keys)
         self._set_output_rules(n, min_lens, target_prefixes, kept_prefixes, num_hypotheses, sampling)
+        self._set_terms(n, terms)
         shortlist = model.shortlist
         self.vocab = [
-            shortlist.candidates(src, forced) if shortlist is not None else _NO_IDS
-            for src, forced in zip(src_ids_lists, self.target_prefix)
+            shortlist.candidates(src, [*forced, *(t for term in ts for t in term.target)])
+            if shortlist is not None
+            else _NO_IDS
+            for src, forced, ts in zip(src_ids_lists, self.target_prefix, self.terms)
         ]
         rule = [max_output_len(int(L), max_len_a, max_len_b, model.max_positions) for L in lens]
         if max_lens is not None:
@@ -391,7 +407,20 @@ class DecodeBatch:
         self.scores = scores.reshape(-1)
         self.hist = [None] * R
         self.out_ids = np.zeros((R, _out_width(K, self.max_len)), dtype=np.int64)
+        self.term_at = np.full(R, -1, dtype=np.int64)
+        self.term_pos = np.zeros(R, dtype=np.int64)
+        self.terms_placed = np.zeros(R, dtype=np.int64)
         return self
+
+    def _set_terms(self, n: int, terms: Sequence[Sequence[SourceTerm]] | None) -> None:
+        self.terms = [tuple(t) for t in terms] if terms is not None else [() for _ in range(n)]
+        if len(self.terms) != n:
+            raise ValueError(f"terms: {len(self.terms)} values for {n} sentences")
+        if any(len(t) > MAX_TERMS for t in self.terms):
+            raise ValueError(f"terms: at most {MAX_TERMS} a sentence")
+        if any(not term.target for ts in self.terms for term in ts):
+            raise ValueError("terms: a term forces at least one token")
+        self.with_terms = np.array([bool(t) for t in self.terms], dtype=bool)
 
     def _set_output_rules(
         self,
@@ -504,6 +533,8 @@ class DecodeBatch:
         top_lp, top_ids, att = out.top_log_probs, out.top_ids, out.cross_attention
         if sampling:
             top_ids, top_lp = self._sample(top_ids, top_lp, rules)
+        terms = self._term_step(top_ids[:, 0], att, rules) if self.with_terms.any() else None
+        rules = _with_terms(rules, terms, K)
         if rules is not None:
             top_ids, top_lp = self._apply_rules(top_ids, top_lp, *rules)
         last = self.max_len - 1  # (R,) at a sentence's last allowed step only </s> may follow
@@ -516,6 +547,8 @@ class DecodeBatch:
             raise RuntimeError("beam search needs the step's log-probabilities")
         else:
             finished, rows = self._beam(top_lp, top_ids, att, force)
+        if terms is not None:
+            self._terms_advance(terms, rows)
         self.cache.advance(rows)
         # Rows of finished sentences may ride along until the next filter(): they stay at their
         # last position, which is within the position table (the next ones may not be).
@@ -554,7 +587,8 @@ class DecodeBatch:
             alignment = _alignment([atts[j] for j in keep], self.src_lens[r])
         score = float(self.scores[r]) if self.want_scores[r] else None
         toks = [toks[j] for j in keep if toks[j] != eos]
-        return Finished(self.keys[r], toks, score, score, alignment, int(self.steps[r]) + 1)
+        placed = landed(toks, self.terms[r]) if self.with_terms[r] else []
+        return Finished(self.keys[r], toks, score, score, alignment, int(self.steps[r]) + 1, terms=placed)
 
     def _rules(self) -> tuple[np.ndarray, np.ndarray] | None:
         """The rows at a forced prefix token at this step (R,) (the token; -1: none), and the rows
@@ -601,6 +635,29 @@ class DecodeBatch:
                 top_lp[rows, 0] = 0.0
         return top_ids, top_lp
 
+    def _term_step(self, best: np.ndarray, att: np.ndarray, rules: tuple[np.ndarray, np.ndarray] | None) -> TermStep:
+        """The glossary terms' forced tokens and </s> bans at this step (`service.decoding.terms`);
+        rows at a forced prefix token start no term."""
+        K = self.beam
+        live = ~(self.done if K == 1 else np.repeat(self.done, K))
+        if rules is not None:
+            live &= rules[0] < 0
+        per_row = self.terms if K == 1 else [t for t in self.terms for _ in range(K)]
+        room = (self.max_len if K == 1 else np.repeat(self.max_len, K)) - 1 - self.positions
+        step, self.term_at = decide(
+            per_row, self.term_at, self.term_pos, self.terms_placed, att, best, live, room, self.eos_id
+        )
+        return step
+
+    def _terms_advance(self, step: TermStep, rows: np.ndarray | None) -> None:
+        """The rows' term state after this step's tokens; beams follow their parents (`rows`)."""
+        K = self.beam
+        per_row = self.terms if K == 1 else [t for t in self.terms for _ in range(K)]
+        at, pos, placed = advance(per_row, self.term_at, self.term_pos, self.terms_placed, step.forced)
+        if rows is not None:
+            at, pos, placed = at[rows], pos[rows], placed[rows]
+        self.term_at, self.term_pos, self.terms_placed = at, pos, placed
+
     def _sample(
         self, top_ids: np.ndarray, top_lp: np.ndarray | None, rules: tuple[np.ndarray, np.ndarray] | None
     ) -> tuple[np.ndarray, np.ndarray]:
@@ -638,6 +695,8 @@ class DecodeBatch:
         if sampling:
             drawn_ids, drawn_lp = self._sample(out.top_ids, out.top_log_probs, rules)
             out = out._replace(top_ids=drawn_ids, top_log_probs=drawn_lp)
+        terms = self._term_step(out.top_ids[:, 0], out.cross_attention, rules) if self.with_terms[0] else None
+        rules = _with_terms(rules, terms, K)
         if rules is not None:
             top_ids, top_lp = self._apply_rules(out.top_ids, out.top_log_probs, *rules)
             out = out._replace(top_ids=top_ids, top_log_probs=top_lp)
@@ -651,6 +710,8 @@ class DecodeBatch:
             if top_lp is None or out.eos_log_prob is None:
                 raise RuntimeError("beam search needs the step's log-probabilities")
             finished, rows = self._beam_one(top_lp, top_ids, out.cross_attention, np.full(K, forced))
+        if terms is not None:
+            self._terms_advance(terms, rows)
         self.cache.advance(rows)
         self.positions += not self.done[0]
         self.steps[0] += live
@@ -799,7 +860,8 @@ class DecodeBatch:
         if self.want_alignment[i] and eos_att is not None:
             alignment = _alignment([*atts, eos_att], self.src_lens[i])
         self.finished[i] = []
-        best = Finished(self.keys[i], toks, score, s, alignment, int(self.steps[i]) + 1)
+        placed = landed(toks, self.terms[i]) if self.with_terms[i] else []
+        best = Finished(self.keys[i], toks, score, s, alignment, int(self.steps[i]) + 1, terms=placed)
         if self.num_hypotheses[i] > 1:
             best.hypotheses = [best.hypothesis()] + [
                 Hypothesis(_walk(h[2])[0][start:], h[0], h[1]) for h in ranked[1 : int(self.num_hypotheses[i])]
@@ -856,6 +918,20 @@ class DecodeBatch:
             for name, layout in layouts(cls)
         }
         return cls(**merged)
+
+
+def _with_terms(
+    rules: tuple[np.ndarray, np.ndarray] | None, terms: TermStep | None, beam: int
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """The step's prefix and minimum-length rules with the glossary terms' forced tokens added
+    (a row at a prefix token starts none) and, for beams, their </s> bans; greedy rows need no ban:
+    one whose best token is </s> starts a missing term instead."""
+    if terms is None or not ((terms.forced >= 0).any() or (beam > 1 and terms.no_eos.any())):
+        return rules
+    forced, no_eos = terms.forced, terms.no_eos if beam > 1 else np.zeros(len(terms.forced), dtype=bool)
+    if rules is None:
+        return forced, no_eos
+    return np.where(rules[0] >= 0, rules[0], forced), rules[1] | no_eos
 
 
 def _check_batch_wide(cls: type[DecodeBatch], batches: Sequence[DecodeBatch]) -> None:

@@ -281,6 +281,7 @@ def _one_sentence_state(K: int, S: int, want_alignment: bool, rng) -> DecodeBatc
     b.finished = [[]]
     b.target_prefix, b.prefix_len, b.eos_from = [[]], np.zeros(1, dtype=np.int64), np.zeros(1, dtype=np.int64)
     b.output_from, b.num_hypotheses = np.zeros(1, dtype=np.int64), np.ones(1, dtype=np.int64)
+    b.terms, b.with_terms = [()], np.zeros(1, dtype=bool)
     b.hist = [None] * K
     b.scores = np.array([0.0] + [float("-inf")] * (K - 1), dtype=np.float32)
     b.tokens = np.full(K, 1, dtype=np.int64)
