@@ -152,3 +152,42 @@ def test_model_info_shows_no_default_pair(client, kserve, languages):
     # Every language the info lists is served, in either role.
     ok = client.translate([TEXT], model=M2M100_PADDED, source_language=languages[-1], target_language=languages[0])
     assert len(ok) == 1
+
+
+def test_a_version_recording_other_unmapped_ids_is_not_loaded(client, kserve, padded_repository):
+    """The import may record the ids without a vocabulary entry in the manifest: a record that
+    disagrees with the tokenizer (a vocabulary swapped after the import) keeps the version from
+    loading, FAILED_PRECONDITION with the reason; one that agrees loads and serves."""
+    import shutil
+
+    from contract.manifest import load_manifest, write_manifest
+
+    root = padded_repository / M2M100_PADDED
+    manifest = load_manifest(root / "1" / "onnx")
+    size = manifest.dims.vocab_size
+    made_up = list(range(size - 8, size))
+    assert manifest.sentencepiece is not None
+    try:
+        for version, recorded in (("2", made_up[:-1]), ("3", made_up)):
+            shutil.copytree(root / "1", root / version, symlinks=True)
+            sp = manifest.sentencepiece.model_copy(update={"unmapped_ids": recorded})
+            write_manifest(root / version / "onnx", manifest.model_copy(update={"sentencepiece": sp}))
+        load = kpb.RepositoryModelLoadRequest(
+            model_name=M2M100_PADDED, parameters={"version": kpb.ModelRepositoryParameter(string_param="2")}
+        )
+        code, message = status_of(lambda: kserve.RepositoryModelLoad(load, timeout=300))
+        assert code == grpc.StatusCode.FAILED_PRECONDITION
+        assert "wrong tokenizer" in message and f"unrecorded: {made_up[-1]}" in message
+        load.parameters["version"].string_param = "3"
+        kserve.RepositoryModelLoad(load, timeout=300)
+        r = client.translate_response([TEXT], model=f"{M2M100_PADDED}:3", source_language="de", target_language="en")
+        assert r.model == f"{M2M100_PADDED}:3"
+        kserve.RepositoryModelUnload(
+            kpb.RepositoryModelUnloadRequest(
+                model_name=M2M100_PADDED, parameters={"version": kpb.ModelRepositoryParameter(string_param="3")}
+            ),
+            timeout=120,
+        )
+    finally:
+        for version in ("2", "3"):
+            shutil.rmtree(root / version, ignore_errors=True)
