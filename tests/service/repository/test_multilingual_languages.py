@@ -6,14 +6,18 @@ languages) and lists its languages in their own fields. The model: tests/service
 
 from __future__ import annotations
 
+import urllib.request
+
 import grpc
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from service.api.inference import grpc_service_pb2 as kpb
 from service.api.inference import grpc_service_pb2_grpc as kpb_grpc
 from service.client import pb
 from tests.conftest import RunningServer
 from tests.service.imported import M2M100_PADDED
+from tests.support import free_port
 
 TEXT = "Ein Hund rennt durch den Schnee."
 REF = f"{M2M100_PADDED}:1"
@@ -29,7 +33,8 @@ def server(padded_repository):
             model_repository=padded_repository,
             models=M2M100_PADDED,
             precision="fp32",
-            metrics_port=0,
+            metrics_port=free_port(),
+            metrics_address="127.0.0.1",
             decode_workers=1,
             engine_process=False,
             max_output_tokens=16,
@@ -130,7 +135,7 @@ def test_a_pair_the_model_lacks_lists_its_languages(client, kserve, languages):
     check_languages(message, "100 languages to 100: ", languages)
 
 
-def test_model_info_shows_no_default_pair(client, kserve, languages):
+def test_model_info_shows_no_default_pair(server, client, kserve, languages):
     info = client.model_info(M2M100_PADDED)
     assert (info.source_language, info.target_language) == ("", "")
     (served,) = info.models
@@ -149,6 +154,15 @@ def test_model_info_shows_no_default_pair(client, kserve, languages):
     req.parameters["source_language"].string_param = "de"
     code, message = status_of(lambda: kserve.ModelInfer(req, timeout=60))
     assert code == grpc.StatusCode.INVALID_ARGUMENT and message.startswith("parameters.target_language: ")
+    # Nor does the model info metric.
+    body = urllib.request.urlopen(f"http://127.0.0.1:{server.server.metrics_port}/metrics", timeout=10).read()
+    infos = [
+        s.labels
+        for fam in text_string_to_metric_families(body.decode())
+        for s in fam.samples
+        if s.name == "mtserve_model_info" and s.labels["model"] == M2M100_PADDED
+    ]
+    assert [(i["source_language"], i["target_language"]) for i in infos] == [("", "")]
     # Every language the info lists is served, in either role.
     ok = client.translate([TEXT], model=M2M100_PADDED, source_language=languages[-1], target_language=languages[0])
     assert len(ok) == 1
