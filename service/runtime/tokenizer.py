@@ -12,11 +12,11 @@ Ids without a vocabulary entry: an imported model's embedding may have rows that
 names (M2M100's made-up words past its language codes, the padding of OPUS-MT's vocabularies), and a
 search may emit them. Each is the token `<unk>` (`TextTokenizer.token`), and `<unk>` in decoded
 text, glued to its neighbours: what `M2M100Tokenizer.batch_decode(skip_special_tokens=True)` writes
-for them (and MarianTokenizer's before transformers 5; transformers 5's MarianTokenizer falls back to
-the SentencePiece piece of the same number, or raises past its size, and NLLB's fast tokenizer drops
-them). The real `<unk>` id stays dropped from text, as transformers drops it. `unmapped_ids` are these
-ids, computed at load from the vocabularies and the model's size; a version whose manifest records
-them (`SentencePieceSpec.unmapped_ids`) must record the same.
+for them, for every imported model alike (MarianTokenizer before transformers 5 wrote `<unk>` and a
+space; transformers 5's falls back to the SentencePiece piece of the same number, or raises past its
+size; NLLB's fast tokenizer drops them). The real `<unk>` id stays out of the text, as in
+transformers. `unmapped_ids` are these ids, computed at load from the vocabularies and the model's
+size; a version whose manifest records them (`SentencePieceSpec.unmapped_ids`) must record the same.
 
 `load_tokenizer` reads the one the manifest names and checks that it is the model's own.
 """

@@ -137,3 +137,33 @@ def test_a_recorded_list_of_unmapped_ids_must_agree(padded_export):
         load_tokenizer(padded_export, recording(found[1:]))
     with pytest.raises(RuntimeError, match=r"recorded but mapped: 5\b"):
         load_tokenizer(padded_export, recording([5, *found]))
+
+
+def test_a_padded_marian_vocabulary(hf_marian_separate_dir):
+    """OPUS-MT pads its vocabulary past vocab.json: the padding ids are `<unk>`, in the tokens and
+    in the text (between the texts of the pieces around them), never dropped or an error."""
+    folder = hf_marian_separate_dir
+    source, target = (json.loads((folder / f).read_text()) for f in ("vocab.json", "target_vocab.json"))
+    size = len(target) + 4  # the model's output layer: 4 rows past the target vocabulary
+    tok = SentencePieceTokenizer(
+        folder / "source.spm",
+        folder / "target.spm",
+        folder / "vocab.json",
+        folder / "target_vocab.json",
+        unk_id=source["<unk>"],
+        special_ids={source["</s>"], source["<pad>"], source["<unk>"]},
+        model_vocab_size=size,
+    )
+    assert tok.unmapped_ids == set(range(len(target), size))
+    before, after = tok.encode_target("Ein Hund"), tok.encode_target("rennt schnell")
+    ids = [*before, len(target), *after, size - 1]
+    assert [tok.token(i) for i in ids] == [
+        *(tok.id_to_token(i) for i in before),
+        "<unk>",
+        *(tok.id_to_token(i) for i in after),
+        "<unk>",
+    ]
+    assert tok.decode(ids) == f"{tok.decode(before)}<unk>{tok.decode(after)}<unk>"
+    assert tok.decode([source["<unk>"], *before]) == tok.decode(
+        before
+    )  # the real <unk> id: dropped, as transformers does
