@@ -205,3 +205,24 @@ def test_a_version_recording_other_unmapped_ids_is_not_loaded(client, kserve, pa
     finally:
         for version in ("2", "3"):
             shutil.rmtree(root / version, ignore_errors=True)
+
+
+def test_the_list_of_what_models_serve_is_cut():
+    """Many multilingual models: the NOT_FOUND's list stops before LISTED_MESSAGE_BYTES, saying
+    how many models there are; one-pair models show their pairs."""
+    from types import SimpleNamespace
+
+    from contract.manifest import LanguageSpec
+    from service.engine.languages import ModelLanguages
+    from service.repository.registry import LISTED_MESSAGE_BYTES, _served_languages
+
+    codes = [f"x{i:02d}" for i in range(60)]
+    tokens = {c: i for i, c in enumerate(codes)}
+    many = ModelLanguages(LanguageSpec(source=codes, target=codes, source_tokens=tokens, target_tokens=tokens))
+    one = ModelLanguages(LanguageSpec(source=["de"], target=["en"]))
+    models = [SimpleNamespace(ref="de-en:1", engine=SimpleNamespace(languages=one))]
+    models += [SimpleNamespace(ref=f"m{i}:1", engine=SimpleNamespace(languages=many)) for i in range(5)]
+    text = _served_languages(models)
+    assert text.startswith("de->en (de-en:1); m0:1: 60 languages to 60: x00, x01, ")
+    assert text.endswith("; … (6 models in all)") and len(text.encode()) <= LISTED_MESSAGE_BYTES + 30
+    assert _served_languages(models[:1]) == "de->en (de-en:1)"
