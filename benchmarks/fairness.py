@@ -239,6 +239,8 @@ def model_language(stub, model: str) -> str:
         info = stub.GetModelInfo(pb.GetModelInfoRequest(model=model), timeout=30)
     except grpc.RpcError as e:
         raise SystemExit(f"fairness: {model}: {e.code().name}: {e.details()}") from None
+    if not info.source_language:  # a multilingual model: its requests must name their languages
+        raise SystemExit(f"fairness: {model} has no default language pair (a multilingual model)")
     return info.source_language
 
 

@@ -108,6 +108,10 @@ class SentencePieceSpec(_Model):
     target_model: FileSpec
     source_vocab: FileSpec
     target_vocab: FileSpec
+    # The model's ids (0 to dims.vocab_size) that no target vocabulary entry names (M2M100's made-up
+    # words, a padded vocabulary), as the import found them; None: not recorded. The server computes
+    # them from the vocabularies at load, and a record must agree (service.runtime.tokenizer).
+    unmapped_ids: list[int] | None = None
 
     def files(self) -> list[FileSpec]:
         return list(

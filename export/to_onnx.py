@@ -280,7 +280,7 @@ def _copy_tokenizer(model_dir: Path, meta: dict, out: Path) -> tuple[FileSpec | 
     spm = meta.get("sentencepiece")
     if spm is None:
         return copy(TOKENIZER), None
-    return None, SentencePieceSpec(**{role: copy(file) for role, file in spm.items()})
+    return None, SentencePieceSpec.model_validate({role: copy(file) for role, file in spm.items()})
 
 
 def _assemble_manifest(

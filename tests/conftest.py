@@ -412,7 +412,7 @@ def hf_marian_folder(
     return out
 
 
-def hf_m2m100_folder(out: Path, spm: Path, activation: str, seed: int) -> Path:
+def hf_m2m100_folder(out: Path, spm: Path, activation: str, seed: int, language_codes: str = "wmt21") -> Path:
     import json
 
     from transformers import M2M100Tokenizer
@@ -426,11 +426,27 @@ def hf_m2m100_folder(out: Path, spm: Path, activation: str, seed: int) -> Path:
         spm_file=str(out / "sentencepiece.bpe.model"),
         src_lang="de",
         tgt_lang="en",
-        language_codes="wmt21",
+        language_codes=language_codes,
     )
     tok.save_pretrained(str(out))
     # and M2M100's 8 made-up words
     return _tiny_m2m100(out, max(tok.lang_code_to_id.values()) + 1 + 8, activation, seed)
+
+
+def hf_boost_rows(folder: Path, rows: list[int], scale: float, seed: int) -> None:
+    """Make the model of `folder` emit `rows` often: their embedding rows (the output layer's, tied)
+    set to random directions `scale` times the other rows' mean norm."""
+    import torch
+    from transformers import AutoModelForSeq2SeqLM
+
+    model = AutoModelForSeq2SeqLM.from_pretrained(str(folder))
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        weight = model.get_input_embeddings().weight
+        norm = weight[: min(rows)].norm(dim=1).mean()
+        v = torch.randn(len(rows), weight.shape[1], generator=gen)
+        weight[rows] = v / v.norm(dim=1, keepdim=True) * norm * scale
+    model.save_pretrained(str(folder))
 
 
 @pytest.fixture(scope="session")
@@ -465,6 +481,19 @@ def hf_m2m100_dir(tmp_path_factory, hf_spm_models) -> Path:
     """An M2M100 folder (8 languages, `wmt21` codes) with ReLU."""
     out = tmp_path_factory.mktemp("hf-m2m100") / "m2m100-tiny"
     return hf_m2m100_folder(out, hf_spm_models["joint"], "relu", seed=3)
+
+
+@pytest.fixture(scope="session")
+def hf_m2m100_padded_dir(tmp_path_factory, hf_spm_models) -> Path:
+    """An M2M100 folder as the real ones: the tokenizer's 100 languages (`m2m100` codes), then 8
+    made-up words, embedding rows that no vocab.json entry names, which this model emits often."""
+    import json
+
+    out = tmp_path_factory.mktemp("hf-m2m100-padded") / "m2m100-padded"
+    hf_m2m100_folder(out, hf_spm_models["joint"], "relu", seed=6, language_codes="m2m100")
+    size = json.loads((out / "config.json").read_text())["vocab_size"]
+    hf_boost_rows(out, list(range(size - 8, size)), scale=2.0, seed=6)
+    return out
 
 
 NLLB_LANGUAGES = ["deu_Latn", "eng_Latn", "fra_Latn", "ces_Latn"]

@@ -303,15 +303,15 @@ class Engine:
         ]
 
     def _token_strings(self, ids: list[int]) -> list[str]:
-        """The vocabulary entries of `ids`. Every id comes from this tokenizer or from the model
-        exported with it, so one without an entry means the export and the tokenizer disagree."""
-        tokens: list[str] = []
+        """The token strings of `ids`: each one's vocabulary entry, `<unk>` for an id of the model
+        that no entry names (service.runtime.tokenizer). Every id comes from this tokenizer or from
+        the model exported with it, so one past the model's vocabulary means they disagree."""
+        size = self.manifest.dims.vocab_size
         for i in ids:
-            token = self.tokenizer.id_to_token(i)
-            if token is None:
-                raise Internal(f"token id {i} is not in the tokenizer's vocabulary")
-            tokens.append(token)
-        return tokens
+            if not 0 <= i < size:
+                raise Internal(f"token id {i} is outside the model's vocabulary of {size}")
+        token = self.tokenizer.token
+        return [token(i) for i in ids]
 
     def result(self, src: list[int], finished: Finished, opts: TranslateOptions) -> TranslationResult:
         ids = list(finished.tokens)
@@ -441,8 +441,9 @@ class Engine:
         return {
             "name": self.name,
             "version": self.version,
-            "source_language": m.src_lang,
-            "target_language": m.tgt_lang,
+            # A model that needs the request's languages has no default pair to show.
+            "source_language": m.src_lang if self.languages.has_default_pair else "",
+            "target_language": m.tgt_lang if self.languages.has_default_pair else "",
             "precision": st.precision,
             "execution_provider": self.provider,
             "decoder_graph": self.graph,

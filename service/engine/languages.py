@@ -13,6 +13,8 @@ from service.errors import InvalidArgument, quote
 LISTED_PAIRS = 20
 # A language code as a message shows it: longer ones (client input) are quoted and cut.
 SHOWN_CODE_CHARS = 16
+# UTF-8 bytes of a list of a model's languages in a status message before it is cut with "…".
+LISTED_LANGUAGE_BYTES = 400
 
 
 @dataclass(frozen=True)
@@ -61,6 +63,32 @@ class ModelLanguages:
         multilingual model does not translate a language into itself."""
         return self._pairs
 
+    @property
+    def has_default_pair(self) -> bool:
+        """Whether a request may leave the languages empty: a model without language tokens has
+        one pair (or translates whatever it reads); one with them needs the request's languages."""
+        return not (self.spec.source_tokens or self.spec.target_tokens)
+
+    def describe(self) -> str:
+        """What the model serves, for a status message: a multilingual model's languages
+        ("8 languages to 8: cs, de, en, ..."), sorted and cut at LISTED_LANGUAGE_BYTES; else its
+        pairs ("de->en")."""
+        src, tgt = self.spec.source, self.spec.target
+        if not self.multilingual:
+            return describe_pairs(self.pairs)
+        if set(src) == set(tgt):
+            return f"{len(src)} languages to {len(tgt)}: {list_languages(src)}"
+        return f"{len(src)} languages to {len(tgt)}: from {list_languages(src)}; into {list_languages(tgt)}"
+
+    def why_not(self, pair: LanguagePair) -> str:
+        """Why the model does not serve `pair` (`serves(pair)` is false), in a few words."""
+        spec = self.spec
+        if pair.source and pair.source not in spec.source:
+            return f"{_shown(pair.source)} is not one of its source languages"
+        if pair.target and pair.target not in spec.target:
+            return f"{_shown(pair.target)} is not one of its target languages"
+        return "it does not translate a language into itself"
+
     def serves(self, pair: LanguagePair) -> bool:
         """Whether the model translates `pair` (a side left empty matches any language)."""
         spec = self.spec
@@ -79,17 +107,29 @@ class ModelLanguages:
         target: tuple[int, ...] = ()
         if spec.source_tokens:
             if not pair.source:
-                langs = ", ".join(spec.source[:LISTED_PAIRS])
-                raise InvalidArgument(f"{prefix}source_language", f"this model needs the source language ({langs}...)")
+                langs = list_languages(spec.source)
+                raise InvalidArgument(f"{prefix}source_language", f"this model needs the source language ({langs})")
             source = (spec.source_tokens[pair.source],)
         if spec.target_tokens and need_target:
             if not pair.target:
-                langs = ", ".join(spec.target[:LISTED_PAIRS])
+                langs = list_languages(spec.target)
                 raise InvalidArgument(
-                    f"{prefix}target_language", f"this model is multilingual: name the target language ({langs}...)"
+                    f"{prefix}target_language", f"this model is multilingual: name the target language ({langs})"
                 )
             target = (spec.target_tokens[pair.target],)
         return Prefixes(source, target)
+
+
+def list_languages(codes: list[str], limit: int = LISTED_LANGUAGE_BYTES) -> str:
+    """`codes` sorted, "af, am, ar", cut with ", …" before the list passes `limit` UTF-8 bytes."""
+    shown: list[str] = []
+    size = 0
+    for code in sorted(codes):
+        size += len(code.encode("utf-8")) + (2 if shown else 0)
+        if size > limit:
+            return ", ".join(shown) + ", …"
+        shown.append(code)
+    return ", ".join(shown)
 
 
 def describe_pairs(pairs: list[tuple[str, str]], listed: int = LISTED_PAIRS) -> str:

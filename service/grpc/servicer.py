@@ -174,19 +174,21 @@ class TranslationServicer(pb_grpc.TranslationServiceServicer):
         for s in served:
             langs = s.engine.languages
             page, next_token = pair_page(langs.pairs, request.page_size, request.page_token)
+            default_pair = langs.has_default_pair  # a multilingual model has none: no pair is shown as one
+            listed = langs.multilingual or not default_pair
             models.append(
                 pb.ServedModel(
                     name=s.name,
                     version=s.version,
-                    source_language=s.engine.manifest.src_lang,
-                    target_language=s.engine.manifest.tgt_lang,
+                    source_language=s.engine.manifest.src_lang if default_pair else "",
+                    target_language=s.engine.manifest.tgt_lang if default_pair else "",
                     default_version=self.models.default_versions.get(s.name) == s.version,
                     default_model=s is default,
                     language_pairs=[pb.LanguagePair(source_language=a, target_language=b) for a, b in page],
                     language_pair_count=len(langs.pairs),
                     next_page_token=next_token,
-                    source_languages=langs.spec.source if langs.multilingual else [],
-                    target_languages=langs.spec.target if langs.multilingual else [],
+                    source_languages=langs.spec.source if listed else [],
+                    target_languages=langs.spec.target if listed else [],
                     decoder_graph=s.engine.graph,
                 )
             )

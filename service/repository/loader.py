@@ -103,13 +103,14 @@ class ModelLoader:
         engine.notes += shortlist_notes(loaded.manifest, st, loaded.graph)
         for note in engine.notes:
             log.warning("%s:%s: %s", source.name, source.version, note)
+        default_pair = engine.languages.has_default_pair  # a multilingual model has none
         metrics.model_info.info(
             {
                 "provider": loaded.provider,
                 "precision": st.precision,
                 "graph": loaded.graph,
-                "source_language": loaded.manifest.src_lang,
-                "target_language": loaded.manifest.tgt_lang,
+                "source_language": loaded.manifest.src_lang if default_pair else "",
+                "target_language": loaded.manifest.tgt_lang if default_pair else "",
             }
         )
         loaded.backend.start()

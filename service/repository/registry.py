@@ -26,13 +26,16 @@ from pathlib import Path
 
 from service.engine.backend import Backend
 from service.engine.engine import Engine
-from service.engine.languages import LISTED_PAIRS, LanguagePair
+from service.engine.languages import LanguagePair
 from service.errors import FailedPrecondition, ModelLoadError, NotFound, Unavailable
 from service.metrics import Metrics
 from service.repository.layout import VersionDir, parse_model_ref, scan
 from service.runtime.memory import release_freed_memory
 
 log = logging.getLogger("mtserve.repository")
+
+# UTF-8 bytes of what the served models serve in a NOT_FOUND for a language pair, before "…".
+LISTED_MESSAGE_BYTES = 900
 
 
 @dataclass
@@ -108,9 +111,13 @@ class ModelRegistry:
         served = self.served.get((name, version))
         if served is None:
             raise NotFound(f"{field}: {self._unknown(name, version)}")
-        if pair and not served.engine.languages.serves(pair):
+        langs = served.engine.languages
+        if pair and not langs.serves(pair):
             fields = self._pair_fields(field)
-            raise NotFound(f"{fields}: model {served.ref} does not translate {pair} (it serves: {_pairs_of([served])})")
+            raise NotFound(
+                f"{fields}: model {served.ref} does not translate {pair}: {langs.why_not(pair)} "
+                f"(it serves {langs.describe()})"
+            )
         return served
 
     @staticmethod
@@ -130,7 +137,7 @@ class ModelRegistry:
             if served.engine.languages.serves(pair):
                 return served
         raise NotFound(
-            f"{self._pair_fields(field)}: no served model translates {pair} (served pairs: {_pairs_of(candidates)})"
+            f"{self._pair_fields(field)}: no served model translates {pair} (served: {_served_languages(candidates)})"
         )
 
     def _loaded_default(self, field: str) -> str:
@@ -368,13 +375,21 @@ class ModelRegistry:
             s.backend.shutdown()
 
 
-def _pairs_of(models: list[ServedModel], listed: int = LISTED_PAIRS) -> str:
-    """The first `listed` language pairs of `models` ("de->en (de-en:1)"), then how many in all."""
+def _served_languages(models: list[ServedModel], limit: int = LISTED_MESSAGE_BYTES) -> str:
+    """What each of `models` serves: the pairs of one-pair models ("de->en (de-en:1)"), a
+    multilingual model's languages ("m2m:1: 8 languages to 8: cs, de, ..."), cut with "…" and how
+    many models there are before the text passes `limit` UTF-8 bytes."""
     shown: list[str] = []
-    total = 0
+    size = 0
     for s in models:
-        pairs = s.engine.languages.pairs
-        total += len(pairs)
-        shown += [f"{a}->{b} ({s.ref})" for a, b in pairs[: max(0, listed - len(shown))]]
-    text = ", ".join(shown) or "none"
-    return text if total <= listed else f"{text}, ... ({total} in all)"
+        langs = s.engine.languages
+        if langs.multilingual:
+            parts = [f"{s.ref}: {langs.describe()}"]
+        else:
+            parts = [f"{a}->{b} ({s.ref})" for a, b in langs.pairs]
+        for part in parts:
+            size += len(part.encode("utf-8")) + 2
+            if size > limit:
+                return "; ".join(shown) + f"; … ({len(models)} models in all)"
+            shown.append(part)
+    return "; ".join(shown) or "none"

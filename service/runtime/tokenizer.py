@@ -8,6 +8,16 @@
   target vocabulary and joins them with the target model (a leading "▁" is a space). Special and
   language tokens are dropped from decoded text, as `transformers`' decode(skip_special_tokens=True).
 
+Ids without a vocabulary entry: an imported model's embedding may have rows that no vocabulary entry
+names (M2M100's made-up words past its language codes, the padding of OPUS-MT's vocabularies), and a
+search may emit them. Each is the token `<unk>` (`TextTokenizer.token`), and `<unk>` in decoded
+text, glued to its neighbours: what `M2M100Tokenizer.batch_decode(skip_special_tokens=True)` writes
+for them, for every imported model alike (MarianTokenizer before transformers 5 wrote `<unk>` and a
+space; transformers 5's falls back to the SentencePiece piece of the same number, or raises past its
+size; NLLB's fast tokenizer drops them). The real `<unk>` id stays out of the text, as in
+transformers. `unmapped_ids` are these ids, computed at load from the vocabularies and the model's
+size; a version whose manifest records them (`SentencePieceSpec.unmapped_ids`) must record the same.
+
 `load_tokenizer` reads the one the manifest names and checks that it is the model's own.
 """
 
@@ -22,6 +32,8 @@ import sentencepiece as spm
 from tokenizers import Tokenizer
 
 from contract.manifest import Manifest
+
+UNK = "<unk>"  # the token string (and decoded text) of an id without a vocabulary entry
 
 
 class TextTokenizer(Protocol):
@@ -42,6 +54,13 @@ class TextTokenizer(Protocol):
 
     def id_to_token(self, token_id: int) -> str | None:
         """The vocabulary entry of `token_id` (a subword piece), None when it has none."""
+
+    def token(self, token_id: int) -> str:
+        """The token string of an id: its vocabulary entry, else `<unk>` (module doc)."""
+
+    @property
+    def unmapped_ids(self) -> frozenset[int]:
+        """The model's ids (0 to its vocabulary size) that no vocabulary entry names."""
 
     def token_to_id(self, token: str) -> int | None:
         """The id of a vocabulary entry, None when it is not one."""
@@ -71,6 +90,13 @@ class BpeTokenizer:
         token = self.tokenizer.id_to_token(token_id)
         return None if token is None else str(token)
 
+    def token(self, token_id: int) -> str:
+        return self.id_to_token(token_id) or UNK
+
+    @property
+    def unmapped_ids(self) -> frozenset[int]:
+        return frozenset()  # exactly the model's vocabulary (check_tokenizer)
+
     def token_to_id(self, token: str) -> int | None:
         found = self.tokenizer.token_to_id(token)
         return None if found is None else int(found)
@@ -89,7 +115,8 @@ def _read_vocab(path: Path) -> dict[str, int]:
 class SentencePieceTokenizer:
     """SentencePiece models and {piece: id} vocabularies of an imported model (module doc).
     `special_ids`: ids never shown in decoded text (pad, bos, eos, unk and language tokens);
-    `named`: entries the vocabularies lack but the model has (language tokens), by id."""
+    `named`: entries the vocabularies lack but the model has (language tokens), by id;
+    `model_vocab_size`: the model's vocabulary (embedding rows), which `unmapped_ids` fill up to."""
 
     def __init__(
         self,
@@ -100,6 +127,7 @@ class SentencePieceTokenizer:
         unk_id: int,
         special_ids: Iterable[int],
         named: dict[int, str] | None = None,
+        model_vocab_size: int = 0,
     ):
         self.source = spm.SentencePieceProcessor(model_file=str(source_model))
         self.target = spm.SentencePieceProcessor(model_file=str(target_model))
@@ -112,6 +140,7 @@ class SentencePieceTokenizer:
         self.ids: dict[str, int] = {**{p: i for i, p in self.pieces.items()}, **self.source_vocab}
         self.unk_id = unk_id
         self.special_ids = frozenset(special_ids)
+        self._unmapped = frozenset(i for i in range(model_vocab_size) if i not in self.pieces)
 
     @property
     def vocab_size(self) -> int:
@@ -126,12 +155,31 @@ class SentencePieceTokenizer:
         return [vocab.get(p, unk) for p in self.target.encode(text, out_type=str)]
 
     def decode(self, ids: Iterable[int]) -> str:
+        """The pieces' text; an id without a piece is `<unk>` between the texts of the pieces
+        around it, each decoded on its own (as M2M100Tokenizer's convert_tokens_to_string)."""
         skip, pieces = self.special_ids, self.pieces
-        kept = [pieces[i] for i in ids if i not in skip and i in pieces]
-        return str(self.target.decode_pieces(kept)) if kept else ""
+        run: list[str]
+        text, run = "", []  # the text so far, the pieces not yet decoded
+        for i in ids:
+            if i in skip:
+                continue
+            piece = pieces.get(i)
+            if piece is None:
+                text += (str(self.target.decode_pieces(run)) if run else "") + UNK
+                run = []
+            else:
+                run.append(piece)
+        return (text + str(self.target.decode_pieces(run))) if run else text
 
     def id_to_token(self, token_id: int) -> str | None:
         return self.pieces.get(token_id)
+
+    def token(self, token_id: int) -> str:
+        return self.pieces.get(token_id, UNK)
+
+    @property
+    def unmapped_ids(self) -> frozenset[int]:
+        return self._unmapped
 
     def token_to_id(self, token: str) -> int | None:
         return self.ids.get(token)
@@ -153,8 +201,10 @@ def load_tokenizer(export_dir: Path, manifest: Manifest) -> TextTokenizer:
             unk_id=ids.unk_id,
             special_ids={ids.pad_id, ids.bos_id, ids.eos_id, ids.unk_id, *lang_ids.values()},
             named={i: lang for lang, i in lang_ids.items()},
+            model_vocab_size=manifest.dims.vocab_size,
         )
         check_tokenizer(tokenizer, manifest, f"{export_dir / sp.source_vocab.file}", exact_size=False)
+        check_unmapped(tokenizer, sp.unmapped_ids, f"{export_dir / sp.target_vocab.file}")
         return tokenizer
     if manifest.tokenizer is None:
         raise RuntimeError(f"{export_dir}: the manifest names no tokenizer")
@@ -175,3 +225,22 @@ def check_tokenizer(tokenizer: TextTokenizer, manifest: Manifest, where: str, ex
         found = tokenizer.token_to_id(name)
         if found != want and (exact_size or found is not None):
             raise RuntimeError(f"wrong tokenizer: {name} has id {found} in {where}, the model expects {want}")
+
+
+def check_unmapped(tokenizer: TextTokenizer, recorded: Iterable[int] | None, where: str) -> None:
+    """The ids without a vocabulary entry that the import recorded (None: none recorded, as in
+    exports before the record) must be the ones the tokenizer leaves unmapped."""
+    if recorded is None:
+        return
+    found, want = tokenizer.unmapped_ids, frozenset(recorded)
+    if found != want:
+        extra, missing = sorted(found - want), sorted(want - found)
+        raise RuntimeError(
+            f"wrong tokenizer: {where} leaves {len(found)} ids of the model without an entry, the manifest "
+            f"records {len(want)} (unrecorded: {_ids(extra)}; recorded but mapped: {_ids(missing)})"
+        )
+
+
+def _ids(ids: list[int], shown: int = 10) -> str:
+    text = ", ".join(map(str, ids[:shown])) or "none"
+    return text if len(ids) <= shown else f"{text}, ... ({len(ids)} in all)"

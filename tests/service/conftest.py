@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.service.imported import M2M100, MARIAN
+from tests.service.imported import M2M100, M2M100_PADDED, MARIAN
 
 REPO = Path(__file__).resolve().parents[2]
 SHIPPED_FR_EN = REPO / "models" / "fr-en" / "1"
@@ -46,4 +46,17 @@ def imported_repository(imported_models, shipped_int8_export) -> Path:
     (repo / "de-en" / "1").mkdir(parents=True)
     (repo / "de-en" / "1" / "onnx").symlink_to(shipped_int8_export, target_is_directory=True)
     export_model(SHIPPED_FR_EN, repo / "fr-en" / "1" / "onnx", ["int8"])
+    return repo
+
+
+@pytest.fixture(scope="session")
+def padded_repository(tmp_path_factory, hf_m2m100_padded_dir) -> Path:
+    """A model repository with m2m100-padded/1: the M2M100 of tests/conftest.py's
+    `hf_m2m100_padded_dir` (100 languages, 8 embedding rows past its vocabulary that it emits
+    often), imported in fp32."""
+    from export.hf.importer import import_model
+
+    repo = tmp_path_factory.mktemp("padded-repository")
+    import_model(hf_m2m100_padded_dir, repo, M2M100_PADDED, version=1, precisions=("fp32",))
+    (repo / M2M100_PADDED / "serving.json").write_text(json.dumps({"precision": "fp32"}), encoding="utf-8")
     return repo

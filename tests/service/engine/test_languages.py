@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from contract.manifest import LanguageSpec
-from service.engine.languages import LanguagePair, ModelLanguages, describe_pairs, pair_page
+from service.engine.languages import LanguagePair, ModelLanguages, describe_pairs, list_languages, pair_page
 from service.errors import InvalidArgument
 
 ONE_PAIR = ModelLanguages(LanguageSpec(source=["de"], target=["en"]))
@@ -51,3 +51,26 @@ def test_pages_and_descriptions():
             pair_page(pairs, size, token)
     text = describe_pairs(pairs)
     assert text.startswith("l0->en, l1->en") and text.endswith("(25 in all)") and "l20->en" not in text
+
+
+def test_descriptions_of_what_a_model_serves():
+    """A one-pair model: its pair, a default pair; a multilingual one: its languages, sorted,
+    counted and cut at LISTED_LANGUAGE_BYTES, and no default pair."""
+    assert ONE_PAIR.describe() == "de->en" and ONE_PAIR.has_default_pair
+    assert MANY.describe() == "3 languages to 3: de, en, fr" and not MANY.has_default_pair
+    codes = [f"l{i:03d}" for i in range(200, 0, -1)]  # 200 codes of 4 bytes, given unsorted
+    spec = LanguageSpec(
+        source=codes,
+        target=codes[:2],
+        source_tokens={c: i for i, c in enumerate(codes)},
+        target_tokens={c: i for i, c in enumerate(codes[:2])},
+    )
+    text = ModelLanguages(spec).describe()
+    assert text.startswith("200 languages to 2: from l001, l002, l003, ") and text.endswith("; into l199, l200")
+    cut = list_languages(codes)
+    assert cut.startswith("l001, l002") and cut.endswith(", …") and len(cut.encode()) <= 400 + len(", …".encode())
+    assert cut.split(", ")[:-1] == sorted(codes)[: len(cut.split(", ")) - 1]
+    assert list_languages(["fr", "de"]) == "de, fr"
+    assert MANY.why_not(LanguagePair("de", "ja")) == "ja is not one of its target languages"
+    assert MANY.why_not(LanguagePair("xx", "de")) == "xx is not one of its source languages"
+    assert MANY.why_not(LanguagePair("de", "de")) == "it does not translate a language into itself"

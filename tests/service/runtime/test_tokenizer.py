@@ -78,3 +78,92 @@ def test_bpe_tokenizer(tiny_model_dir):
     assert tok.decode(ids).strip() == "Ein Hund läuft."
     assert tok.token_to_id("</s>") is not None and tok.id_to_token(ids[0]) is not None
     assert tok.decode([tok.token_to_id("</s>"), *ids]).strip() == "Ein Hund läuft."
+
+
+# ----------------------------------------------------------------------------- ids without an entry
+# M2M100's made-up words: the embedding rows after the language codes that vocab.json does not name
+# (tests/service/conftest.py's `padded_repository`).
+
+
+@pytest.fixture(scope="module")
+def padded_export(padded_repository) -> Path:
+    from tests.service.imported import M2M100_PADDED
+
+    return padded_repository / M2M100_PADDED / "1" / "onnx"
+
+
+def test_ids_without_an_entry_are_unk_as_in_transformers(padded_export, hf_m2m100_padded_dir):
+    """1,000 seeds, each drawing ids uniformly over the whole vocabulary (sampling at an infinite
+    temperature): the tokens are transformers' M2M100Tokenizer's (`<unk>` for a made-up word), the
+    text is its batch_decode(skip_special_tokens=True), less the language tokens it keeps."""
+    import numpy as np
+    from transformers import M2M100Tokenizer
+
+    from contract.manifest import load_manifest
+    from service.runtime.tokenizer import load_tokenizer
+
+    manifest = load_manifest(padded_export)
+    ours = load_tokenizer(padded_export, manifest)
+    theirs = M2M100Tokenizer.from_pretrained(str(hf_m2m100_padded_dir))
+    size = manifest.dims.vocab_size
+    assert ours.unmapped_ids == set(range(size - 8, size))  # the 8 made-up words, found at load
+    languages = set(theirs.lang_code_to_id.values())
+    rows, hits = [], 0
+    for seed in range(1, 1001):
+        ids = [int(i) for i in np.random.default_rng(seed).integers(0, size, 24)]
+        rows.append([i for i in ids if i not in languages])
+        assert [ours.token(i) for i in ids] == theirs.convert_ids_to_tokens(ids)
+        hits += sum(i in ours.unmapped_ids for i in ids)
+    assert hits > 50
+    texts = theirs.batch_decode(rows, skip_special_tokens=True)
+    assert [ours.decode(r).strip() for r in rows] == [t.strip() for t in texts]
+    assert sum("<unk>" in t for t in texts) > 50
+
+
+def test_a_recorded_list_of_unmapped_ids_must_agree(padded_export):
+    from contract.manifest import load_manifest
+    from service.runtime.tokenizer import load_tokenizer
+
+    manifest = load_manifest(padded_export)
+    assert manifest.sentencepiece is not None
+    found = sorted(load_tokenizer(padded_export, manifest).unmapped_ids)
+
+    def recording(ids: list[int]):
+        sp = manifest.sentencepiece.model_copy(update={"unmapped_ids": ids})
+        return manifest.model_copy(update={"sentencepiece": sp})
+
+    assert sorted(load_tokenizer(padded_export, recording(found)).unmapped_ids) == found
+    with pytest.raises(RuntimeError, match=r"^wrong tokenizer: .* leaves 8 ids .* the manifest records 7 "):
+        load_tokenizer(padded_export, recording(found[1:]))
+    with pytest.raises(RuntimeError, match=r"recorded but mapped: 5\b"):
+        load_tokenizer(padded_export, recording([5, *found]))
+
+
+def test_a_padded_marian_vocabulary(hf_marian_separate_dir):
+    """OPUS-MT pads its vocabulary past vocab.json: the padding ids are `<unk>`, in the tokens and
+    in the text (between the texts of the pieces around them), never dropped or an error."""
+    folder = hf_marian_separate_dir
+    source, target = (json.loads((folder / f).read_text()) for f in ("vocab.json", "target_vocab.json"))
+    size = len(target) + 4  # the model's output layer: 4 rows past the target vocabulary
+    tok = SentencePieceTokenizer(
+        folder / "source.spm",
+        folder / "target.spm",
+        folder / "vocab.json",
+        folder / "target_vocab.json",
+        unk_id=source["<unk>"],
+        special_ids={source["</s>"], source["<pad>"], source["<unk>"]},
+        model_vocab_size=size,
+    )
+    assert tok.unmapped_ids == set(range(len(target), size))
+    before, after = tok.encode_target("Ein Hund"), tok.encode_target("rennt schnell")
+    ids = [*before, len(target), *after, size - 1]
+    assert [tok.token(i) for i in ids] == [
+        *(tok.id_to_token(i) for i in before),
+        "<unk>",
+        *(tok.id_to_token(i) for i in after),
+        "<unk>",
+    ]
+    assert tok.decode(ids) == f"{tok.decode(before)}<unk>{tok.decode(after)}<unk>"
+    assert tok.decode([source["<unk>"], *before]) == tok.decode(
+        before
+    )  # the real <unk> id: dropped, as transformers does
