@@ -65,7 +65,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from export.fused import GraphBuilder
+from export.fused.builder import GraphBuilder
 
 REPO = Path(__file__).resolve().parent.parent
 

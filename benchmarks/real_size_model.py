@@ -180,7 +180,16 @@ def import_folder(hf: Path, repository: Path) -> Path:
 
 
 # The code that writes an imported version's graphs: a change to any of them exports them again.
-EXPORT_CODE = ("export/fused.py", "export/to_onnx.py", "export/model.py", "export/checks.py")
+EXPORT_CODE = (
+    "export/fused/__init__.py",
+    "export/fused/builder.py",
+    "export/fused/ranking.py",
+    "export/fused/decoder.py",
+    "export/fused/encoder.py",
+    "export/to_onnx.py",
+    "export/model.py",
+    "export/checks.py",
+)
 _WITH_DOCSTRINGS = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
 
 

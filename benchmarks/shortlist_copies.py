@@ -91,7 +91,16 @@ def shortlist_cmd(version: Path, size: Size, vmap: Path, data: Path = DATA) -> l
 
 
 # The code that derives a shortlist and writes its graphs: a change to any of them derives it again.
-SHORTLIST_CODE = ("contract/shortlist.py", "export/shortlist.py", "mtserve/shortlist.py", "export/fused.py")
+SHORTLIST_CODE = (
+    "contract/shortlist.py",
+    "export/shortlist.py",
+    "mtserve/shortlist.py",
+    "export/fused/__init__.py",
+    "export/fused/builder.py",
+    "export/fused/ranking.py",
+    "export/fused/decoder.py",
+    "export/fused/encoder.py",
+)
 
 
 def derivation_key(version: Path, size: Size) -> str:

@@ -57,7 +57,8 @@ from export.checks import (
     fused_parity_check,
     parity_check,
 )
-from export.fused import build_fused_decoder, build_fused_encoder
+from export.fused.decoder import build_fused_decoder
+from export.fused.encoder import build_fused_encoder
 from export.graphs import EXPORTERS, OPSET, export_raw
 from export.model import ModelConfig, Transformer
 from export.precision import VARIANT_RECIPES, build_variant, variant_level

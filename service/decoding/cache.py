@@ -7,7 +7,7 @@ different steps. Rows of a sentence are consecutive, `beam` of them.
 
 - `ConcatCache`, for the portable graph: per layer (R, H, P, d_k) arrays that the graph returns
   grown by one entry each step; a beam reorder gathers them on the host.
-- `InPlaceCache`, for the fused graph (export/fused.py): per layer (R, H, M, d_k) buffers of M
+- `InPlaceCache`, for the fused graph (export/fused/): per layer (R, H, M, d_k) buffers of M
   slots, bound once with IO binding and written in place by the graph at slot P; a beam reorder
   changes only `indirection` (which beam of the sentence holds each slot of a beam's history).
   Nothing is copied between steps; `select` and `concatenate` copy once, when a batch changes.
