@@ -42,8 +42,11 @@ from typing import Any, Literal, TypeAlias
 
 import numpy as np
 
-from service.decoding.cache import ConcatCache, RowCache, StepResult, fill_order, new_cache, row_moves, stack_padded
+from service.decoding.cache import RowCache, StepResult
+from service.decoding.concat_cache import ConcatCache
+from service.decoding.in_place_cache import InPlaceCache
 from service.decoding.model import DecoderModel
+from service.decoding.rows import fill_order, row_moves, stack_padded
 from service.decoding.sampling import Sampling, draw
 
 NEG_INF = float("-inf")
@@ -257,6 +260,12 @@ def _as_list(value: Any, n: int, name: str) -> list[Any]:
             raise ValueError(f"{name}: {len(value)} values for {n} sentences")
         return list(value)
     return [value] * n
+
+
+def new_cache(model: DecoderModel, rows: int, beam: int, capacity: int) -> RowCache:
+    """An empty cache for the graph `model` runs (`model.graph`): room for `capacity` steps."""
+    cls = InPlaceCache if model.graph == "fused" else ConcatCache
+    return cls.empty(model, rows, beam, capacity)
 
 
 @dataclass(eq=False, repr=False, slots=True)

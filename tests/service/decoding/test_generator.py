@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 
-from service.decoding.cache import ConcatCache, InPlaceCache, RowCache, fill_order, row_moves
+from service.decoding.cache import RowCache
+from service.decoding.concat_cache import ConcatCache
 from service.decoding.generator import (
     DecodeBatch,
     Finished,
@@ -22,6 +23,8 @@ from service.decoding.generator import (
     layouts,
     max_output_len,
 )
+from service.decoding.in_place_cache import InPlaceCache
+from service.decoding.rows import fill_order, row_moves
 
 N_SENTENCES = 40
 
