@@ -28,6 +28,7 @@ from service.decoding.generator import Finished
 from service.errors import Internal, ResourceExhausted
 from service.metrics import Metrics
 from service.parallel.child import Child
+from service.parallel.engine_process import EngineProcess
 from service.parallel.messages import (
     Cancel,
     Done,
@@ -47,7 +48,6 @@ from service.parallel.messages import (
     Tokens,
     ToParent,
 )
-from service.parallel.pool import EngineProcess
 from service.settings import Settings
 
 SENTENCES = [
