@@ -187,6 +187,8 @@ EXPORT_CODE = (
     "export/fused/decoder.py",
     "export/fused/encoder.py",
     "export/to_onnx.py",
+    "export/variants.py",
+    "export/export_dir.py",
     "export/model.py",
     "export/checks.py",
 )

@@ -38,7 +38,7 @@ DEFAULT_PER_SOURCE = 50
 DEFAULT_ALWAYS = 100
 DEFAULT_ITERATIONS = 5
 MIN_PROB = 1e-3
-# How each decoder-step field of a fused variant multiplies, by precision (export.to_onnx's FUSED
+# How each decoder-step field of a fused variant multiplies, by precision (export.variants' FUSED
 # and FUSED_ONE_ROW), and whether it ranks with log-probabilities.
 _STEP_KINDS = {
     "decoder": ({"fp32": "fp32", "int8": "int8"}, True),
