@@ -45,6 +45,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from benchmarks.machine import machine
 from benchmarks.real_size_model import DATA, Dims, Prepared, export_optimum, hf_venv, prepare
 from benchmarks.shortlist_copies import SHORTLIST, prepare_shortlist
 from benchmarks.shortlist_copies import candidate_counts as counts
@@ -586,6 +587,7 @@ def main(argv: list[str] | None = None) -> None:
     plan = RealSizePlan(**{**asdict(plan), "tokens": args.tokens, **({"hf_engines": []} if args.no_hf else {})})
     plan = RealSizePlan(**{**asdict(plan), "shortlist": [int(x) for x in args.shortlist.split(":")]})
     res = measure_shortlist_only(plan) if args.shortlist_only else measure(plan)
+    res["machine"] = machine()
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=1))
     print(json.dumps(res["summary"]))

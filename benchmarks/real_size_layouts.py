@@ -27,6 +27,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from benchmarks.machine import machine
 from benchmarks.processes import Server, free_port, process_cpu_s
 from benchmarks.real_size import RealSizePlan, Worker, fastest, log, server_level, server_rss_mb, worker
 from benchmarks.real_size_model import DATA, prepare
@@ -176,6 +177,7 @@ def main(argv: list[str] | None = None) -> None:
     n = args.requests
     plan = RealSizePlan(rounds=args.rounds, beams=args.beam or [1, 4], requests=n, sentences={1: n, 4: max(1, n // 2)})
     res = measure(args.layout or list(LAYOUTS), plan)
+    res["machine"] = machine()
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=1))
     print(json.dumps(res))

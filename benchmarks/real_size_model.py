@@ -34,9 +34,11 @@ import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from export.data import DEFAULT_DATA_DIR
+
 REPO = Path(__file__).resolve().parent.parent
 CACHE = REPO / "benchmarks" / ".cache"
-DATA = REPO.parent / "shared" / "data" / "multi30k"
+DATA = DEFAULT_DATA_DIR
 NAME = "opus-size"
 SPECIAL = ("</s>", "<unk>")  # ids 0 and 1, as OPUS-MT's; <pad> is the last id
 

@@ -24,6 +24,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from benchmarks.machine import machine
+
 BUCKETS = (
     ("cross-attention", re.compile(r"cross|\.cq\b|encoder_attn")),
     ("self-attention", re.compile(r"qkv|self_attn|self_out|norm_self|\.q_proj|\.k_proj|\.v_proj")),
@@ -129,8 +131,9 @@ def main(argv: list[str] | None = None) -> None:
     model_dir = Path(args.model) if args.model else prepare().model
     texts = read_test(DATA, 64)
     out = [profile_batch(model_dir, batch, threads, args.tokens, texts) for batch, threads in ((1, 1), (32, 2))]
+    where = machine()
     for row in out:
-        print(json.dumps(row), flush=True)
+        print(json.dumps({**row, "machine": where}), flush=True)
 
 
 if __name__ == "__main__":

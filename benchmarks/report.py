@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from benchmarks.machine import cpu_name
 from benchmarks.summary import Results, Row, Summary, best_offline
 
 REPO = Path(__file__).resolve().parent.parent
@@ -79,11 +80,9 @@ def _online_series(res: Results, beam: int) -> dict[str, list[Row]]:
 
 
 def write_markdown(res: Results, path: Path, plot_name: str) -> None:
-    """docs/benchmarks.md (or the quick report): its sections in order, each from its part of `res`."""
-    sections = [
-        _report_header(res),
-        _report_what_is_measured(),
-        _report_machine(res),
+    """docs/benchmarks.md (or the quick report): its sections in order, each from its part of `res`;
+    every table of this run names the CPU it was measured on."""
+    measured = [
         _report_offline(res),
         _report_online(res),
         _report_batcher(res),
@@ -92,9 +91,28 @@ def write_markdown(res: Results, path: Path, plot_name: str) -> None:
         report_tracing(res),
         _report_headline(res, plot_name),
         report_real_size(res.get("real_size")),
+    ]
+    caption = f"Measured on {cpu_name(res['environment'])}."
+    sections = [
+        _report_header(res),
+        _report_what_is_measured(),
+        _report_machine(res),
+        *(with_cpu(section, caption) for section in measured),
         report_elsewhere(),
     ]
     path.write_text("\n".join(line for section in sections for line in section))
+
+
+def with_cpu(lines: list[str], caption: str) -> list[str]:
+    """`lines` with `caption` (and a blank line) before each Markdown table in them."""
+    out: list[str] = []
+    for i, line in enumerate(lines):
+        if line.startswith("|") and i + 1 < len(lines) and lines[i + 1].startswith("| ---"):
+            if out and out[-1].strip():
+                out.append("")
+            out += [caption, ""]
+        out.append(line)
+    return out
 
 
 def report_real_size(real: Row | None) -> list[str]:

@@ -34,6 +34,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.machine import machine
 from benchmarks.real_size_model import REPO, read_lines
 from benchmarks.shortlist_copies import Size, candidate_counts, derive, with_vmap
 
@@ -312,7 +313,7 @@ def main(argv: list[str] | None = None) -> None:
         rows = bleu_rows(Path(args.hf), Path(args.model), args.sizes, Path(args.cache), args.threads, args.split)
         table = bleu_table(rows)
     if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=1))
+        Path(args.json).write_text(json.dumps({"machine": machine(), "rows": rows}, indent=1))
     print("\n".join(table))
     print("\n$ " + " ".join(["python -m benchmarks.shortlist", *(argv if argv is not None else sys.argv[1:])]))
     if args.bleu:

@@ -139,12 +139,13 @@ def candidate_counts(shortlist_file: Path, sources: list[list[int]], batch: int 
 
     sl = Shortlist.load(shortlist_file)
     rows = [sl.candidates(s) for s in sources]
-    single = [len(sl.batch_ids([r])) for r in rows]
+    fill = int(sl.always[0])  # a special id: any candidate pads to the same K
+    single = [len(sl.batch_ids([r], fill)) for r in rows]
     order = sorted(range(len(rows)), key=lambda i: len(sources[i]))
     batches = [[rows[i] for i in order[s : s + batch]] for s in range(0, len(order), batch)]
     return {
         "k_single": round(sum(single) / len(single), 1),
-        f"k_batch{batch}": round(sum(len(sl.batch_ids(b)) for b in batches) / len(batches), 1),
+        f"k_batch{batch}": round(sum(len(sl.batch_ids(b, fill)) for b in batches) / len(batches), 1),
         "vocab": sl.vocab_size,
     }
 

@@ -206,6 +206,9 @@ class ShortlistSpec(FileSpec):
     always: int = Field(ge=0)  # most frequent target tokens every batch ranks
     derived_from: Literal["parallel", "monolingual"]
     pairs: int = Field(ge=0)  # sentence pairs it was derived from
+    # Its steps give -inf to the padding's repeats of a candidate (`Shortlist.batch_ids`); steps
+    # built before they did are not served (the plain steps run) until `mtserve shortlist` runs again.
+    masks_repeats: bool = False
 
 
 class Manifest(_Model):

@@ -18,7 +18,11 @@ those K tokens (top_ids mapped back to vocabulary ids in the graph; vocab_ids mu
 
 `Shortlist.batch_ids` makes a batch's vocab_ids: the union of `always` and the rows of every
 source token of the batch (and the ids forced on its output), padded to a multiple of
-`PAD_MULTIPLE` with the lowest ids not in it, as CTranslate2 pads its candidates.
+`PAD_MULTIPLE` with repeats of one id already among them (the caller's `fill`: the model's pad
+id, which a model never prefers). A repeat is no new candidate: it ties its first place, and
+every ranking takes the first on ties (ArgMax, and TopK, which lists the lower index first), so
+no slot of the padding can bring in an id outside the candidates; the search drops a repeat that
+a top-k list holds after its first place (`service.decoding`), before beams and sampling choose.
 """
 
 from __future__ import annotations
@@ -79,18 +83,25 @@ class Shortlist:
         parts.append(np.asarray(list(forced), dtype=np.int64))
         return np.unique(np.concatenate(parts).astype(np.int64, copy=False))
 
-    def batch_ids(self, sentences: Sequence[np.ndarray]) -> np.ndarray:
-        """A batch's vocab_ids: `always` and the sentences' `candidates`, ascending, padded to a
-        multiple of PAD_MULTIPLE with the lowest ids not among them (all ids when that is fewer)."""
+    def batch_candidates(self, sentences: Sequence[np.ndarray]) -> np.ndarray:
+        """A batch's candidates: `always` and the sentences' `candidates`, unique, ascending."""
         used = np.zeros(self.vocab_size, dtype=bool)
         used[self.always] = True
         for ids in sentences:
             used[ids] = True
+        return np.flatnonzero(used).astype(np.int64, copy=False)
+
+    def batch_ids(self, sentences: Sequence[np.ndarray], fill: int) -> np.ndarray:
+        """A batch's vocab_ids: its `batch_candidates` and `fill`, padded to a multiple of
+        PAD_MULTIPLE with repeats of `fill` (each right after its first place: non-decreasing).
+        `fill` must not be </s>, whose place the steps look up."""
+        used = np.zeros(self.vocab_size, dtype=bool)
+        used[self.batch_candidates(sentences)] = True
+        used[fill] = True
         ids = np.flatnonzero(used)
-        short = min(-len(ids) % PAD_MULTIPLE, self.vocab_size - len(ids))
+        short = -len(ids) % PAD_MULTIPLE
         if short:
-            used[np.flatnonzero(~used)[:short]] = True
-            ids = np.flatnonzero(used)
+            ids = np.sort(np.concatenate([ids, np.full(short, fill, dtype=ids.dtype)]), kind="stable")
         return ids.astype(np.int64, copy=False)
 
     def save(self, path: str | Path) -> None:

@@ -8,10 +8,10 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-# ../shared/data/multi30k beside the checkout, unless MTSERVE_DATA_DIR says otherwise
-DEFAULT_DATA_DIR = Path(
-    os.environ.get("MTSERVE_DATA_DIR") or Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "multi30k"
-)
+# The corpus that ships with the project (data/multi30k/ in the checkout), unless MTSERVE_DATA_DIR
+# says otherwise.
+SHIPPED_DATA_DIR = Path(__file__).resolve().parent.parent / "data" / "multi30k"
+DEFAULT_DATA_DIR = Path(os.environ.get("MTSERVE_DATA_DIR") or SHIPPED_DATA_DIR)
 
 
 def split_path(data_dir: str | Path, split: str, lang: str) -> Path:

@@ -165,6 +165,7 @@ def install(model: Transformer, out: Path, manifest: Manifest, shortlist: Shortl
         always=int(shortlist.params["always"]),
         derived_from=shortlist.params["derived_from"],
         pairs=int(shortlist.params["pairs"]),
+        masks_repeats=True,
     )
     bare = {k: v.model_copy(update={"shortlist_steps": {}}) for k, v in manifest.variants.items()}
     updated = with_shortlist(model, out, manifest.model_copy(update={"variants": bare}), spec)

@@ -183,6 +183,29 @@ def _shortlist_logits(g: GraphBuilder, model: Transformer, h: str) -> str:
     return g.node("DynamicQuantizeMatMul", [h, wq, ws, "", b], ["logits"], "logits", MS)  # zero points: 0
 
 
+def _repeats_masked(g: GraphBuilder, logits: str) -> str:
+    """logits (B, K) with -inf in every place of vocab_ids that repeats the id before it: the
+    padding of a batch's candidates (`contract.shortlist.Shortlist.batch_ids`), which no ranking,
+    log-softmax or draw may then count."""
+    prev = g.node(
+        "Slice",
+        [VOCAB_IDS, g.init("repeats.zero", np.array([0], np.int64)), g.init("repeats.last", np.array([-1], np.int64))],
+        ["repeats.prev"],
+        "repeats.prev",
+    )  # (K - 1,)
+    nxt = g.node(
+        "Slice",
+        [VOCAB_IDS, g.init("repeats.one", np.array([1], np.int64)), g.init("repeats.end", np.array([2**62], np.int64))],
+        ["repeats.next"],
+        "repeats.next",
+    )
+    again = g.node("Equal", [nxt, prev], ["repeats.again"], "repeats.again")
+    first = g.init("repeats.first", np.array([False]))
+    again = g.node("Concat", [first, again], ["repeats.at"], "repeats.at", axis=0)  # (K,)
+    neg = g.init("repeats.neg_inf", np.array(-np.inf, np.float32))
+    return g.node("Where", [again, neg, logits], ["logits.candidates"], "logits.candidates")
+
+
 def shortlist_ranking(g: GraphBuilder, model: Transformer, h: str, scored: bool) -> None:
     """`step_ranking` over the batch's candidates `vocab_ids` (K,) (`contract.graphs.fused_decoder_io`
     with shortlist=True): LogSoftmax and TopK (or eos_bias and ArgMax) over K logits, the chosen positions
@@ -190,7 +213,7 @@ def shortlist_ranking(g: GraphBuilder, model: Transformer, h: str, scored: bool)
     its place in vocab_ids."""
     cfg = model.cfg
     h = g.node("Reshape", [h, g.init("flat_shape", np.array([-1, cfg.d_model], np.int64))], ["hidden"], "hidden")
-    logits = _shortlist_logits(g, model, h)  # (B, K)
+    logits = _repeats_masked(g, _shortlist_logits(g, model, h))  # (B, K)
     is_eos = g.node("Equal", [VOCAB_IDS, g.init("eos_id", np.array(cfg.eos_id, np.int64))], ["is_eos"], "is_eos")
     is_eos = g.node("Cast", [is_eos], ["is_eos.f"], "is_eos.f", to=TensorProto.FLOAT)
     if scored:

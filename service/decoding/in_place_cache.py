@@ -251,7 +251,7 @@ class InPlaceCache(RowCache):
         if shortlist is None:
             return None
         if self._vocab_ids is None or self._vocab_for is not vocab:
-            self._vocab_ids, self._vocab_for = shortlist.batch_ids(vocab), vocab
+            self._vocab_ids, self._vocab_for = shortlist.batch_ids(vocab, fill=model.pad_id), vocab
         return self._vocab_ids
 
     def advance(self, rows: np.ndarray | None) -> None:

@@ -202,6 +202,9 @@ class OnnxSeq2Seq:
         spec = self.manifest.shortlist
         if spec is None or not uses_shortlist(self.manifest, precision, self.graph, enabled):
             return None
+        if not spec.masks_repeats:
+            log.warning("%s: its shortlist steps predate the padding's mask: serving the plain steps", self.dir)
+            return None
         shortlist = Shortlist.load(self.dir / spec.file)
         if shortlist.vocab_size != self.manifest.dims.vocab_size:
             raise ValueError(

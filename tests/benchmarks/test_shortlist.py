@@ -114,9 +114,9 @@ def test_ct2_translate_keeps_mtserves_length_rule() -> None:
 
 def test_candidate_counts(tmp_path: Path) -> None:
     small_shortlist().save(tmp_path / "shortlist.npz")
-    # a vocabulary of 10 pads every batch to all of it; the count is still the padded one
+    # a vocabulary of 10: every batch pads to 16 with repeats of a candidate; the count is the padded one
     got = copies.candidate_counts(tmp_path / "shortlist.npz", [[3, 0], [4, 0]], batch=2)
-    assert got == {"k_single": 10.0, "k_batch2": 10.0, "vocab": 10}
+    assert got == {"k_single": 16.0, "k_batch2": 16.0, "vocab": 10}
     rows: list[list[int]] = [[] for _ in range(100)]
     rows[3], rows[4] = list(range(20, 40)), list(range(30, 60))
     Shortlist.from_rows(rows, [0, 1], 100, {}).save(tmp_path / "big.npz")

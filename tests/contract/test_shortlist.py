@@ -32,18 +32,26 @@ def test_candidates_hold_the_rows_of_the_source_and_the_forced_ids():
     assert small().candidates([2, 0, 2], forced=[63]).tolist() == [3, 5, 9, 40, 63]
 
 
-def test_batch_ids_are_the_union_with_always_padded_with_the_lowest_unused_ids():
+def test_batch_ids_are_the_union_with_always_padded_with_repeats_of_the_fill_id():
     s = small()
-    ids = s.batch_ids([s.candidates([0]), s.candidates([2])])
+    cands = [s.candidates([0]), s.candidates([2])]
+    assert s.batch_candidates(cands).tolist() == [0, 1, 2, 3, 5, 9, 40]
+    ids = s.batch_ids(cands, fill=1)
     assert len(ids) == PAD_MULTIPLE
-    assert np.all(np.diff(ids) > 0)  # ascending, no duplicates
-    assert {0, 1, 2, 3, 5, 9, 40} <= set(ids.tolist())
-    assert set(ids.tolist()) - {0, 1, 2, 3, 5, 9, 40} == {4, 6, 7, 8, 10, 11, 12, 13, 14}
+    assert np.all(np.diff(ids) >= 0)  # non-decreasing: each repeat right after its first place
+    assert set(ids.tolist()) == {0, 1, 2, 3, 5, 9, 40}  # no id outside the candidates
+    assert ids.tolist().count(1) == PAD_MULTIPLE - 6
 
 
-def test_batch_ids_never_pass_the_vocabulary():
-    s = Shortlist.from_rows([[1]], [0], 5, PARAMS)
-    assert s.batch_ids([s.candidates([0])]).tolist() == [0, 1, 2, 3, 4]
+def test_the_fill_id_is_a_candidate_even_where_always_lacks_it():
+    s = Shortlist.from_rows([[1]], [0], 64, PARAMS)
+    ids = s.batch_ids([s.candidates([0])], fill=63)
+    assert set(ids.tolist()) == {0, 1, 63} and len(ids) == PAD_MULTIPLE
+
+
+def test_a_full_batch_needs_no_padding():
+    s = Shortlist.from_rows([[1]], range(PAD_MULTIPLE), 64, PARAMS)
+    assert s.batch_ids([s.candidates([0])], fill=0).tolist() == list(range(PAD_MULTIPLE))
 
 
 def test_ids_outside_the_vocabulary_are_refused():

@@ -16,6 +16,7 @@ from contract.shortlist import Shortlist
 from service.decoding.generator import DecodeBatch, Finished, generate
 from service.decoding.sampling import Sampling
 from service.runtime.onnx_model import OnnxSeq2Seq
+from tests.near_ties import assert_equal_up_to_a_near_tie, torch_next_log_probs
 from tests.service.imported import M2M100, MARIAN
 
 N_SENTENCES = 24
@@ -62,8 +63,9 @@ def sources(tiny_onnx, test_split) -> list[list[int]]:
 
 
 def batch_vocab(model: OnnxSeq2Seq, sources: list[list[int]], forced: list[int] = ()) -> set[int]:
+    """The batch's candidates: what the shortlist allows it, without the padding of its vocab_ids."""
     assert model.shortlist is not None
-    return set(model.shortlist.batch_ids([model.shortlist.candidates(s, forced) for s in sources]).tolist())
+    return set(model.shortlist.batch_candidates([model.shortlist.candidates(s, forced) for s in sources]).tolist())
 
 
 def decode(model: OnnxSeq2Seq, batch: DecodeBatch) -> dict:
@@ -78,7 +80,12 @@ def decode(model: OnnxSeq2Seq, batch: DecodeBatch) -> dict:
 
 
 @pytest.mark.parametrize(("precision", "beams"), [("fp32", (1, 4)), ("int8", (4,))])
-def test_a_shortlist_of_the_whole_vocabulary_decodes_as_the_plain_steps(whole_dir, sources, precision, beams):
+def test_a_shortlist_of_the_whole_vocabulary_decodes_as_the_plain_steps(
+    whole_dir, tiny_model, sources, precision, beams
+):
+    """Batched, the shortlist step runs the plain step's operator over the same columns: equal
+    tokens. A lone sentence's int8 steps differ in kernel (the shortlist's per-row int8 logits
+    against the one-row step's MatMulNBits blocks): equal up to a near-tie (tests.near_ties)."""
     on = OnnxSeq2Seq(whole_dir, precision=precision)
     off = OnnxSeq2Seq(whole_dir, precision=precision, shortlist=False)
     assert on.shortlist is not None and off.shortlist is None
@@ -88,7 +95,12 @@ def test_a_shortlist_of_the_whole_vocabulary_decodes_as_the_plain_steps(whole_di
         assert [h.tokens for h in got] == [h.tokens for h in want]
         np.testing.assert_allclose([h.score for h in got], [h.score for h in want], atol=1e-4)
     lone = generate(on, sources[:3], beam=1, batch_size=1, want_scores=False)
-    assert [h.tokens for h in lone] == [h.tokens for h in generate(off, sources[:3], beam=1, batch_size=1)]
+    plain = generate(off, sources[:3], beam=1, batch_size=1)
+    if precision == "fp32":
+        assert [h.tokens for h in lone] == [h.tokens for h in plain]
+    for src, got_one, want_one in zip(sources[:3], lone, plain):
+        reference = torch_next_log_probs(tiny_model, src)
+        assert_equal_up_to_a_near_tie(got_one.tokens, want_one.tokens, reference, on.eos_id)
 
 
 @pytest.mark.parametrize("beam", [1, 4])
@@ -131,6 +143,35 @@ def test_sampling_and_n_best_lists_draw_from_the_candidates(real, sources):
         assert isinstance(f, Finished) and len(f.hypotheses) == 3
         assert len({tuple(h.tokens) for h in f.hypotheses}) == 3
         assert all(set(h.tokens) <= vocab for h in f.hypotheses)
+
+
+def test_no_slot_of_the_padding_is_ever_drawn(tmp_path, tiny_model_dir, tiny_model, tiny_onnx_dir, sources):
+    """A batch's vocab_ids are padded to a multiple of 16; sampling at temperature 100 over a
+    shortlist of the tokens the model likes least (1,000 seeds, every candidate of the step)
+    draws only among the real candidates, and the padding's repeats of <pad> add no weight."""
+    plain = OnnxSeq2Seq(tiny_onnx_dir, precision="fp32")
+    src = sources[0]
+    step0 = torch_next_log_probs(tiny_model, src)([])
+    specials = {plain.pad_id, plain.eos_id, plain.bos_id, plain.unk_id}
+    worst = [int(i) for i in np.argsort(step0) if int(i) not in specials][:20]  # far below the rest
+    low = Shortlist.from_rows(
+        [], sorted({*worst, *specials}), plain.vocab_size, {**PARAMS, "per_source": 1, "pairs": 0}
+    )
+    model = OnnxSeq2Seq(with_shortlist(tmp_path, tiny_model_dir, tiny_model, low), precision="fp32")
+    allowed = set(low.batch_candidates([]).tolist())
+    assert len(model.shortlist.batch_ids([], fill=model.pad_id)) - len(allowed) >= 8  # padded
+    n = 1000
+    how = [Sampling(topk=0, topp=1.0, temperature=100.0, rng=np.random.default_rng(seed)) for seed in range(n)]
+    batch = DecodeBatch.from_sources(model, [src] * n, list(range(n)), sampling=how)
+    drawn: list[int] = []
+    for _ in range(3):
+        batch.step(model)
+        drawn += [t for ts in batch.last_emitted.values() for t in ts]
+    assert set(drawn) <= allowed
+    counts = np.bincount(drawn, minlength=model.vocab_size)[sorted(allowed)]
+    # Near-uniform over the candidates: <pad> drawn about as often as the others, not 9 times as
+    # often, as it would be if the padding's repeats of it could be drawn.
+    assert counts[sorted(allowed).index(model.pad_id)] < 3 * len(drawn) / len(allowed)
 
 
 def test_a_version_without_a_shortlist_runs_its_plain_steps(tiny_onnx_dir, sources):
