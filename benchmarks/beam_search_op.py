@@ -337,7 +337,7 @@ class BeamSearchOp:
     def translate_ids(
         self, src: Sequence[Sequence[int]], beam: int = 4, length_penalty: float = 1.0
     ) -> list[tuple[list[int], float]]:
-        from service.decoding.generator import max_output_len
+        from service.decoding.output_rules import max_output_len
 
         S = max(map(len, src))
         ids = np.full((len(src), S), self.pad_id, np.int32)

@@ -24,7 +24,7 @@ from prometheus_client import generate_latest
 
 from service.api.mtserve.v1 import translation_pb2 as pb
 from service.batching.jobs import EncodeJob, Sentence
-from service.decoding.generator import Finished
+from service.decoding.results import Finished
 from service.errors import Internal, ResourceExhausted
 from service.metrics import Metrics
 from service.parallel.child import Child
