@@ -37,13 +37,15 @@ serve: $(STAMP)
 export: $(STAMP)
 	$(PY) -m mtserve export --model $(MODEL) --precision all
 
-# Formatter, linter, types and the import contracts (pyproject.toml: [tool.ruff], [tool.mypy],
-# [tool.importlinter]); .ci/run runs it before the tests.
+# Formatter, linter, types, the import contracts (pyproject.toml: [tool.ruff], [tool.mypy],
+# [tool.importlinter]) and no import circle anywhere, imports inside functions and under
+# TYPE_CHECKING included (scripts/import_cycles.py); .ci/run runs it before the tests.
 lint: $(STAMP)
 	$(PY) -m ruff format --check .
 	$(PY) -m ruff check .
 	$(PY) -m mypy
 	$(VENV)/bin/lint-imports
+	$(PY) scripts/import_cycles.py
 
 test: $(STAMP)
 	$(PY) -m pytest -q -m "not slow"

@@ -28,7 +28,7 @@ from typing import Literal
 
 from benchmarks.figures import percentile, print_result
 from service.batching.scheduler import Scheduler, Sentence
-from service.decoding.generator import max_output_len
+from service.decoding.output_rules import max_output_len
 from service.metrics import Metrics
 from service.runtime.gil import set_switch_interval
 from service.runtime.loading import load_models

@@ -65,7 +65,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from export.fused import GraphBuilder
+from export.fused.builder import GraphBuilder
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -337,7 +337,7 @@ class BeamSearchOp:
     def translate_ids(
         self, src: Sequence[Sequence[int]], beam: int = 4, length_penalty: float = 1.0
     ) -> list[tuple[list[int], float]]:
-        from service.decoding.generator import max_output_len
+        from service.decoding.output_rules import max_output_len
 
         S = max(map(len, src))
         ids = np.full((len(src), S), self.pad_id, np.int32)

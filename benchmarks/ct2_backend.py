@@ -13,7 +13,7 @@ beam search and early exit of finished rows). A sentence is answered when its ca
 As `service.batching.scheduler.Scheduler` does: a bounded queue (`ResourceExhausted` beyond
 `max_queue_size`), `Unavailable` once draining, sentences whose deadline passed while queued fail
 with `DeadlineExceeded`, cancelled ones are dropped before their call, each sentence settles with a
-`service.decoding.generator.Finished` (no alignment), and greedy streams get their tokens as
+`service.decoding.results.Finished` (no alignment), and greedy streams get their tokens as
 CTranslate2 emits them. CTranslate2 exposes no encoder states: Encode is refused (`Unavailable`).
 """
 
@@ -27,7 +27,7 @@ import time
 from benchmarks.ct2_convert import Ct2Translator
 from service.batching.jobs import EncodeJob, Sentence, settle
 from service.batching.queue import SentenceQueue
-from service.decoding.generator import Finished
+from service.decoding.results import Finished
 from service.errors import Internal, Unavailable
 from service.metrics import ModelMetrics
 from service.settings import Settings

@@ -38,7 +38,12 @@ REPO = Path(__file__).resolve().parent.parent
 
 BUCKETS = ["onnxruntime", "tokenization", "numpy cache", "numpy search", "scheduler", "grpc/protobuf", "other"]
 _CACHE_FUNCS = {"concatenate", "filter", "from_sources", "stack", "_empty_state"}  # of DecodeBatch
-_SEARCH_FUNCS = {"step", "_greedy", "_beam", "_walk", "hypothesis", "active_keys", "last_tokens"}
+_SEARCH_FUNCS = {"step", "_greedy", "_beam", "walk", "hypothesis", "active_keys", "last_tokens"}
+# service/decoding's modules by bucket ("cache.py" names the caches' modules too)
+_CACHE_MODULES = ("cache.py", "decoding/rows.py", "decoding/layout.py")
+_SEARCH_MODULES = tuple(
+    f"decoding/{m}.py" for m in ("batch", "search", "output_rules", "results", "encoder", "generator")
+)
 
 
 def bucket(frames: list[str]) -> str:
@@ -49,9 +54,9 @@ def bucket(frames: list[str]) -> str:
     if "tokenizers" in text or "source_ids" in text or "detokenize" in text:
         return "tokenization"
     for f in reversed(frames):  # the innermost frame of service/decoding decides
-        if "cache.py" in f:  # the key/value cache's own module: its bookkeeping
+        if any(m in f for m in _CACHE_MODULES):  # the key/value cache, rows, field layouts: bookkeeping
             return "numpy cache"
-        if "generator.py" in f:
+        if any(m in f for m in _SEARCH_MODULES):
             parts = f.split(" (")[0].split(".")  # e.g. DecodeBatch.filter.<locals>.<listcomp>
             fn = parts[1] if parts[0] == "DecodeBatch" and len(parts) > 1 else parts[0]
             if fn in _CACHE_FUNCS:

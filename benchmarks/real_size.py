@@ -21,7 +21,7 @@ Engines, each in a process of its own with its model loaded once (real_size_work
                 one session set: `benchmarks.plan.served_layout_real_size`), under
                 benchmarks/online.py's load generator at concurrency 64 and 1
   shortlist     (greedy) the engine over a vocabulary shortlist (`mtserve shortlist --per-source 50
-                --always 100` from the corpus's training pairs: real_size_model.prepare_shortlist)
+                --always 100` from the corpus's training pairs: shortlist_copies.prepare_shortlist)
                 and CTranslate2 int8 with the same mapping (`use_vmap`), offline and one sentence,
                 each against CTranslate2 int8 without a mapping, each other, and the plain engine
 Per beam, a choice of layout and ISA (one run each), then `rounds` interleaved pairs (A B, B A, ...)
@@ -46,16 +46,9 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.machine import machine
-from benchmarks.real_size_model import (
-    DATA,
-    SHORTLIST,
-    Dims,
-    Prepared,
-    export_optimum,
-    hf_venv,
-    prepare,
-    prepare_shortlist,
-)
+from benchmarks.real_size_model import DATA, Dims, Prepared, export_optimum, hf_venv, prepare
+from benchmarks.shortlist_copies import SHORTLIST, prepare_shortlist
+from benchmarks.shortlist_copies import candidate_counts as counts
 
 REPO = Path(__file__).resolve().parent.parent
 Row = dict[str, Any]
@@ -346,10 +339,8 @@ def single_part(w: Worker, plan: RealSizePlan, beam: int) -> Part:
 
 
 def candidate_counts(prep: Prepared, shortlist_file: Path) -> Row:
-    """The mean K a step ranks over the test sentences (benchmarks.shortlist.candidate_counts)."""
+    """The mean K a step ranks over the test sentences (shortlist_copies.candidate_counts)."""
     from transformers import AutoTokenizer
-
-    from benchmarks.shortlist import candidate_counts as counts
 
     return counts(shortlist_file, AutoTokenizer.from_pretrained(str(prep.hf))(_test_texts()).input_ids)
 

@@ -13,7 +13,7 @@ into a cache dir and prepared for every engine:
   (`mtserve export --precision int8`) whenever the code that writes them changed since, docs and
   comments aside (`export_code_hash` against `models/export-code.sha256`);
 - `ct2-int8/`: the same folder converted by `ct2-transformers-converter --quantization int8`;
-- `shortlist-p50-a100/` (`prepare_shortlist`, the real-size shortlist rows): a linked copy of the
+- `shortlist-p50-a100/` (benchmarks/shortlist_copies.py's `prepare_shortlist`, the real-size shortlist rows): a linked copy of the
   imported version that `mtserve shortlist` gave a vocabulary shortlist from the training pairs,
   and `ct2-int8` with the same mapping as its vmap.txt.
 
@@ -182,7 +182,18 @@ def import_folder(hf: Path, repository: Path) -> Path:
 
 
 # The code that writes an imported version's graphs: a change to any of them exports them again.
-EXPORT_CODE = ("export/fused.py", "export/to_onnx.py", "export/model.py", "export/checks.py")
+EXPORT_CODE = (
+    "export/fused/__init__.py",
+    "export/fused/builder.py",
+    "export/fused/ranking.py",
+    "export/fused/decoder.py",
+    "export/fused/encoder.py",
+    "export/to_onnx.py",
+    "export/variants.py",
+    "export/export_dir.py",
+    "export/model.py",
+    "export/checks.py",
+)
 _WITH_DOCSTRINGS = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
 
 
@@ -279,23 +290,6 @@ def prepare(dims: Dims = Dims(), cache: Path = CACHE, data: Path = DATA) -> Prep
     if not (ct2 / "model.bin").exists():
         convert_ct2(hf, ct2)
     return Prepared(hf=hf, model=model, ct2=ct2)
-
-
-# The shortlist of the real-size rows (per source token, always): `mtserve shortlist`'s defaults.
-SHORTLIST = (50, 100)
-
-
-def prepare_shortlist(prep: Prepared, size: tuple[int, int] = SHORTLIST, data: Path = DATA) -> tuple[Path, Path]:
-    """The imported version with a vocabulary shortlist of `size` that `mtserve shortlist` derives
-    from the corpus's training pairs (de->en), in a linked copy (benchmarks.shortlist.derive:
-    ROOT/shortlist-pN-aM/models/opus-size/1), and the CTranslate2 int8 dir with the same mapping
-    as its vmap.txt (ROOT/shortlist-pN-aM/ct2-int8-vmap): (version dir, CTranslate2 dir)."""
-    from benchmarks.shortlist import Size, derive, with_vmap
-
-    sl = Size(*size)
-    root = prep.model.parent.parent.parent / f"shortlist-{sl.key}"
-    model, vmap = derive(prep.model, root, sl, data)
-    return model, with_vmap(prep.ct2, vmap, root / "ct2-int8-vmap")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -134,7 +134,7 @@ def report_elsewhere() -> list[str]:
         L += [
             "Triton's `perf_analyzer`, unchanged, against the server's KServe endpoint, beside "
             "`benchmarks/online.py` on the same server and levels (`make perf-analyzer`; from "
-            "[perf_analyzer.md](perf_analyzer.md), which says how it runs):",
+            "[perf_analyzer.md](perf_analyzer.md), which says how it runs; its figures are dated by the commit they were measured at):",
             "",
             measured,
         ]
@@ -150,7 +150,7 @@ def report_elsewhere() -> list[str]:
         "",
         "## GPU",
         "",
-        "The CUDA comparison (the fp16 graphs on CUDA against CTranslate2 float16) is still to be run: "
+        "The CUDA comparison (the fp16 graphs on CUDA against CTranslate2 float16) has not been run: "
         '[performance.md](performance.md) ("GPU") says what it needs.',
         "",
     ]

@@ -186,7 +186,7 @@ FUSED_LINEAR_KINDS = ("fp32", "int8", "nbits8")
 def fused_decoder_io(
     dims: GraphDims, scored: bool = True, shortlist: bool = False
 ) -> tuple[list[TensorSpec], list[TensorSpec]]:
-    """The fused decoder step (export/fused.py): the same step as `decoder_io`'s over a
+    """The fused decoder step (export/fused/): the same step as `decoder_io`'s over a
     preallocated cache of max_len slots that the graph updates in place.
 
     `scored=False` is the step for greedy search when no sentence of the batch asks for its score:

@@ -16,7 +16,7 @@ One manifest per export dir lists every exported precision ("variant") side by s
                                                           vocabulary shortlist: `contract.shortlist`)
 
 Each precision has the portable graphs (the torch export, any execution provider) and, for the
-CPU precisions, fused graphs (`export/fused.py`, ONNX Runtime's contrib operators; the decoder
+CPU precisions, fused graphs (`export/fused/`, ONNX Runtime's contrib operators; the decoder
 step with an in-place cache). A variant's key is its precision for the portable graphs and
 `PRECISION-fused` for the fused one. Exports of format 4 made before the fused encoder list the
 portable encoder in their fused variants; they serve as they are.

@@ -1,5 +1,5 @@
 """Derive a vocabulary shortlist (`contract.shortlist`) and store it with a model version: the .npz,
-the decoder steps that rank over it (`export.fused.build_fused_decoder(shortlist=True)`) for every
+the decoder steps that rank over it (`export.fused.decoder.build_fused_decoder(shortlist=True)`) for every
 fused variant, and the manifest entries (`contract.manifest.ShortlistSpec`, `Variant.shortlist_steps`).
 
 The derivation is IBM model 1 (a few EM iterations of p(target token | source token) over the
@@ -29,7 +29,7 @@ from contract.manifest import (
 )
 from contract.shortlist import SHORTLIST_FILE, Shortlist, shortlist_file_name
 from export.checks import check_graph
-from export.fused import build_fused_decoder
+from export.fused.decoder import build_fused_decoder
 from export.model import Transformer
 
 log = logging.getLogger("mtserve.shortlist")
@@ -38,7 +38,7 @@ DEFAULT_PER_SOURCE = 50
 DEFAULT_ALWAYS = 100
 DEFAULT_ITERATIONS = 5
 MIN_PROB = 1e-3
-# How each decoder-step field of a fused variant multiplies, by precision (export.to_onnx's FUSED
+# How each decoder-step field of a fused variant multiplies, by precision (export.variants' FUSED
 # and FUSED_ONE_ROW), and whether it ranks with log-probabilities.
 _STEP_KINDS = {
     "decoder": ({"fp32": "fp32", "int8": "int8"}, True),

@@ -244,7 +244,7 @@ class ModelStatistics:
 
 
 # The metrics a decode backend updates, one series per model version (engine processes update
-# them in the child, see service/parallel/pool.py).
+# them in the child, see service/parallel/child_metrics.py).
 MODEL_SCOPED = (
     "queue_wait",
     "queue_depth",

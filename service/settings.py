@@ -48,7 +48,7 @@ class Settings(BaseSettings):
     )
     graph: Literal["auto", "fused", "portable"] = Field(
         "auto",
-        description="decoder step: fused (contrib operators over an in-place cache, export/fused.py), portable "
+        description="decoder step: fused (contrib operators over an in-place cache, export/fused/), portable "
         "(the torch export, any execution provider), or auto: fused where the export has it for the provider",
     )
     shortlist: bool = Field(

@@ -38,8 +38,9 @@ import numpy as np
 from service import tracing
 from service.batching.jobs import EncodeJob, Sentence, settle
 from service.batching.queue import SentenceQueue
-from service.decoding.generator import DecodeBatch, Finished
+from service.decoding.batch import DecodeBatch
 from service.decoding.model import DecoderModel
+from service.decoding.results import Finished
 from service.errors import Internal, ResourceExhausted, Unavailable
 from service.metrics import ModelMetrics
 from service.settings import Settings

@@ -4,7 +4,7 @@
 and methods decodes the same way (a test's fake, a benchmark's wrapper). The decoder step is one
 of two graphs (`graph`): "portable" runs through `step` with a cache it returns grown by a step,
 "fused" through `bind_step` / `run_fused` over preallocated buffers it writes in place
-(`service.decoding.cache`)."""
+(`service.decoding.in_place_cache`)."""
 
 from __future__ import annotations
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -122,3 +123,72 @@ def landed(output: Sequence[int], row_terms: Sequence[SourceTerm]) -> list[tuple
                 out.append((j, s, s + n))
                 break
     return sorted(out, key=lambda t: t[1])
+
+
+def term_tokens(terms: Sequence[SourceTerm]) -> list[int]:
+    """Every token the terms may force (a shortlist must rank them)."""
+    return [t for term in terms for t in term.target]
+
+
+class TermRows:
+    """The glossary terms of a `DecodeBatch`'s rows (its base, as `Search` is: the fields below
+    are the batch's own)."""
+
+    if not TYPE_CHECKING:  # no instance dict: `DecodeBatch` declares the slots of these fields
+        __slots__ = ()
+
+    beam: int
+    eos_id: int
+    done: np.ndarray
+    max_len: np.ndarray
+    positions: np.ndarray
+    terms: list[tuple[SourceTerm, ...]]
+    with_terms: np.ndarray
+    term_at: np.ndarray
+    term_pos: np.ndarray
+    terms_placed: np.ndarray
+
+    def _set_terms(self, n: int, terms: Sequence[Sequence[SourceTerm]] | None) -> None:
+        """`from_sources`' terms of each of its n sentences, and its rows' state: nothing placed."""
+        self.terms = [tuple(t) for t in terms] if terms is not None else [() for _ in range(n)]
+        if len(self.terms) != n:
+            raise ValueError(f"terms: {len(self.terms)} values for {n} sentences")
+        if any(len(t) > MAX_TERMS for t in self.terms):
+            raise ValueError(f"terms: at most {MAX_TERMS} a sentence")
+        if any(not term.target for ts in self.terms for term in ts):
+            raise ValueError("terms: a term forces at least one token")
+        self.with_terms = np.array([bool(t) for t in self.terms], dtype=bool)
+        R = n * self.beam
+        self.term_at, self.term_pos, self.terms_placed = np.full(R, -1), np.zeros(R, np.int64), np.zeros(R, np.int64)
+
+    def _per_row(self) -> list[tuple[SourceTerm, ...]]:
+        K = self.beam
+        return self.terms if K == 1 else [t for t in self.terms for _ in range(K)]
+
+    def _term_step(self, best: np.ndarray, att: np.ndarray, prefix: np.ndarray | None) -> TermStep | None:
+        """The terms' forced tokens and </s> bans at this step (None: no sentence has terms); rows
+        at a forced `prefix` token (-1: none) start no term."""
+        if not self.with_terms.any():
+            return None
+        K = self.beam
+        live = ~(self.done if K == 1 else np.repeat(self.done, K))
+        if prefix is not None:
+            live &= prefix < 0
+        room = (self.max_len if K == 1 else np.repeat(self.max_len, K)) - 1 - self.positions
+        step, self.term_at = decide(
+            self._per_row(), self.term_at, self.term_pos, self.terms_placed, att, best, live, room, self.eos_id
+        )
+        return step
+
+    def _terms_advance(self, step: TermStep | None, rows: np.ndarray | None) -> None:
+        """The rows' term state after this step's tokens; beams follow their parents (`rows`)."""
+        if step is None:
+            return
+        at, pos, placed = advance(self._per_row(), self.term_at, self.term_pos, self.terms_placed, step.forced)
+        if rows is not None:
+            at, pos, placed = at[rows], pos[rows], placed[rows]
+        self.term_at, self.term_pos, self.terms_placed = at, pos, placed
+
+    def _landed(self, i: int, tokens: Sequence[int]) -> list[tuple[int, int, int]]:
+        """Where sentence i's terms stand in its finished `tokens` (`Finished.terms`)."""
+        return landed(tokens, self.terms[i]) if self.with_terms[i] else []

@@ -24,7 +24,7 @@ import numpy as np
 from prometheus_client.metrics_core import Metric
 
 from service.batching.jobs import Sentence
-from service.decoding.generator import Finished
+from service.decoding.results import Finished
 from service.decoding.sampling import Sampling
 from service.errors import ServiceError
 

@@ -2,7 +2,7 @@
 
 `OnnxSeq2Seq.encode` runs the encoder graph once per source batch. The decoder step is one of two
 graphs (`graph`): the portable one, which `OnnxSeq2Seq.step` runs with an explicit key/value cache
-that it returns grown by a step; or the fused one (export/fused.py), which updates a preallocated
+that it returns grown by a step; or the fused one (export/fused/), which updates a preallocated
 cache in place and runs through `bind_step`: the caller binds its buffers once per batch and
 writes into them between steps. Numpy in, numpy out; every float tensor is
 float32 whatever the precision of the graphs (the fp16 graphs cast at their boundaries)."""

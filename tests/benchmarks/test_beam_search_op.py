@@ -40,7 +40,8 @@ def src(fused_fp32, test_split):
 @pytest.mark.parametrize("per_call", [1, N_SENTENCES], ids=["c1", "batch"])
 @pytest.mark.parametrize("beam", [1, 4])
 def test_matches_generate(op, fused_fp32, src, beam, per_call):
-    from service.decoding.generator import generate, max_output_len
+    from service.decoding.generator import generate
+    from service.decoding.output_rules import max_output_len
 
     want = generate(fused_fp32, src, beam=beam, batch_size=N_SENTENCES)
     got = [h for s in range(0, len(src), per_call) for h in op.translate_ids(src[s : s + per_call], beam)]
@@ -60,7 +61,8 @@ def test_length_rule_is_per_sentence(tiny_model, fused_fp32, src, tmp_path):
     """With a limit of 0.5 * src_len + 2 tokens, </s> included, every sentence of one padded batch
     stops at its own limit, as the generator's greedy search does (only the score of a forced </s>
     differs: the op scores it log 1 = 0)."""
-    from service.decoding.generator import generate, max_output_len
+    from service.decoding.generator import generate
+    from service.decoding.output_rules import max_output_len
 
     a, b = 0.5, 2
     path = tmp_path / "tight.onnx"

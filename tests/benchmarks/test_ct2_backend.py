@@ -20,7 +20,7 @@ from benchmarks.ct2_convert import Ct2Translator, convert
 from benchmarks.ct2_server import backend_factory
 from service.batching.jobs import EncodeJob, Sentence
 from service.client import Client
-from service.decoding.generator import Finished
+from service.decoding.results import Finished
 from service.errors import DeadlineExceeded, ResourceExhausted, Unavailable
 from service.metrics import Metrics
 from service.settings import Settings

@@ -20,10 +20,10 @@ from benchmarks.real_size_model import (
     export_code_hash,
     padded_vocab,
     prepare,
-    prepare_shortlist,
     spm_pieces,
 )
 from benchmarks.report import report_real_size
+from benchmarks.shortlist_copies import prepare_shortlist
 from benchmarks.summary import headline
 
 TINY = Dims(d_model=32, layers=1, heads=2, ffn=64, vocab=2500, max_positions=64, spm_pieces=600, spm_lines=2000)

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from benchmarks import shortlist as bs
+from benchmarks import shortlist_copies as copies
 from contract.shortlist import PAD_MULTIPLE, Shortlist
 from export.shortlist import write_vmap
 
@@ -27,12 +28,14 @@ def small_shortlist() -> Shortlist:
 
 
 def test_size_parse() -> None:
-    assert bs.Size.parse("50:100") == bs.Size(50, 100) and bs.Size(50, 100).key == "p50-a100"
-    mono = bs.Size.parse("20:50:mono")
-    assert mono == bs.Size(20, 50, True) and mono.key == "p20-a50-mono" and mono.label == "20 : 50 (own translations)"
+    assert copies.Size.parse("50:100") == copies.Size(50, 100) and copies.Size(50, 100).key == "p50-a100"
+    mono = copies.Size.parse("20:50:mono")
+    assert (
+        mono == copies.Size(20, 50, True) and mono.key == "p20-a50-mono" and mono.label == "20 : 50 (own translations)"
+    )
     for bad in ("50", "a:1", "5:-1", "5:1:x", "5:1:mono:2"):
         with pytest.raises(argparse.ArgumentTypeError, match="PER_SOURCE:ALWAYS"):
-            bs.Size.parse(bad)
+            copies.Size.parse(bad)
 
 
 def test_vmap_read_back_and_checked(tmp_path: Path) -> None:
@@ -63,13 +66,13 @@ def test_linked_copies_leave_the_original_alone(tmp_path: Path) -> None:
     (src / "onnx").mkdir(parents=True)
     (src / "onnx" / "decoder.onnx").write_bytes(b"graph")
     (src / "onnx" / "manifest.json").write_text("{}")
-    copy = bs.link_tree(src, tmp_path / "copy" / "1")
+    copy = copies.link_tree(src, tmp_path / "copy" / "1")
     assert (copy / "onnx" / "decoder.onnx").stat().st_ino == (src / "onnx" / "decoder.onnx").stat().st_ino
     (copy / "onnx" / "manifest.json").write_text('{"shortlist": 1}')  # as `mtserve shortlist` rewrites it
     assert (src / "onnx" / "manifest.json").read_text() == "{}"
     vmap = tmp_path / "vmap.txt"
     vmap.write_text("\t</s>\n")
-    ct2 = bs.with_vmap(src / "onnx", vmap, tmp_path / "ct2-vmap")
+    ct2 = copies.with_vmap(src / "onnx", vmap, tmp_path / "ct2-vmap")
     assert (ct2 / "vmap.txt").read_text() == "\t</s>\n" and not (src / "onnx" / "vmap.txt").exists()
 
 
@@ -112,12 +115,12 @@ def test_ct2_translate_keeps_mtserves_length_rule() -> None:
 def test_candidate_counts(tmp_path: Path) -> None:
     small_shortlist().save(tmp_path / "shortlist.npz")
     # a vocabulary of 10: every batch pads to 16 with repeats of a candidate; the count is the padded one
-    got = bs.candidate_counts(tmp_path / "shortlist.npz", [[3, 0], [4, 0]], batch=2)
+    got = copies.candidate_counts(tmp_path / "shortlist.npz", [[3, 0], [4, 0]], batch=2)
     assert got == {"k_single": 16.0, "k_batch2": 16.0, "vocab": 10}
     rows: list[list[int]] = [[] for _ in range(100)]
     rows[3], rows[4] = list(range(20, 40)), list(range(30, 60))
     Shortlist.from_rows(rows, [0, 1], 100, {}).save(tmp_path / "big.npz")
-    got = bs.candidate_counts(tmp_path / "big.npz", [[3], [4]], batch=2)
+    got = copies.candidate_counts(tmp_path / "big.npz", [[3], [4]], batch=2)
     assert got["k_single"] == 32.0 and got["k_batch2"] == 48  # 22 and 32 padded; 2 + 40 -> 48
     assert got["k_batch2"] % PAD_MULTIPLE == 0
 
@@ -138,11 +141,11 @@ def test_bleu_table() -> None:
 
 
 def test_shortlist_cmd_names_the_corpus_and_size(tmp_path: Path) -> None:
-    cmd = bs.shortlist_cmd(tmp_path / "v", bs.Size(20, 50), tmp_path / "vmap.txt", tmp_path)
+    cmd = copies.shortlist_cmd(tmp_path / "v", copies.Size(20, 50), tmp_path / "vmap.txt", tmp_path)
     text = " ".join(cmd)
     assert "-m mtserve shortlist --model" in text and f"--source {tmp_path / 'train.de.gz'}" in text
     assert "--per-source 20 --always 50" in text and text.endswith(f"--vmap {tmp_path / 'vmap.txt'}")
-    mono = " ".join(bs.shortlist_cmd(tmp_path / "v", bs.Size(20, 50, True), tmp_path / "vmap.txt", tmp_path))
+    mono = " ".join(copies.shortlist_cmd(tmp_path / "v", copies.Size(20, 50, True), tmp_path / "vmap.txt", tmp_path))
     assert f"--monolingual {tmp_path / 'train.de.gz'} --per-source 20" in mono and "--target" not in mono
     assert np.all(small_shortlist().row(3) == [5, 7])
 

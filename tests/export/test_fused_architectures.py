@@ -1,4 +1,4 @@
-"""The fused graphs (export/fused.py) of the architectures `ModelConfig` describes beside mtserve's
+"""The fused graphs (export/fused/) of the architectures `ModelConfig` describes beside mtserve's
 own (those of imported Marian and M2M100/NLLB models): post-norm, the gelu and swish activations,
 unscaled embeddings, a stored position table, a logits bias, a source vocabulary of its own, an
 untied output projection, another decoder start token. Small random models, exported in fp32 and

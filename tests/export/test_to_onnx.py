@@ -530,7 +530,8 @@ def test_the_two_pass_ranking_equals_one_pass_ties_included(V):
     import onnxruntime as ort
     from onnx import TensorProto, helper
 
-    from export.fused import GraphBuilder, block_argmax, block_top_k, rank_block
+    from export.fused.builder import GraphBuilder
+    from export.fused.ranking import block_argmax, block_top_k, rank_block
 
     block = rank_block(V)
     assert block and V % block == 0 and 16 <= block <= 64
@@ -578,7 +579,8 @@ def test_the_unscored_argmax_bans_eos_where_eos_bias_says(V, eos):
     import onnxruntime as ort
     from onnx import TensorProto, helper
 
-    from export.fused import ARGMAX_BLOCK, GraphBuilder, _padded_output, block_argmax, rank_block
+    from export.fused.builder import GraphBuilder
+    from export.fused.ranking import ARGMAX_BLOCK, block_argmax, padded_output, rank_block
 
     rng = np.random.default_rng(V + eos)
     D = 8
@@ -586,7 +588,7 @@ def test_the_unscored_argmax_bans_eos_where_eos_bias_says(V, eos):
     bias = rng.integers(-3, 1, V).astype(np.float32)  # logits of small integers: ties everywhere
     bias[eos] = 100.0
     block = rank_block(V) or ARGMAX_BLOCK
-    padded, padded_bias = _padded_output(table, bias, block)
+    padded, padded_bias = padded_output(table, bias, block)
     assert len(padded) % block == 0 and len(padded) - V == (0 if rank_block(V) else -V % ARGMAX_BLOCK)
     b = GraphBuilder("fp32")
     logits = b.linear("logits", "h", padded.T, padded_bias)

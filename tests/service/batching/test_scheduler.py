@@ -272,7 +272,7 @@ def test_answered_rows_are_expected_back_for_max_queue_delay_ms_at_most():
 
 def test_answered_rows_count_as_returning_before_their_clients_have_the_answer():
     """A client can send again before the worker's next line runs: the rows are recorded first."""
-    from service.decoding.generator import Finished
+    from service.decoding.results import Finished
 
     sch = make_scheduler(continuous_batching=False, max_queue_delay_ms=1000)
     s = sentence(10)

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from service.decoding.generator import DecodeBatch, generate
+from service.decoding.batch import DecodeBatch
+from service.decoding.generator import generate
 
 N_SENTENCES = 24
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

@@ -10,18 +10,16 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 
-from service.decoding.cache import ConcatCache, InPlaceCache, RowCache, fill_order, row_moves
-from service.decoding.generator import (
-    DecodeBatch,
-    Finished,
-    Layout,
-    _walk,
-    encode_sources,
-    encoder_chunks,
-    generate,
-    layouts,
-    max_output_len,
-)
+from service.decoding.batch import DecodeBatch
+from service.decoding.cache import RowCache
+from service.decoding.concat_cache import ConcatCache
+from service.decoding.encoder import encode_sources, encoder_chunks
+from service.decoding.generator import generate
+from service.decoding.in_place_cache import InPlaceCache
+from service.decoding.layout import Layout, layouts
+from service.decoding.output_rules import max_output_len
+from service.decoding.results import Finished, walk
+from service.decoding.rows import fill_order, row_moves
 
 N_SENTENCES = 40
 
@@ -320,10 +318,10 @@ def test_the_one_sentence_beam_step_selects_as_the_batched_one(K, want_alignment
                 assert (x.alignment is None) == (y.alignment is None)
                 if x.alignment is not None:
                     np.testing.assert_array_equal(x.alignment, y.alignment)
-            assert [[(h[0], h[1], _walk(h[2])[0]) for h in f] for f in a.finished] == [
-                [(h[0], h[1], _walk(h[2])[0]) for h in f] for f in b.finished
+            assert [[(h[0], h[1], walk(h[2])[0]) for h in f] for f in a.finished] == [
+                [(h[0], h[1], walk(h[2])[0]) for h in f] for f in b.finished
             ]
-            assert [h and _walk(h)[0] for h in a.hist] == [h and _walk(h)[0] for h in b.hist]
+            assert [h and walk(h)[0] for h in a.hist] == [h and walk(h)[0] for h in b.hist]
             if a.done[0]:
                 break
             a.steps += 1

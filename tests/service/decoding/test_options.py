@@ -7,7 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from service.decoding.generator import DecodeBatch, Finished, generate
+from service.decoding.batch import DecodeBatch
+from service.decoding.generator import generate
+from service.decoding.results import Finished
 from service.decoding.sampling import Sampling, sampling_rng
 
 N_SENTENCES = 6

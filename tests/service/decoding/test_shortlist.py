@@ -13,7 +13,9 @@ import pytest
 
 from contract.manifest import load_manifest
 from contract.shortlist import Shortlist
-from service.decoding.generator import DecodeBatch, Finished, generate
+from service.decoding.batch import DecodeBatch
+from service.decoding.generator import generate
+from service.decoding.results import Finished
 from service.decoding.sampling import Sampling
 from service.runtime.onnx_model import OnnxSeq2Seq
 from tests.near_ties import assert_equal_up_to_a_near_tie, torch_next_log_probs

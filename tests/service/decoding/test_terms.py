@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from service.decoding.generator import DecodeBatch, Finished
+from service.decoding.batch import DecodeBatch
+from service.decoding.results import Finished
 from service.decoding.terms import SourceTerm, advance, decide, landed
 from service.runtime.onnx_model import OnnxSeq2Seq
 

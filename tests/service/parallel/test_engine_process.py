@@ -24,10 +24,11 @@ from prometheus_client import generate_latest
 
 from service.api.mtserve.v1 import translation_pb2 as pb
 from service.batching.jobs import EncodeJob, Sentence
-from service.decoding.generator import Finished
+from service.decoding.results import Finished
 from service.errors import Internal, ResourceExhausted
 from service.metrics import Metrics
 from service.parallel.child import Child
+from service.parallel.engine_process import EngineProcess
 from service.parallel.messages import (
     Cancel,
     Done,
@@ -47,7 +48,6 @@ from service.parallel.messages import (
     Tokens,
     ToParent,
 )
-from service.parallel.pool import EngineProcess
 from service.settings import Settings
 
 SENTENCES = [
