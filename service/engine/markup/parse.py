@@ -293,7 +293,9 @@ def _region(source: str, items: list[_Item]) -> tuple[int, int]:
 
 
 def _block(source: str, items: list[_Item], snapshot: list[Element]) -> Block | None:
-    """The run's block, or None for a run without words."""
+    """The run's block, or None for a run without words to translate (none, or only protected)."""
+    if not any(item.what == "text" and item.data.strip(WHITESPACE) for item in items):
+        return None
     named = {item.element.id for item in items if item.element is not None}
     drafts: dict[int, _TagDraft] = {}
     local: list[Element] = []
@@ -325,8 +327,6 @@ def _block(source: str, items: list[_Item], snapshot: list[Element]) -> Block | 
             text.add(item.data)
             protected.append((item.markup, item.data, at, parent(), order))
     plain = text.done()
-    if not plain:
-        return None
     size = len(plain)
     index = {key: i for i, key in enumerate(drafts)}
     tags = tuple(

@@ -215,12 +215,12 @@ class _Projection:
     def emit(self, node: int) -> str:
         tag: Tag | None = None if node == ROOT else self.block.tags[node]
         lo, hi = self.interval[node]
-        zero: dict[int, list[_Zero]] = {}
-        for item in sorted(self.zero.get(node, []), key=lambda z: z.order):
-            zero.setdefault(item.at, []).append(item)
         starts = {
             self.interval[c][0]: c for c in self.children.get(node, []) if self.interval[c][0] < self.interval[c][1]
         }
+        zero: dict[int, list[_Zero]] = {}
+        for item in sorted(self.zero.get(node, []), key=lambda z: z.order):
+            zero.setdefault(self.outside(item.at, starts), []).append(item)
         out = [tag.start_tag if tag else ""]
         u = lo
         while True:
@@ -237,6 +237,14 @@ class _Projection:
                 out.append(self.escape(self.target[self.units[u - 1][1] : self.units[u][0]]))
         out.append(tag.end_tag if tag else "")
         return "".join(out)
+
+    def outside(self, at: int, starts: dict[int, int]) -> int:
+        """A boundary inside one of the children's runs moved to the nearer end of that run."""
+        for child in starts.values():
+            start, end = self.interval[child]
+            if start < at < end:
+                return start if at - start <= end - at else end
+        return at
 
     def render(self) -> str:
         self.place(ROOT)

@@ -86,21 +86,31 @@ def html_element(index: int, token: Token) -> Element:
 
 
 def xml_inline(tokens: list[Token]) -> set[int]:
-    """The indices of the start tokens of inline XML elements: those whose parent has text of its
-    own besides whitespace (mixed content). A fragment's top level is the parent of its elements."""
+    """The indices of the start tokens of inline XML elements: those inside an inline element, and
+    those whose parent has text of its own (mixed content): words, or spaces on one line (a line
+    break with spaces is indentation). A fragment's top level is the parent of its elements."""
     parents: dict[int, int] = {}
     mixed: set[int] = set()
     stack = [-1]
-    for index, token in enumerate(tokens):
+    run: list[str] = []  # the text since the last tag (expat cuts it at line breaks)
+    for index, token in enumerate([*tokens, Token(END, 0, 0)]):
+        if token.kind == TEXT:
+            run.append(token.data)
+            continue
+        text, run = "".join(run), []
+        if text and (text.strip(_WHITESPACE) or "\n" not in text):
+            mixed.add(stack[-1])
         if token.kind == START:
             parents[index] = stack[-1]
             if not token.empty:
                 stack.append(index)
         elif token.kind == END and len(stack) > 1:
             stack.pop()
-        elif token.kind == TEXT and token.data.strip(_WHITESPACE):
-            mixed.add(stack[-1])
-    return {index for index, parent in parents.items() if parent in mixed}
+    inline: set[int] = set()
+    for index in sorted(parents):
+        if parents[index] in mixed or parents[index] in inline:
+            inline.add(index)
+    return inline
 
 
 def xml_element(index: int, token: Token, inline: set[int]) -> Element:
