@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from service.engine.markup.model import Block, Document, Edit, Kind, Marker, MarkupError, Protected, Tag
-from service.engine.markup.rules import Element, closed_by, html_element, xml_element, xml_inline
+from service.engine.markup.rules import OPTIONAL_END, Element, closed_by, html_element, xml_element, xml_inline
 from service.engine.markup.tokens import END, START, TEXT, Token, html_tokens, xml_tokens
 
 WHITESPACE = " \t\n\r\f"
@@ -47,30 +47,38 @@ class _TagDraft:
     end: int = -1
 
 
+_TO_SPACE = str.maketrans(dict.fromkeys(WHITESPACE, " "))
+
+
 @dataclass
 class _Text:
     """A block's plain text as it is built: whitespace runs as one space, none at the ends."""
 
-    chars: list[str] = field(default_factory=list)
-    pending: bool = False
+    parts: list[str] = field(default_factory=list)
+    size: int = 0
+    pending: bool = False  # a space is owed before the next word
+    spaced: bool = True  # the text so far ends with a space (or is empty)
 
     def add(self, data: str) -> None:
-        for char in data:
-            if char in WHITESPACE:
-                self.pending = bool(self.chars) and self.chars[-1] != " "
-            else:
+        for i, part in enumerate(data.translate(_TO_SPACE).split(" ")):
+            if i:
+                self.pending = not self.spaced
+            if part:
                 self.space()
-                self.chars.append(char)
+                self.parts.append(part)
+                self.size += len(part)
+                self.spaced = part.endswith(" ")
 
     def space(self) -> int:
         """Writes a pending space; the offset where what comes next starts."""
         if self.pending:
-            self.chars.append(" ")
-            self.pending = False
-        return len(self.chars)
+            self.parts.append(" ")
+            self.size += 1
+            self.pending, self.spaced = False, True
+        return self.size
 
     def done(self) -> str:
-        return "".join(self.chars).rstrip(" ")
+        return "".join(self.parts).rstrip(" ")
 
 
 def _collapse(data: str) -> str:
@@ -145,38 +153,30 @@ class _Builder:
         if element.block:
             self.boundary()
 
-    def close_implied(self, name: str, at: int) -> None:
-        """HTML's implied end tags: `<li>` ends an open `<li>`, `<div>` an open `<p>`, ..."""
-        names = closed_by(name)
-        if not names:
-            return
+    def implied(self, name: str) -> int | None:
+        """HTML's implied end tags: the open element that a start tag `name` ends first (`<li>` an
+        open `<li>`, `<div>` an open `<p>`, ...): the lowest of those names reachable from the top
+        through inline elements and elements whose end tag HTML lets one leave out."""
+        names = closed_by(name) if self.kind == "html" else frozenset()
         found = None
-        for index in range(len(self.stack) - 1, -1, -1):
+        for index in range(len(self.stack) - 1, -1, -1) if names else ():
             open_element = self.stack[index]
             if open_element.name in names:
                 found = index
-            elif open_element.block and open_element.name not in {
-                "p",
-                "li",
-                "dt",
-                "dd",
-                "option",
-                "tr",
-                "td",
-                "th",
-                "tbody",
-                "thead",
-                "tfoot",
-            }:
+            elif open_element.block and open_element.name not in OPTIONAL_END:
                 break
+        return found
+
+    def close_implied(self, name: str, at: int) -> None:
+        found = self.implied(name)
         if found is not None:
             self.pop_to(found, None, at)
 
-    def find(self, name: str, floor: int = 0) -> int | None:
+    def find(self, name: str) -> int | None:
         """The open element an end tag `name` closes: the nearest of that name, unless (for an
         inline element's end tag) a block element lies above it."""
-        block_name = any(e.name == name and e.block for e in self.stack[floor:])
-        for index in range(len(self.stack) - 1, floor - 1, -1):
+        block_name = any(e.name == name and e.block for e in self.stack)
+        for index in range(len(self.stack) - 1, -1, -1):
             if self.stack[index].name == name:
                 return index
             if self.stack[index].block and not block_name:
@@ -218,43 +218,41 @@ class _Builder:
 
     # -- do-not-translate elements -----------------------------------------------------------
     def in_protected(self, index: int, token: Token) -> None:
+        """Inside a do-not-translate element: only the stack is kept, to find where it ends."""
         assert self.protect is not None
         floor = self.protect
         if token.kind == TEXT:
             self.protect_text.append(token.data)
         elif token.kind == END:
-            found = self.find(token.name, 0)
-            if found is None or found > floor:
-                if found is not None:
-                    del self.stack[found:]
-                return
-            self.pop_to(found, token, token.start) if found == floor else self.reopen(token, floor)
+            found = self.find(token.name)
+            if found is not None and found > floor:
+                del self.stack[found:]
+            elif found == floor:
+                self.pop_to(found, token, token.start)
+            elif found is not None:  # closes an element around the protected one
+                self.pop_to(floor, None, token.start)
+                self.end(token)
         elif token.kind == START:
             element = self.element(index, token)
-            names = closed_by(token.name) if self.kind == "html" else frozenset()
-            if any(e.name in names for e in self.stack[: floor + 1]) and self.stack[floor].name in names:
-                self.pop_to(floor, None, token.start)
+            found = self.implied(token.name)
+            if found is not None and found <= floor:
+                self.pop_to(found, None, token.start)
                 self.start(element)
             elif not element.void:
                 self.stack.append(element)
 
-    def reopen(self, token: Token, floor: int) -> None:
-        """An end tag inside a do-not-translate element that closes an element around it."""
-        self.pop_to(floor, None, token.start)
-        self.end(token)
-
     def end_protected(self, element: Element, token: Token | None, at: int) -> None:
+        """The do-not-translate element ends: a block one stays as sent (between blocks), an inline
+        one becomes a protected span of the run (a marker when it shows no words)."""
         self.protect = None
+        if element.block:
+            return
         start = element.token.start
         end = token.end if token is not None else at
         markup = self.source[start:end]
-        if token is None and not element.block:
+        if token is None:
             self.supply(element, at)
             markup += f"</{element.name}>"
-        if element.block:
-            if token is None and markup and not self.strict:
-                pass  # a block's end tag may be left out
-            return
         text = _collapse("".join(self.protect_text))
         if element.invisible or not text:
             self.add(_Item("marker", start, end, markup))
@@ -318,7 +316,7 @@ def _block(source: str, items: list[_Item], snapshot: list[Element]) -> Block | 
             local.append(item.element)
         elif item.what == "close" and item.element is not None:
             draft = drafts[item.element.id]
-            draft.end, draft.end_tag = len(text.chars), item.markup
+            draft.end, draft.end_tag = text.size, item.markup
             local.remove(item.element)
         elif item.what == "marker":
             markers.append((item.markup, text.space(), parent(), order))

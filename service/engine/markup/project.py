@@ -58,6 +58,19 @@ class Alignment:
         links = tuple(int(b) if weights[i, b] > 0 else -1 for i, b in enumerate(best))
         return cls(tuple(source), tuple(target), links)
 
+    @classmethod
+    def join(cls, parts: Sequence[tuple[int, int, Alignment]]) -> Alignment:
+        """A block's alignment from its sentences': each part is (where the sentence starts in
+        `Block.text`, where its translation starts in the block's translation, its alignment)."""
+        source: list[tuple[int, int]] = []
+        target: list[tuple[int, int]] = []
+        links: list[int] = []
+        for source_at, target_at, part in parts:
+            links += [link + len(source) if link >= 0 else -1 for link in part.links]
+            source += [(start + source_at, end + source_at) for start, end in part.source]
+            target += [(start + target_at, end + target_at) for start, end in part.target]
+        return cls(tuple(source), tuple(target), tuple(links))
+
 
 @dataclass(frozen=True)
 class _Zero:
@@ -80,7 +93,14 @@ class _Projection:
         for i, tag in enumerate(block.tags):
             self.children.setdefault(i, [])
             self.children[ROOT if tag.parent is None else tag.parent].append(i)
-        self.first_link = [self.unit_link(unit) for unit in self.units]
+        self.first_link = self.unit_links()
+        # For each source token the first and the last unit aligned to it.
+        self.first_unit: dict[int, int] = {}
+        self.last_unit: dict[int, int] = {}
+        for u, link in enumerate(self.first_link):
+            self.first_unit.setdefault(link, u)
+            self.last_unit[link] = u
+        self.anchors: dict[int, int] = {}
         self.wants = [self.unit_wants(u) for u in range(len(self.units))]
         self.interval: dict[int, tuple[int, int]] = {ROOT: (0, len(self.units))}
         self.zero: dict[int, list[_Zero]] = {}
@@ -92,11 +112,16 @@ class _Projection:
             depth, parent = depth + 1, self.block.tags[parent].parent
         return depth
 
-    def unit_link(self, unit: tuple[int, int]) -> int:
-        for (start, end), link in zip(self.alignment.target, self.alignment.links):
-            if start < unit[1] and end > unit[0]:
-                return link
-        return -1
+    def unit_links(self) -> list[int]:
+        """Each unit's first target token's link (-1: no token overlaps it, or no link)."""
+        tokens = sorted(zip(self.alignment.target, self.alignment.links))
+        links, first = [], 0
+        for start, end in self.units:
+            while first < len(tokens) and tokens[first][0][1] <= start:
+                first += 1
+            hit = first < len(tokens) and tokens[first][0][0] < end and tokens[first][0][1] > start
+            links.append(tokens[first][1] if hit else -1)
+        return links
 
     def deepest(self, offset: int) -> int:
         best, depth = ROOT, -1
@@ -125,13 +150,17 @@ class _Projection:
         """Where something that stood before source offset `offset` goes: before the first target
         word aligned to the first source token at or after it (else after the last word aligned
         to one before it)."""
+        if offset not in self.anchors:
+            self.anchors[offset] = self.find_anchor(offset)
+        return self.anchors[offset]
+
+    def find_anchor(self, offset: int) -> int:
         source = self.alignment.source
-        after = [t for t, (start, end) in enumerate(source) if start >= offset or (start < offset < end)]
+        after = [t for t, (start, end) in enumerate(source) if start >= offset or start < offset < end]
         for t in after:
-            units = [u for u, link in enumerate(self.first_link) if link == t]
-            if units:
-                return min(units)
-        before = [u for u, link in enumerate(self.first_link) if 0 <= link and source[link][0] < offset]
+            if t in self.first_unit:
+                return self.first_unit[t]
+        before = [self.last_unit[t] for t in self.last_unit if t >= 0 and source[t][0] < offset]
         if before:
             return max(before) + 1
         size = max(len(self.block.text), 1)

@@ -155,7 +155,7 @@ def html_tokens(text: str, strict: bool) -> list[Token]:
         kind = _HTML_TYPES.get(raw["type"])
         if kind is None:
             continue
-        start, end = (shift(at) for at in raw["span"])
+        start, end = shift(raw["span"][0]), shift(raw["span"][1])
         data = raw.get("data")
         attributes = tuple(data.items()) if kind == START and data else ()
         name = str(raw.get("name") or "")

@@ -277,6 +277,15 @@ def test_alignment_from_an_attention_matrix_takes_each_rows_argmax():
         Alignment(((0, 1),), ((0, 1),), (3,))
 
 
+def test_the_alignments_of_a_blocks_sentences_join_into_one():
+    (block,) = parse("<p>Ein <b>Hund</b>. Er <i>bellt</i>.</p>").blocks
+    first = Alignment(((0, 3), (4, 8), (8, 9)), ((0, 1), (2, 5), (5, 6)), (0, 1, 2))
+    second = Alignment(((0, 2), (3, 8), (8, 9)), ((0, 2), (3, 8), (8, 9)), (0, 1, 2))
+    joined = Alignment.join([(0, 0, first), (10, 7, second)])
+    assert joined.links == (0, 1, 2, 3, 4, 5) and joined.source[3:] == ((10, 12), (13, 18), (18, 19))
+    assert project(block, "A dog. It barks.", joined) == "A <b>dog</b>. It <i>barks</i>."
+
+
 # -- properties --------------------------------------------------------------------------------
 
 _WORDS = st.text(alphabet="abcdefghijklmnopqrstuvwxyzäöü", min_size=1, max_size=7)
