@@ -54,8 +54,11 @@ def html_elements(markup: str) -> collections.Counter[tuple[str, tuple[tuple[str
 
 def parses_cleanly(markup: str) -> bool:
     parser = html5lib.HTMLParser(strict=True, namespaceHTMLElements=False)
-    parser.parseFragment(markup)
-    return not parser.errors
+    try:
+        parser.parseFragment(markup)
+    except html5lib.html5parser.ParseError:
+        return False
+    return True
 
 
 # -- parse -------------------------------------------------------------------------------------
@@ -386,3 +389,27 @@ def test_any_text_parses_repaired_with_ordered_token_spans_and_round_trips_its_b
         document, [project(b, b.text, align(b, b.text, list(range(len(tokens(b.text)))))) for b in document.blocks]
     )
     assert [b.text for b in parse(out).blocks] == [b.text for b in document.blocks]
+
+
+_PIECES = ["<b>", "</b>", "<i>", "</i>", "<em class=e>", "</em>", "</p>", "<br>", "</div>", "<p>", "</span>"]
+
+
+@settings(max_examples=100, deadline=None)
+@given(data=st.data(), pieces=st.lists(st.one_of(_WORDS, st.sampled_from(_PIECES)), min_size=1, max_size=25))
+def test_repaired_random_malformed_markup_renders_well_formed_with_the_translated_words(data, pieces):
+    source = "<p>" + " ".join(pieces)
+    document = parse(source)
+    translations = []
+    for block in document.blocks:
+        target, spans, links = data.draw(_translation(block.text.split()))
+        alignment = Alignment(tuple(tokens(block.text)), tuple(spans), tuple(links))
+        translations.append((target, project(block, target, alignment)))
+    out = render(document, [rendered for _, rendered in translations])
+    assert parses_cleanly(out), (source, out)
+    assert [b.text for b in parse(out, strict=True).blocks] == [target for target, _ in translations]
+    try:  # strict refuses exactly what html5lib reports errors for
+        parse(source, strict=True)
+        refused = False
+    except MarkupError:
+        refused = True
+    assert refused != parses_cleanly(source)
