@@ -124,8 +124,10 @@ class _Builder:
         return xml_element(index, token, self.inline) if self.kind == "xml" else html_element(index, token)
 
     def spell(self, token: Token) -> None:
+        """Records how the source wrote a character as a reference (`&nbsp;`), but for a letter or digit."""
         written = self.source[token.start : token.end]
-        if len(token.data) == 1 and written.startswith("&") and token.data not in self.spellings:
+        plain = token.data.isascii() and token.data.isalnum()
+        if len(token.data) == 1 and written.startswith("&") and not plain and token.data not in self.spellings:
             self.spellings[token.data] = written
 
     def add(self, item: _Item) -> None:
@@ -276,17 +278,17 @@ class _Builder:
 
 
 def _region(source: str, items: list[_Item]) -> tuple[int, int]:
+    """The span of the source a block replaces: its items, less whitespace at either end."""
     starts, ends = [], []
     for item in items:
-        written = source[item.start : item.end]
-        stripped = written.strip(WHITESPACE) if item.what == "text" else written
-        if stripped:
-            starts.append(
-                item.start + len(written) - len(written.lstrip(WHITESPACE)) if item.what == "text" else item.start
-            )
-            ends.append(
-                item.end - (len(written) - len(written.rstrip(WHITESPACE))) if item.what == "text" else item.end
-            )
+        start, end = item.start, item.end
+        if item.what == "text":
+            written = source[start:end]
+            start += len(written) - len(written.lstrip(WHITESPACE))
+            end -= len(written) - len(written.rstrip(WHITESPACE))
+        if start < end:
+            starts.append(start)
+            ends.append(end)
     return min(starts), max(ends)
 
 

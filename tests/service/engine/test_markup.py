@@ -91,9 +91,9 @@ def test_nested_tags_keep_their_nesting_and_attributes_byte_for_byte():
 
 
 def test_whitespace_runs_are_one_space_and_entities_are_decoded_in_the_text():
-    (block,) = parse("<p>\n  Tom &amp;\n  Jerry&nbsp;&#x41;G\n</p>").blocks
-    assert block.text == "Tom & Jerry\xa0AG"
-    assert dict(block.spellings) == {"&": "&amp;", "\xa0": "&nbsp;", "A": "&#x41;"}
+    (block,) = parse("<p>\n  Tom &amp;\n  Jerry&nbsp;&#x41;G&#39;s\n</p>").blocks
+    assert block.text == "Tom & Jerry\xa0AG's"
+    assert dict(block.spellings) == {"&": "&amp;", "\xa0": "&nbsp;", "'": "&#39;"}  # not the letter A
 
 
 def test_a_character_the_source_wrote_as_a_reference_is_written_so_in_the_translation():
@@ -133,6 +133,18 @@ def test_translate_no_inside_a_sentence_is_a_protected_span_carried_verbatim():
     target = "The iPhone\xa015 is sehr good."
     out = render(parse(source), [project(block, target, align(block, target, [0, 1, 2, 3, 4, 5, 6]))])
     assert out == '<p>The <span translate="no">iPhone&nbsp;15</span> is <em class="notranslate">sehr</em> good.</p>'
+
+
+def test_a_protected_span_inside_a_tag_moves_with_its_words_and_keeps_its_tag():
+    source = '<p>Bitte <b>das <span translate="no">Foo Bar</span> Modul</b> laden.</p>'
+    # Bitte das Foo Bar Modul laden . -> Please load the Foo Bar module .
+    out = translate(source, ("Please load the Foo Bar module.", [0, 5, 1, 2, 3, 4, 6]))
+    assert out == '<p>Please load <b>the <span translate="no">Foo Bar</span> module</b>.</p>'
+    xml = '<p xmlns:its="http://www.w3.org/2005/11/its">Das <n its:translate="no">Foo</n> <b>geht</b>.</p>'
+    (block,) = parse(xml, "xml").blocks
+    assert [(p.text, p.markup) for p in block.protected] == [("Foo", '<n its:translate="no">Foo</n>')]
+    out = translate(xml, ("The Foo works.", [0, 1, 2, 3]), kind="xml")
+    assert out == '<p xmlns:its="http://www.w3.org/2005/11/its">The <n its:translate="no">Foo</n> <b>works</b>.</p>'
 
 
 def test_protected_spans_given_by_the_engine_are_used_and_a_missing_one_is_still_written_once():
