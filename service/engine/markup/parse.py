@@ -18,7 +18,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from service.engine.markup.model import Block, Document, Edit, Kind, Marker, MarkupError, Protected, Tag
-from service.engine.markup.rules import OPTIONAL_END, Element, closed_by, html_element, xml_element, xml_inline
+from service.engine.markup.rules import (
+    MAX_DEPTH,
+    OPTIONAL_END,
+    Element,
+    closed_by,
+    html_element,
+    xml_element,
+    xml_inline,
+)
 from service.engine.markup.tokens import END, START, TEXT, Token, html_tokens, xml_tokens
 
 WHITESPACE = " \t\n\r\f"
@@ -135,6 +143,8 @@ class _Builder:
 
     def start(self, element: Element) -> None:
         token = element.token
+        if len(self.stack) >= MAX_DEPTH:
+            raise MarkupError(f"elements nested deeper than {MAX_DEPTH}", self.source, token.start)
         if self.kind == "html":
             self.close_implied(element.name, token.start)
         if element.void:
@@ -241,6 +251,8 @@ class _Builder:
                 self.pop_to(found, None, token.start)
                 self.start(element)
             elif not element.void:
+                if len(self.stack) >= MAX_DEPTH:
+                    raise MarkupError(f"elements nested deeper than {MAX_DEPTH}", self.source, token.start)
                 self.stack.append(element)
 
     def end_protected(self, element: Element, token: Token | None, at: int) -> None:
@@ -319,7 +331,7 @@ def _block(source: str, items: list[_Item], snapshot: list[Element]) -> Block | 
         elif item.what == "close" and item.element is not None:
             draft = drafts[item.element.id]
             draft.end, draft.end_tag = text.size, item.markup
-            local.remove(item.element)
+            local.pop() if local[-1] is item.element else local.remove(item.element)
         elif item.what == "marker":
             markers.append((item.markup, text.space(), parent(), order))
         elif item.what == "protected":

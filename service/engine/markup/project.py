@@ -13,6 +13,8 @@ preceded. Every tag, marker and protected span of the block is written exactly o
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import statistics
 import unicodedata
 from collections.abc import Sequence
@@ -26,6 +28,9 @@ from service.engine.markup.model import Block, Tag
 ROOT = -1
 _DIRECT, _FREE = -1, -2
 _MISPLACED, _FREE_INSIDE = 1.0, 0.25
+# Units times states above which the children's runs are cut greedily (a paragraph of 200 words
+# under 100 sibling tags is 40,200; the dynamic programme takes about 0.1 s for 100,000).
+_DP_BUDGET = 100_000
 _ESCAPES = {"&": "&amp;", "<": "&lt;", ">": "&gt;"}
 
 
@@ -101,6 +106,12 @@ class _Projection:
             self.first_unit.setdefault(link, u)
             self.last_unit[link] = u
         self.anchors: dict[int, int] = {}
+        self.by_end = sorted(range(len(alignment.source)), key=lambda t: alignment.source[t][1])
+        self.source_ends = [alignment.source[t][1] for t in self.by_end]
+        # The source tokens by start, and the last unit aligned to any of the first i of them.
+        by_start = sorted(range(len(alignment.source)), key=lambda t: alignment.source[t][0])
+        self.source_starts = [alignment.source[t][0] for t in by_start]
+        self.last_before = list(itertools.accumulate((self.last_unit.get(t, -1) for t in by_start), max, initial=-1))
         self.wants = [self.unit_wants(u) for u in range(len(self.units))]
         self.interval: dict[int, tuple[int, int]] = {ROOT: (0, len(self.units))}
         self.zero: dict[int, list[_Zero]] = {}
@@ -155,14 +166,14 @@ class _Projection:
         return self.anchors[offset]
 
     def find_anchor(self, offset: int) -> int:
-        source = self.alignment.source
-        after = [t for t, (start, end) in enumerate(source) if start >= offset or start < offset < end]
-        for t in after:
+        # The source tokens from the one that holds `offset` (or the first after it) on.
+        first = bisect.bisect_right(self.source_ends, offset)
+        for t in self.by_end[first:]:
             if t in self.first_unit:
                 return self.first_unit[t]
-        before = [self.last_unit[t] for t in self.last_unit if t >= 0 and source[t][0] < offset]
-        if before:
-            return max(before) + 1
+        last = self.last_before[bisect.bisect_left(self.source_starts, offset)]
+        if last >= 0:
+            return last + 1
         size = max(len(self.block.text), 1)
         return round(offset / size * len(self.units))
 
@@ -187,12 +198,15 @@ class _Projection:
         if not children:
             return
         wanted = {u: self.child_of(node, self.wants[u]) for u in range(lo, hi)}
+        positions: dict[int | None, list[int]] = {}
+        for u, child in wanted.items():
+            positions.setdefault(child, []).append(u)
         tags = self.block.tags
 
         def key(child: int) -> tuple[int, float, int]:
             tag = tags[child]
-            positions = [u for u, c in wanted.items() if c == child]
-            at = statistics.median(positions) if positions else float(self.clamp(self.anchor(tag.start), lo, hi))
+            mine = positions.get(child)
+            at = statistics.median(mine) if mine else float(self.clamp(self.anchor(tag.start), lo, hi))
             return (0 if tag.opened_before else 2 if tag.open_after else 1, at, tag.order)
 
         ordered = sorted(children, key=key)
@@ -383,10 +397,30 @@ class _Arrangement:
             path.append(state)
         return path[::-1]
 
+    def greedy(self) -> list[tuple[int, int]]:
+        """For many words under many sibling tags, where the dynamic programme would be slow: each
+        child gets the hull of the units that want it (an empty run at its anchor when none),
+        cut so that the runs follow one another in order."""
+        k = len(self.anchors)
+        wanting: dict[int, list[int]] = {}
+        for u, label in enumerate(self.labels):
+            wanting.setdefault(label, []).append(self.lo + u)
+        spans, done = [], self.lo
+        for j in range(k):
+            units = wanting.get(j)
+            start, end = (units[0], units[-1] + 1) if units else (self.anchors[j], self.anchors[j])
+            start = self.lo if j == 0 and self.first_fixed else min(max(start, done), self.hi)
+            end = self.hi if j == k - 1 and self.last_fixed else min(max(end, start), self.hi)
+            spans.append((start, end))
+            done = end
+        return spans
+
     def spans(self) -> list[tuple[int, int]]:
         k, lo, n = len(self.anchors), self.lo, self.hi - self.lo
         if n == 0:
             return [(lo, lo)] * k
+        if n * self.states > _DP_BUDGET:
+            return self.greedy()
         path = self.path()
         spans = []
         for j in range(k):

@@ -48,6 +48,8 @@ CLOSES: dict[str, frozenset[str]] = {
 }
 OPTIONAL_END = frozenset("p li dt dd option optgroup tr td th tbody thead tfoot colgroup caption rb rt rp rtc".split())
 _WHITESPACE = " \t\n\r\f"
+# Elements open at once at most: deeper markup is refused (the projection recurses per level).
+MAX_DEPTH = 200
 
 
 def closed_by(name: str) -> frozenset[str]:
@@ -56,9 +58,9 @@ def closed_by(name: str) -> frozenset[str]:
     return closes | {"p"} if name in _P_CLOSERS else closes
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Element:
-    """An open element: its start token and what the rules make of it."""
+    """An open element: its start token and what the rules make of it (equal only to itself)."""
 
     id: int
     name: str

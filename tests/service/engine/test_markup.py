@@ -425,3 +425,23 @@ def test_repaired_random_malformed_markup_renders_well_formed_with_the_translate
     except MarkupError:
         refused = True
     assert refused != parses_cleanly(source)
+
+
+def test_hundreds_of_sibling_tags_under_a_shuffled_alignment_stay_once_each_and_well_nested():
+    # 600 words under 300 sibling links: past the dynamic programme's budget, cut greedily.
+    source = "<p>" + " ".join(f'<a href="#{i}">w{i} <b>v{i}</b></a>' for i in range(300)) + "</p>"
+    document = parse(source)
+    (block,) = document.blocks
+    spans = tokens(block.text)
+    links = list(range(len(spans)))
+    random.Random(7).shuffle(links)
+    out = render(document, [project(block, block.text, Alignment(tuple(spans), tuple(spans), tuple(links)))])
+    assert parses_cleanly(out)
+    assert html_elements(out) == html_elements(source)
+    assert parse(out).blocks[0].text == block.text
+
+
+def test_markup_nested_deeper_than_the_limit_is_refused():
+    assert parse("<b>" * 150 + "x" + "</b>" * 150, strict=True).blocks[0].text == "x"
+    with pytest.raises(MarkupError, match="deeper than 200"):
+        parse("<span>" * 300 + "x")
