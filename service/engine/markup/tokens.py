@@ -11,7 +11,6 @@ at the first HTML5 parse error (or XML well-formedness error) with its position.
 from __future__ import annotations
 
 import bisect
-import itertools
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -176,11 +175,19 @@ def _crlf_shift(text: str) -> Callable[[int], int]:
 
 
 def _char_offsets(data: bytes, text: str) -> Callable[[int], int]:
-    """Maps a byte offset into `data` (text as UTF-8) to a character offset into `text`."""
+    """Maps a byte offset into `data` (text as UTF-8, at a character boundary) to a character
+    offset into `text`; fastest for increasing offsets, as expat reports them."""
     if len(data) == len(text):
         return lambda offset: offset
-    starts = list(itertools.accumulate((len(c.encode()) for c in text), initial=0))
-    return lambda offset: bisect.bisect_left(starts, offset)
+    last = [0, 0]  # the byte offset and the character offset of the previous call
+
+    def chars(offset: int) -> int:
+        byte, char = last if offset >= last[0] else (0, 0)
+        char += len(data[byte:offset].decode("utf-8", errors="replace"))
+        last[:] = [offset, char]
+        return char
+
+    return chars
 
 
 class _Events:
