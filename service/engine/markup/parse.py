@@ -221,10 +221,11 @@ class _Builder:
         elif token is not None:
             self.add(_Item("close", token.start, token.end, self.source[token.start : token.end], element=element))
         else:
-            self.supply(element, at)
+            self.unclosed(element)
             self.add(_Item("close", at, at, f"</{element.name}>", element=element))
 
-    def supply(self, element: Element, at: int) -> None:
+    def unclosed(self, element: Element) -> None:
+        """An inline element closed without its end tag: repaired, or malformed when strict."""
         if self.strict:
             raise MarkupError(f"<{element.name}> is not closed", self.source, element.token.start)
 
@@ -265,7 +266,7 @@ class _Builder:
         end = token.end if token is not None else at
         markup = self.source[start:end]
         if token is None:
-            self.supply(element, at)
+            self.unclosed(element)
             markup += f"</{element.name}>"
         text = _collapse("".join(self.protect_text))
         if element.invisible or not text:

@@ -256,7 +256,7 @@ def xml_tokens(text: str) -> list[Token]:
     if error_at is not None and not text.startswith("<?xml"):
         head, tail = f"<{_WRAPPER}>".encode(), f"</{_WRAPPER}>".encode()
         wrapped, wrapped_at, wrapped_reason = _expat(head + data + tail)
-        if wrapped_at is None or text.lstrip().startswith("<!") is False:
+        if wrapped_at is None or not text.lstrip().startswith("<!"):  # else a doctype: its error
             events, error_at, reason, skip = wrapped, wrapped_at, wrapped_reason, len(head)
             events = [e for e in events if not (e[0] in (START, END) and e[2] == _WRAPPER)]
             if error_at is not None:
