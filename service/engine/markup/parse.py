@@ -30,6 +30,8 @@ from service.engine.markup.rules import (
 from service.engine.markup.tokens import END, START, TEXT, Token, html_tokens, xml_tokens
 
 WHITESPACE = " \t\n\r\f"
+# Blocks whose end tag may be left out at the end of the text.
+_MAY_STAY_OPEN = OPTIONAL_END | {"html", "head", "body"}
 
 
 @dataclass(frozen=True)
@@ -122,7 +124,7 @@ class _Builder:
                 self.spell(token)
             else:
                 self.add(_Item("marker", token.start, token.end, self.source[token.start : token.end]))
-        self.pop_to(0, None, len(self.source))
+        self.pop_to(0, None, len(self.source), end_of_text=True)
         self.boundary()
         spellings = tuple(self.spellings.items())
         blocks = tuple(Block(b.text, b.region, b.tags, b.markers, b.protected, spellings) for b in self.blocks)
@@ -204,12 +206,26 @@ class _Builder:
             return
         self.pop_to(index, token, token.start)
 
-    def pop_to(self, index: int, token: Token | None, at: int) -> None:
+    def pop_to(self, index: int, token: Token | None, at: int, end_of_text: bool = False) -> None:
         """Closes the open elements down to `stack[index]`: that one by `token` (None: implied),
-        the ones above it implicitly, at `at`."""
+        the ones above it implicitly, at `at`. An implicitly closed block gets its end tag
+        (repairing) where an inline element's supplied end tag would otherwise stand inside it,
+        and at the end of the text unless HTML lets one leave it out."""
+        implied: list[Element] = []  # blocks closed here without an end tag
         while len(self.stack) > index:
             element = self.stack.pop()
-            self.closed(element, token if len(self.stack) == index else None, at)
+            explicit = token if len(self.stack) == index else None
+            if explicit is None and self.protect is None and not self.strict:
+                if element.block and end_of_text and self.kind == "html" and element.name not in _MAY_STAY_OPEN:
+                    self.closed(element, None, at)  # what it holds is written first
+                    self.edits.append(Edit(at, at, f"</{element.name}>"))
+                    continue
+                if element.block:
+                    implied.append(element)
+                elif implied:
+                    self.edits += [Edit(at, at, f"</{block.name}>") for block in implied]
+                    implied = []
+            self.closed(element, explicit, at)
 
     def closed(self, element: Element, token: Token | None, at: int) -> None:
         if self.protect is not None and len(self.stack) == self.protect:

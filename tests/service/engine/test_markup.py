@@ -245,6 +245,19 @@ def test_repair_outside_blocks_inserts_and_removes_end_tags():
     assert translate(source, ("Hello", [0]), ("World", [0])) == "<div><b><p>Hello</p></b></div><p>World</p>"
 
 
+def test_repair_at_the_end_of_the_text_closes_what_html_does_not_let_stay_open():
+    assert (
+        translate(
+            "<div><b>",
+        )
+        == "<div><b></b></div>"
+    )
+    assert translate("<ul><li>Eins <b>fett", ("One bold", [0, 1])) == "<ul><li>One <b>bold</b></ul>"
+    # A paragraph's end tag may be left out, but not where the bold's supplied one would be inside it.
+    assert translate("<p></p> <b> <p>Hallo", ("Hello", [0])) == "<p></p> <b> <p>Hello</p></b>"
+    assert translate("<div>Hallo", ("Hello", [0])) == "<div>Hello</div>"
+
+
 def test_xml_is_always_strict():
     with pytest.raises(MarkupError) as error:
         parse('<?xml version="1.0"?>\n<doc>\n  <p>Ein <b>roter</p>\n</doc>', "xml")
