@@ -9,8 +9,10 @@ spans. Everything outside the blocks is never touched, so render copies it as se
 Repair (HTML only, the default there): an end tag closes the elements opened after its start
 tag; an inline element a block end (or the end of the text) leaves open is closed there, its
 end tag supplied; an end tag that matches no open element (or whose element lies outside the
-enclosing block) is dropped. Strict: each of these, and every HTML5 parse error html5lib reports,
-raises MarkupError with the position.
+enclosing block) is dropped; at the end of the text, open elements get their end tags but where
+HTML lets them stay open (and a block's comes before an inline element's that would stand inside
+it). Strict: each of these, and every HTML5 parse error html5lib reports, raises MarkupError with
+the position.
 """
 
 from __future__ import annotations
