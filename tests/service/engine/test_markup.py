@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from service.engine.markup import Alignment, MarkupError, parse, project, render
+from service.engine.markup import Alignment, MarkupError, locate, parse, project, render
 from service.engine.markup.model import Block
 
 
@@ -153,6 +153,14 @@ def test_protected_spans_given_by_the_engine_are_used_and_a_missing_one_is_still
     alignment = align(block, target, [1, 0, 1, 2])
     assert project(block, target, alignment, [(6, 7)]) == 'X yes <span translate="no">X</span> no'
     assert project(block, "yes no", align(block, "yes no", [0, 2]), [None]) == 'yes <span translate="no">X</span>no'
+
+
+def test_locate_takes_the_occurrence_aligned_inside_the_protected_span():
+    (block,) = parse('<p>X sagt <span translate="no">X</span></p>').blocks
+    target = "X says X"
+    assert locate(block, target, align(block, target, [0, 1, 2])) == [(7, 8)]
+    assert locate(block, target, align(block, target, [2, 1, 0])) == [(0, 1)]
+    assert locate(block, "nobody says", align(block, "nobody says", [0, 1])) == [None]
 
 
 def test_void_elements_travel_with_the_word_they_preceded():
