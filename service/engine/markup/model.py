@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from service.engine.terms import Match, Term
+
 Kind = Literal["html", "xml"]
 KINDS: tuple[Kind, ...] = ("html", "xml")
 
@@ -93,6 +95,11 @@ class Block:
     markers: tuple[Marker, ...] = ()
     protected: tuple[Protected, ...] = ()
     spellings: tuple[tuple[str, str], ...] = ()
+
+    def do_not_translate(self) -> tuple[Match, ...]:
+        """The protected spans as the engine's do-not-translate matches (service/engine/terms.py):
+        each keeps its text verbatim at its span of `text`."""
+        return tuple(Match(p.start, p.end, Term(p.text, ""), p.text) for p in self.protected)
 
 
 @dataclass(frozen=True)

@@ -130,6 +130,11 @@ def test_translate_no_inside_a_sentence_is_a_protected_span_carried_verbatim():
         ('<span translate="no">iPhone&nbsp;15</span>', "iPhone\xa015", "iPhone\xa015"),
         ('<em class="notranslate">sehr</em>', "sehr", "sehr"),
     ]
+    matches = block.do_not_translate()  # the engine's do-not-translate phrases (service.engine.terms)
+    assert [(m.start, m.end, m.target, m.term.verbatim) for m in matches] == [
+        (4, 13, "iPhone\xa015", True),
+        (18, 22, "sehr", True),
+    ]
     target = "The iPhone\xa015 is sehr good."
     out = render(parse(source), [project(block, target, align(block, target, [0, 1, 2, 3, 4, 5, 6]))])
     assert out == '<p>The <span translate="no">iPhone&nbsp;15</span> is <em class="notranslate">sehr</em> good.</p>'
