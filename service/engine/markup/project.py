@@ -38,15 +38,20 @@ _ESCAPES = {"&": "&amp;", "<": "&lt;", ">": "&gt;"}
 class Alignment:
     """The decoder's alignment of one block: `source` the source tokens' spans in `Block.text`,
     `target` the target tokens' spans in the translation, `links[i]` the source token that target
-    token i aligns to (its attention's argmax; -1: none)."""
+    token i aligns to (its attention's argmax; -1: none). `word_starts`, when given, says for each
+    target token whether it begins a word (SentencePiece's "▁"): a language written without spaces
+    has words there too; without it, words are the runs between spaces."""
 
     source: tuple[tuple[int, int], ...]
     target: tuple[tuple[int, int], ...]
     links: tuple[int, ...]
+    word_starts: tuple[bool, ...] = ()
 
     def __post_init__(self) -> None:
         if len(self.links) != len(self.target):
             raise ValueError(f"{len(self.links)} links for {len(self.target)} target tokens")
+        if self.word_starts and len(self.word_starts) != len(self.target):
+            raise ValueError(f"{len(self.word_starts)} word starts for {len(self.target)} target tokens")
         if any(not -1 <= link < len(self.source) for link in self.links):
             raise ValueError(f"a link outside the {len(self.source)} source tokens")
 
@@ -70,11 +75,13 @@ class Alignment:
         source: list[tuple[int, int]] = []
         target: list[tuple[int, int]] = []
         links: list[int] = []
+        starts: list[bool] = []
         for source_at, target_at, part in parts:
             links += [link + len(source) if link >= 0 else -1 for link in part.links]
             source += [(start + source_at, end + source_at) for start, end in part.source]
             target += [(start + target_at, end + target_at) for start, end in part.target]
-        return cls(tuple(source), tuple(target), tuple(links))
+            starts += part.word_starts or [False] * len(part.target)
+        return cls(tuple(source), tuple(target), tuple(links), tuple(starts) if any(starts) else ())
 
 
 @dataclass(frozen=True)
@@ -92,7 +99,8 @@ class _Projection:
         self.block, self.target, self.alignment = block, target, alignment
         self.escapes = {**_ESCAPES, **dict(block.spellings)}
         self.placed = {i: span for i, span in enumerate(protected) if span is not None}
-        self.units = _units(target, list(self.placed.values()))
+        cuts = {start for (start, _), first in zip(alignment.target, alignment.word_starts) if first}
+        self.units = _units(target, list(self.placed.values()), cuts)
         self.depth = [self.tag_depth(i) for i in range(len(block.tags))]
         self.children: dict[int, list[int]] = {ROOT: []}
         for i, tag in enumerate(block.tags):
@@ -304,8 +312,9 @@ def _label(child: int | None, rank: dict[int, int]) -> int:
     return _FREE if child is None else _DIRECT if child == _DIRECT else rank[child]
 
 
-def _units(target: str, protected: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    """The target's words: runs without whitespace, a protected span (spaces and all) within one."""
+def _units(target: str, protected: list[tuple[int, int]], cuts: set[int]) -> list[tuple[int, int]]:
+    """The target's words: runs without whitespace, cut where a token begins a word (`cuts`), a
+    protected span (spaces and all) within one."""
     inside = [False] * len(target)
     for start, end in protected:
         for i in range(start, end):
@@ -315,8 +324,8 @@ def _units(target: str, protected: list[tuple[int, int]]) -> list[tuple[int, int
         if target[i].isspace() and not inside[i]:
             i += 1
             continue
-        j = i
-        while j < size and (inside[j] or not target[j].isspace()):
+        j = i + 1
+        while j < size and (inside[j] or not (target[j].isspace() or j in cuts)):
             j += 1
         units += _split_punctuation(target, i, j, any(inside[i:j]))
         i = j

@@ -195,6 +195,18 @@ def test_a_tag_never_lands_inside_a_word_the_first_subword_decides():
     assert out == "That is <b></b>unbelievably good"
 
 
+def test_without_spaces_in_the_target_the_tokens_word_starts_are_the_word_boundaries():
+    (block,) = parse("<p>Ein <b>roter</b> Hund</p>").blocks
+    target = "赤い犬です"
+    source, spans = ((0, 3), (4, 9), (10, 14)), ((0, 1), (1, 2), (2, 3), (3, 5))
+    # 赤|い|犬|です: "赤" and "犬" begin words; "い" (aligned to "Ein") continues "赤い".
+    alignment = Alignment(source, spans, (1, 0, 2, -1), (True, False, True, True))
+    assert project(block, target, alignment) == "<b>赤い</b>犬です"
+    assert project(block, target, Alignment(source, spans, (1, 0, 2, -1))) == "<b>赤い犬です</b>"  # one word
+    with pytest.raises(ValueError, match="word starts"):
+        Alignment(source, spans, (1, 0, 2, -1), (True,))
+
+
 def test_a_tag_whose_words_got_no_alignment_is_kept_empty_nearby():
     out = translate("<p>Ein <b>sehr</b> großer <i>Hund</i></p>", ("A big dog", [0, 2, -1]))
     assert out == "<p>A <b></b>big <i></i>dog</p>"  # each before the word after it in the source
