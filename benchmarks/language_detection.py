@@ -15,7 +15,9 @@ refused, so a detector that would download its weights fails instead of measurin
 
 "restricted": the best of the served source languages {de, en, fr}, the way the server asks;
 "unrestricted": the detector's own best over all its languages (counted right only when it is the
-sentence's language). Speed: the restricted call, µs per sentence, one thread. "threshold": for the
+sentence's language). Speed: the restricted call, µs per sentence, one thread (the median is the
+figure to compare on a busy machine: the mean and p99 count the time other processes took the
+core; "load_average" in the result says how busy it was). "threshold": for the
 restricted confidences (probabilities normalized over {de, en, fr}), at each threshold the share
 of sentences at or above it (coverage) and the accuracy among those. Prints one JSON line and
 writes benchmarks/results/language_detection-<UTC stamp>.json."""
@@ -266,6 +268,7 @@ def measure_one(name: str, data_dir: Path, limit: int) -> dict[str, Any]:
         row[kind] = {
             "accuracy": acc,
             "mean_us": round(sum(micros) / len(micros), 1),
+            "median_us": round(_percentile(micros, 0.5), 1),
             "p99_us": round(_percentile(micros, 0.99), 1),
             "threshold": _threshold_table(confident),
         }

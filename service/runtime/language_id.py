@@ -77,6 +77,7 @@ ALIASES = {"nb": "no", "iw": "he", "in": "id", "ji": "yi", "jw": "jv"}
 NOT_LANGUAGES = frozenset({"zxx"})
 
 _NLLB = re.compile(r"([a-z]{3})_[A-Z][a-z]{3}")  # FLORES-200: deu_Latn, zho_Hans
+_LETTER = re.compile(r"[^\W\d_]")  # a letter of any script
 
 
 def detector_code(code: str, labels: Collection[str]) -> str | None:
@@ -203,7 +204,7 @@ class LanguageDetector:
     def _probabilities(identifier: Any, text: str) -> dict[str, float]:
         """Each label's probability; equal for a text with no letter in it."""
         classes = list(dict.fromkeys(identifier.nb_classes))
-        if not any(ch.isalpha() for ch in text):
+        if not _LETTER.search(text):
             return dict.fromkeys(classes, 1 / len(classes))
         return {label: float(p) for label, p in identifier.rank(text)}
 
