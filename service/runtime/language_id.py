@@ -201,17 +201,19 @@ class LanguageDetector:
             return found
 
     @staticmethod
-    def _probabilities(identifier: Any, text: str) -> dict[str, float]:
-        """Each label's probability; equal for a text with no letter in it."""
-        classes = list(dict.fromkeys(identifier.nb_classes))
+    def _probabilities(identifier: Any, text: str) -> dict[str, float] | None:
+        """Each label's probability; None for a text with no letter in it (no evidence)."""
         if not _LETTER.search(text):
-            return dict.fromkeys(classes, 1 / len(classes))
+            return None
         return {label: float(p) for label, p in identifier.rank(text)}
 
 
-def _ranked(probabilities: dict[str, float], labels: dict[str, str]) -> list[tuple[str, float]]:
+def _ranked(probabilities: dict[str, float] | None, labels: dict[str, str]) -> list[tuple[str, float]]:
     """The candidates by probability, best first: a label's probability split equally among the
-    candidates that map to it, then normalized to sum to 1 (float rounding)."""
+    candidates that map to it, then normalized to sum to 1 (float rounding). No probabilities:
+    every candidate the same."""
+    if probabilities is None:
+        return [(c, 1 / len(labels)) for c in labels]
     sharing: dict[str, int] = {}
     for label in labels.values():
         sharing[label] = sharing.get(label, 0) + 1

@@ -133,6 +133,9 @@ def test_text_without_letters_is_undecided(detector, threshold, text):
     ranked = detector.detect(text, SERVED)
     assert ranked == [(lang, pytest.approx(1 / 3)) for lang in SERVED]
     assert isinstance(decide(ranked, threshold), Undecided)
+    # The same for every candidate, also where two of them share the model's label.
+    shared = ["zho_Hans", "zho_Hant", "eng_Latn", "deu_Latn"]
+    assert detector.detect(text, shared) == [(lang, 0.25) for lang in shared]
 
 
 def test_deterministic_and_thread_safe(detector, data_dir):
