@@ -152,7 +152,7 @@ class Settings(BaseSettings):
         le=1,
         description='source_language "auto": the probability, among the served source languages, that a text\'s '
         "best language needs; below it the text is refused (INVALID_ARGUMENT naming source_language with the "
-        "top candidates and their scores), never guessed. 0.9 kept 99.9% of multi30k's de/en/fr sentences of "
+        "top candidates and their scores), never guessed. 0.9 kept 99.9 percent of multi30k's de/en/fr sentences of "
         "20+ characters, all of them right (docs/language_detection.md)",
     )
 

@@ -163,6 +163,14 @@ def test_loaded_once_per_process():
 
 
 def test_the_threshold_setting(monkeypatch):
+    import argparse
+
+    from service.server import add_arguments, settings_from_args
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    assert "--detection-threshold" in parser.format_help()  # its description formats as help text
+    assert settings_from_args(parser.parse_args(["--detection-threshold", "0.6"])).detection_threshold == 0.6
     monkeypatch.setenv("MTSERVE_DETECTION_THRESHOLD", "0.75")
     assert Settings().detection_threshold == 0.75
     monkeypatch.setenv("MTSERVE_DETECTION_THRESHOLD", "1.5")
