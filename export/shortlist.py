@@ -7,6 +7,13 @@ sentence pairs, without a NULL word), vectorised over every (source, target) tok
 corpus: Multi30k's 29,000 pairs take a few seconds. A source token keeps its `per_source` most
 likely target tokens of p >= `min_prob`; every batch also ranks the `always` most frequent target
 tokens and the special ones (pad, bos, eos, unk, the decoder start and the target language tokens).
+Target ids in `exclude` (an imported model's ids that no vocabulary entry names, unless asked
+for) are in no row and not among the frequent ones.
+
+`identical_share` says how many sentences a shortlist leaves unchanged: greedy search over a
+shortlist gives the output of greedy search without it exactly when every token of that output is
+among the sentence's candidates (the argmax over a subset that holds the full argmax is that
+argmax; the first token outside the subset is where the two part).
 """
 
 from __future__ import annotations
@@ -86,9 +93,14 @@ def derive(
     iterations: int = DEFAULT_ITERATIONS,
     min_prob: float = MIN_PROB,
     derived_from: str = "parallel",
+    exclude: Sequence[int] = (),
 ) -> Shortlist:
-    """The shortlist of `pairs` (see the module doc) over a target vocabulary of `vocab_size`."""
+    """The shortlist of `pairs` (see the module doc) over a target vocabulary of `vocab_size`,
+    without the target ids `exclude`."""
     s_of, t_of, theta = ibm1(pairs, iterations)
+    if len(exclude):
+        allowed = ~np.isin(t_of, np.asarray(exclude, dtype=np.int64))
+        s_of, t_of, theta = s_of[allowed], t_of[allowed], theta[allowed]
     order = np.lexsort((t_of, -theta, s_of))  # by source, then most likely first (ties: lower id)
     s_sorted = s_of[order]
     first = np.searchsorted(s_sorted, s_sorted, side="left")
@@ -98,6 +110,7 @@ def derive(
     for s, t in zip(s_of[keep].tolist(), t_of[keep].tolist()):
         rows[s].append(t)
     freq = np.bincount(np.concatenate([np.asarray(t, dtype=np.int64) for _, t in pairs] or [np.zeros(0, np.int64)]))
+    freq[np.asarray([i for i in exclude if i < len(freq)], dtype=np.int64)] = 0
     frequent = np.argsort(-freq, kind="stable")[:always]
     frequent = frequent[freq[frequent] > 0]
     params = {
@@ -110,6 +123,19 @@ def derive(
         "derived_from": derived_from,
     }
     return Shortlist.from_rows(rows, [*frequent.tolist(), *specials], vocab_size, params)
+
+
+def identical_share(
+    shortlist: Shortlist, sentences: Sequence[tuple[Sequence[int], Sequence[int]]], forced: Sequence[int], eos: int
+) -> tuple[int, int]:
+    """(sentences whose greedy output the shortlist leaves unchanged, sentences): each is (source
+    ids, the greedy output ids without a shortlist), decoded alone (its own candidates, `forced`
+    the ids forced on every output, and </s>)."""
+    same = 0
+    for src, out in sentences:
+        ids = shortlist.batch_ids([shortlist.candidates(src, [*forced, eos])])
+        same += bool(np.isin(np.asarray(list(out), dtype=np.int64), ids).all())
+    return same, len(sentences)
 
 
 def special_ids(manifest: Manifest) -> list[int]:
