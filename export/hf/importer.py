@@ -9,7 +9,7 @@ be taken leaves the repository as it was.
 
 Every file is checked before anything is loaded or written: config.json's fields (`config`), the
 weights' tensor shapes against them (`weights.check_weights`), the vocabularies against the
-model's sizes (`tokenizer.check_vocab_files`). The version is written only inside the repository.
+model's sizes (`tokenizer.check_tokenizer_files`). The version is written only inside the repository.
 The scratch dir (`.import-VERSION-PID-*`) goes on any failure; one left by a killed import (its
 process gone) is removed by the next import into the repository."""
 
@@ -27,7 +27,7 @@ from contract.manifest import PRECISIONS
 from export.checkpoint import save_model_dir
 from export.hf.config import MARIAN, HFImportError, architecture, model_config, read_json_object
 from export.hf.parity import TOLERANCE, Parity, compare
-from export.hf.tokenizer import ImportedTokenizer, check_vocab_files, import_tokenizer, required_files
+from export.hf.tokenizer import ImportedTokenizer, check_tokenizer_files, import_tokenizer, required_files
 from export.hf.weights import check_weights, convert_state_dict, weight_shapes
 from export.model import Transformer
 from export.to_onnx import export_model
@@ -76,7 +76,7 @@ def check_folder(src: Path) -> tuple[dict[str, Any], str]:
             raise HFImportError(f"{src}: tokenizer file {name} is missing")
     cfg = model_config(hf, 0, _generation_config(src)).cfg  # the fields, before anything is written
     check_weights(weight_shapes(weights), cfg, weights.name)
-    check_vocab_files(src, arch, cfg.vocab_size, cfg.src_vocab_size)
+    check_tokenizer_files(src, arch, cfg.vocab_size, cfg.src_vocab_size)
     return hf, arch
 
 

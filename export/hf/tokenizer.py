@@ -90,10 +90,21 @@ def read_vocab(path: Path, size: int) -> dict[str, int]:
     return check_vocab(read_json(path, MAX_VOCAB_BYTES), size, path.name)
 
 
-def check_vocab_files(src: Path, arch: str, vocab_size: int, src_vocab_size: int | None) -> None:
-    """The vocabulary files of the folder against the model's sizes, before anything is loaded:
-    the source vocabulary against the encoder's embedding, the target one against the decoder's."""
-    names = [n for n in required_files(src, arch) if n.endswith(".json")]
+def check_tokenizer_files(src: Path, arch: str, vocab_size: int, src_vocab_size: int | None) -> None:
+    """The tokenizer files of the folder before transformers loads them: each SentencePiece model
+    one sentencepiece reads, each vocabulary checked against the model's sizes (the source one
+    against the encoder's embedding, the target one against the decoder's)."""
+    import sentencepiece
+
+    names = required_files(src, arch)
+    for name in (n for n in names if not n.endswith(".json")):
+        if (src / name).stat().st_size > MAX_VOCAB_BYTES:
+            raise HFImportError(f"{name}: larger than {MAX_VOCAB_BYTES} bytes; not a SentencePiece model")
+        try:
+            sentencepiece.SentencePieceProcessor(model_file=str(src / name))
+        except (OSError, RuntimeError) as e:
+            raise HFImportError(f"{name}: not a SentencePiece model ({str(e)[:80]})") from None
+    names = [n for n in names if n.endswith(".json")]
     for name in names:
         source_side = name == "vocab.json" and "target_vocab.json" in names
         read_vocab(src / name, (src_vocab_size or vocab_size) if source_side else vocab_size)

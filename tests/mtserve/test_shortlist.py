@@ -49,10 +49,10 @@ def test_from_a_parallel_corpus_with_a_vocabulary_map(version, tmp_path, test_sp
 
 def test_from_the_models_own_translations(version, tmp_path, test_split, capsys):
     de, _ = test_split
-    main(["shortlist", "--model", str(version), "--monolingual", lines(tmp_path, "mono.de", de[:40])])
+    main(["shortlist", "--model", str(version), "--monolingual", lines(tmp_path, "mono.de", de[:200])])
     report = json.loads(capsys.readouterr().out.splitlines()[-1])
     assert report["derived_from"] == "monolingual" and report["source_rows"] > 0
-    assert report["pairs"] + report["held_out"]["sentences"] == 40
+    assert report["pairs"] + report["held_out"]["sentences"] == 200
     assert load_manifest(version / "onnx").shortlist is not None
 
 
