@@ -69,7 +69,13 @@ def _nothing(folder: Path) -> None:
 
 # id: (which checkpoint, how it is broken, extra arguments, what the message names, exit status)
 CASES = {
-    "heads 0": ("marian", _config(encoder_attention_heads=0, decoder_attention_heads=0), [], "encoder_attention_heads", 1),
+    "heads 0": (
+        "marian",
+        _config(encoder_attention_heads=0, decoder_attention_heads=0),
+        [],
+        "encoder_attention_heads",
+        1,
+    ),
     "heads 3": ("marian", _config(encoder_attention_heads=3, decoder_attention_heads=3), [], "d_model", 1),
     "heads differ": ("marian", _config(decoder_attention_heads=2), [], "decoder_attention_heads", 1),
     "d_model -32": ("marian", _config(d_model=-32), [], "d_model", 1),
@@ -103,7 +109,13 @@ CASES = {
     "config symlink spm": ("marian", _symlink("config.json", "source.spm"), [], "config.json", 1),
     "config symlink zero": ("marian", _symlink("config.json", "/dev/zero"), [], "config.json", 1),
     "config missing": ("marian", _unlink("config.json"), [], "config.json", 1),
-    "bad words 1e9": ("marian", _write("generation_config.json", b'{"bad_words_ids": [[1000000000]]}'), [], "bad_words_ids", 1),
+    "bad words 1e9": (
+        "marian",
+        _write("generation_config.json", b'{"bad_words_ids": [[1000000000]]}'),
+        [],
+        "bad_words_ids",
+        1,
+    ),
     "generation not JSON": ("marian", _write("generation_config.json", b"nope"), [], "generation_config.json", 1),
     "vocab duplicate id": ("marian", _json("vocab.json", _duplicate_id), [], "vocab.json", 1),
     "vocab negative id": ("marian", _json("vocab.json", lambda v: {**v, "neg": -5}), [], "vocab.json", 1),
@@ -114,11 +126,29 @@ CASES = {
     "spm garbage": ("marian", _write("source.spm", b"garbage"), [], "source.spm", 1),
     "spm missing": ("marian", _unlink("target.spm"), [], "target.spm", 1),
     "tokenizer_config not JSON": ("marian", _write("tokenizer_config.json", b"{"), [], "tokenizer_config.json", 1),
-    "source_lang null": ("marian", _json("tokenizer_config.json", lambda c: {**c, "source_lang": None}), [], "--src-lang", 1),
-    "weights garbage": ("marian", _write("model.safetensors", b"\x10\x00\x00\x00\x00\x00\x00\x00{not a header}"), [], "model.safetensors", 1),
+    "source_lang null": (
+        "marian",
+        _json("tokenizer_config.json", lambda c: {**c, "source_lang": None}),
+        [],
+        "--src-lang",
+        1,
+    ),
+    "weights garbage": (
+        "marian",
+        _write("model.safetensors", b"\x10\x00\x00\x00\x00\x00\x00\x00{not a header}"),
+        [],
+        "model.safetensors",
+        1,
+    ),
     "weights huge header": ("marian", _write("model.safetensors", b"\xff" * 16), [], "model.safetensors", 1),
     "weights missing": ("marian", _unlink("model.safetensors"), [], "model.safetensors", 1),
-    "m2m src_lang null": ("m2m100", _json("tokenizer_config.json", lambda c: {**c, "src_lang": None}), [], "--src-lang", 1),
+    "m2m src_lang null": (
+        "m2m100",
+        _json("tokenizer_config.json", lambda c: {**c, "src_lang": None}),
+        [],
+        "--src-lang",
+        1,
+    ),
     "m2m tgt_lang unknown": ("m2m100", _nothing, ["--tgt-lang", "xx"], "--tgt-lang", 1),
     "m2m vocab duplicate id": ("m2m100", _json("vocab.json", _duplicate_id), [], "vocab", 1),
     "m2m vocab past the model": ("m2m100", _config(vocab_size=1000), [], "vocab_size", 1),
@@ -133,9 +163,21 @@ CASES = {
     "version str": ("marian", _nothing, ["--version", "one"], "--version", 2),
     "limit 0": ("marian", _nothing, ["--limit", "0"], "--limit", 2),
     "precision bogus": ("marian", _nothing, ["--precision", "fp8"], "--precision", 2),
-    "sentences not UTF-8": ("marian", _write("sentences.txt", b"\xff\xfe\xfa\n"), ["--sentences", "SENTENCES"], "--sentences", 1),
+    "sentences not UTF-8": (
+        "marian",
+        _write("sentences.txt", b"\xff\xfe\xfa\n"),
+        ["--sentences", "SENTENCES"],
+        "--sentences",
+        1,
+    ),
     "sentences /dev/zero": ("marian", _nothing, ["--sentences", "/dev/zero"], "--sentences", 1),
-    "sentences not gzip": ("marian", _write("sentences.gz", b"plain text\n"), ["--sentences", "SENTENCES.gz"], "--sentences", 1),
+    "sentences not gzip": (
+        "marian",
+        _write("sentences.gz", b"plain text\n"),
+        ["--sentences", "SENTENCES.gz"],
+        "--sentences",
+        1,
+    ),
 }
 
 

@@ -149,7 +149,9 @@ def test_a_failed_vmap_leaves_the_manifest_as_it_was(shared_version, tmp_path, t
     src, tgt = lines(tmp_path, "src.de", de[:N]), lines(tmp_path, "tgt.en", en[:N])
     manifest = (shared_version / "onnx" / "manifest.json").read_bytes()
     with pytest.raises(SystemExit) as e:
-        main(["shortlist", "--model", str(shared_version), "--source", src, "--target", tgt, "--vmap", "/nonexistent/v"])
+        main(
+            ["shortlist", "--model", str(shared_version), "--source", src, "--target", tgt, "--vmap", "/nonexistent/v"]
+        )
     assert e.value.code == 1 and "/nonexistent/v" in capsys.readouterr().err
     assert (shared_version / "onnx" / "manifest.json").read_bytes() == manifest
     assert not (shared_version / "onnx" / "shortlist.npz").exists()
