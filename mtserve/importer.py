@@ -17,6 +17,7 @@ import json
 import logging
 import signal
 import sys
+import threading
 from pathlib import Path
 
 from mtserve.corpus import read_lines
@@ -111,7 +112,8 @@ def run(args: argparse.Namespace) -> dict:
     texts = read_sentences(args.sentences, args.limit)
     serving_file = Path(args.repository) / args.name / "serving.json"
     final = functools.partial(check_serves, texts or PROBE_SENTENCES, serving_file)
-    previous = signal.signal(signal.SIGTERM, _terminated)
+    main_thread = threading.current_thread() is threading.main_thread()  # where signal handlers can be set
+    previous = signal.signal(signal.SIGTERM, _terminated) if main_thread else None
     try:
         report = import_model(
             args.path,
@@ -125,6 +127,7 @@ def run(args: argparse.Namespace) -> dict:
             final_check=final,
         )
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)
     print(json.dumps(report))
     return report

@@ -238,3 +238,24 @@ def test_the_scratch_dir_of_a_killed_import_is_removed_by_the_next(tmp_path, hf_
         main(["import", str(folder), "--name", "opus", "--repository", str(tmp_path / "repo")])
     assert not stale.exists() and live.exists()
     assert "config.json" in capsys.readouterr().err
+
+
+def test_a_terminated_import_removes_its_scratch_dir(tmp_path, hf_marian_dir):
+    """SIGTERM mid-import: exit status 143, one line at most, the repository as it was."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    repo = tmp_path / "repo"
+    argv = [sys.executable, "-m", "mtserve", "import", str(hf_marian_dir), "--name", "opus", "--repository", str(repo)]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not list(repo.glob("opus/.import-*")) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert list(repo.glob("opus/.import-*")), "the import never started"
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM and "Traceback" not in err
+    assert not list(repo.glob("*/.import-*")) and not list(repo.glob("*/1"))
