@@ -98,10 +98,15 @@ def weight_shapes(path: Path) -> dict[str, list[int]]:
     header, or a PyTorch zip checkpoint memory-mapped onto the meta device)."""
     if path.suffix == ".safetensors":
         return _safetensors_shapes(path)
-    try:
-        state = torch.load(str(path), map_location="meta", weights_only=True, mmap=True)
-    except Exception as e:  # noqa: BLE001 - pickle, zip and torch errors alike: not a checkpoint
-        raise HFImportError(f"{path.name}: not a PyTorch checkpoint mtserve can read ({type(e).__name__})") from None
+    state = None
+    for mmap in (True, False):  # the zip format maps; a legacy (pre-1.6) checkpoint is read onto meta
+        try:
+            state = torch.load(str(path), map_location="meta", weights_only=True, mmap=mmap)
+            break
+        except Exception as e:  # noqa: BLE001 - pickle, zip and torch errors alike: not a checkpoint
+            error = e
+    if state is None:
+        raise HFImportError(f"{path.name}: not a PyTorch checkpoint mtserve can read ({type(error).__name__})")
     if not isinstance(state, dict):
         raise HFImportError(f"{path.name}: does not hold a state dict")
     return {str(k): list(v.shape) for k, v in state.items() if isinstance(v, torch.Tensor)}

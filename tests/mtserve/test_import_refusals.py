@@ -63,6 +63,14 @@ def _extra_entries(vocab: dict) -> dict:
     return {**vocab, **{f"extra{i}": top + 1 + i for i in range(1_000_000)}}
 
 
+def _bin(data: bytes):
+    def change(folder: Path) -> None:
+        (folder / "model.safetensors").unlink()
+        (folder / "pytorch_model.bin").write_bytes(data)
+
+    return change
+
+
 def _nothing(folder: Path) -> None:
     pass
 
@@ -142,6 +150,7 @@ CASES = {
     ),
     "weights huge header": ("marian", _write("model.safetensors", b"\xff" * 16), [], "model.safetensors", 1),
     "weights missing": ("marian", _unlink("model.safetensors"), [], "model.safetensors", 1),
+    "weights bin garbage": ("marian", _bin(b"not a pickle"), [], "pytorch_model.bin", 1),
     "m2m src_lang null": (
         "m2m100",
         _json("tokenizer_config.json", lambda c: {**c, "src_lang": None}),
