@@ -147,9 +147,11 @@ def special_ids(manifest: Manifest) -> list[int]:
     )
 
 
-def shortlist_steps(model: Transformer, out: Path, variant: Variant, work: Path) -> dict[str, GraphSpec]:
+def shortlist_steps(
+    model: Transformer, out: Path, variant: Variant, work: Path, keep_in_work: bool = False
+) -> dict[str, GraphSpec]:
     """The shortlist twin of each decoder step of a fused `variant`, built in `work`, checked against
-    the contract and moved into `out`."""
+    the contract and moved into `out` (left in `work` with `keep_in_work`: the caller moves it)."""
     steps: dict[str, GraphSpec] = {}
     for field, spec in variant.decoder_steps().items():
         kinds, scored = _STEP_KINDS[field]
@@ -160,21 +162,25 @@ def shortlist_steps(model: Transformer, out: Path, variant: Variant, work: Path)
         build_fused_decoder(model, built, kinds[variant.precision], scored=scored, shortlist=True)
         io = fused_decoder_io(model.cfg, scored, shortlist=True)
         check_graph(built, *io)
-        built.replace(out / name)
-        steps[field] = GraphSpec(file=name, sha256=sha256_file(out / name), inputs=io[0], outputs=io[1])
+        if not keep_in_work:
+            built = built.replace(out / name)
+        steps[field] = GraphSpec(file=name, sha256=sha256_file(built), inputs=io[0], outputs=io[1])
     return steps
 
 
-def with_shortlist(model: Transformer, out: Path, manifest: Manifest, spec: ShortlistSpec) -> Manifest:
+def with_shortlist(
+    model: Transformer, out: Path, manifest: Manifest, spec: ShortlistSpec, staging: Path | None = None
+) -> Manifest:
     """`manifest` with the shortlist `spec` (its file already in `out`) and the shortlist steps of
-    every fused variant, built where a variant lacks them."""
+    every fused variant, built where a variant lacks them: into `out`, or left in `staging` for
+    the caller to move into `out`."""
     variants = dict(manifest.variants)
     with tempfile.TemporaryDirectory(prefix=".shortlist-", dir=out) as tmp:
-        work = Path(tmp)
+        work = staging or Path(tmp)
         for key, v in manifest.variants.items():
             if v.graph != "fused" or set(v.shortlist_steps) == set(v.decoder_steps()):
                 continue
-            steps = shortlist_steps(model, out, v, work)
+            steps = shortlist_steps(model, out, v, work, keep_in_work=staging is not None)
             variants[key] = v.model_copy(update={"shortlist_steps": steps})
             log.info("built the shortlist steps of %s", key)
     return manifest.model_copy(update={"shortlist": spec, "variants": variants})
@@ -182,18 +188,23 @@ def with_shortlist(model: Transformer, out: Path, manifest: Manifest, spec: Shor
 
 def install(model: Transformer, out: Path, manifest: Manifest, shortlist: Shortlist) -> Manifest:
     """Store `shortlist` with the export in `out` (its .npz and the fused variants' shortlist steps,
-    replacing any earlier ones) and write the manifest; returns it."""
-    shortlist.save(out / SHORTLIST_FILE)
-    spec = ShortlistSpec(
-        file=SHORTLIST_FILE,
-        sha256=sha256_file(out / SHORTLIST_FILE),
-        per_source=int(shortlist.params["per_source"]),
-        always=int(shortlist.params["always"]),
-        derived_from=shortlist.params["derived_from"],
-        pairs=int(shortlist.params["pairs"]),
-    )
-    bare = {k: v.model_copy(update={"shortlist_steps": {}}) for k, v in manifest.variants.items()}
-    updated = with_shortlist(model, out, manifest.model_copy(update={"variants": bare}), spec)
+    replacing any earlier ones) and write the manifest; returns it. Every file is made in a staging
+    dir first and moved into `out` only once all are made: a failure leaves `out` as it was."""
+    with tempfile.TemporaryDirectory(prefix=".shortlist-", dir=out) as tmp:
+        staging = Path(tmp)
+        shortlist.save(staging / SHORTLIST_FILE)
+        spec = ShortlistSpec(
+            file=SHORTLIST_FILE,
+            sha256=sha256_file(staging / SHORTLIST_FILE),
+            per_source=int(shortlist.params["per_source"]),
+            always=int(shortlist.params["always"]),
+            derived_from=shortlist.params["derived_from"],
+            pairs=int(shortlist.params["pairs"]),
+        )
+        bare = {k: v.model_copy(update={"shortlist_steps": {}}) for k, v in manifest.variants.items()}
+        updated = with_shortlist(model, out, manifest.model_copy(update={"variants": bare}), spec, staging)
+        for path in list(staging.iterdir()):
+            path.replace(out / path.name)
     write_manifest(out, Manifest.model_validate(updated.model_dump()))
     return updated
 
