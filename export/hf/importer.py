@@ -118,6 +118,9 @@ def next_version(model_root: Path) -> int:
 def _load_hf(src: Path, arch: str) -> Any:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a local folder only, never the hub
     from transformers import M2M100ForConditionalGeneration, MarianMTModel
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # stderr is the command's one line of error
 
     cls = MarianMTModel if arch == MARIAN else M2M100ForConditionalGeneration
     return cls.from_pretrained(str(src), local_files_only=True).float().eval()

@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -161,7 +162,9 @@ def import_marian(
     """`vocab_size`: the model's target vocabulary (None: as large as the vocabulary's ids need)."""
     from transformers import MarianTokenizer
 
-    tok = MarianTokenizer.from_pretrained(str(src))
+    with warnings.catch_warnings():  # "Recommended: pip install sacremoses": mtserve never uses it
+        warnings.filterwarnings("ignore", message=".*sacremoses", category=UserWarning)
+        tok = MarianTokenizer.from_pretrained(str(src))
     names = required_files(src, MARIAN)
     for name in names:
         shutil.copyfile(src / name, dst / name)

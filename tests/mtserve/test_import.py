@@ -85,3 +85,17 @@ def test_a_shortlist_leaves_the_unmapped_ids_out_unless_asked(padded_import, dat
     assert not set(unmapped) & {*shortlist.targets.tolist(), *shortlist.always.tolist()}
     assert main([*argv, "--include-unmapped"]) == 0
     assert json.loads(capsys.readouterr().out.splitlines()[-1])["excluded_unmapped"] == 0
+
+
+def test_a_version_the_server_would_not_load_is_not_written(hf_marian_dir, tmp_path, capsys):
+    """The last step loads the version as the server does, the model's serving.json included: a
+    setting the server refuses there refuses the import, and no version is left behind."""
+    repo = tmp_path / "models"
+    (repo / "opus").mkdir(parents=True)
+    (repo / "opus" / "serving.json").write_text(json.dumps({"max_batch_sentences": 0}))
+    with pytest.raises(SystemExit) as e:
+        main(["import", str(hf_marian_dir), "--name", "opus", "--repository", str(repo), "--precision", "fp32"])
+    err = capsys.readouterr().err
+    assert e.value.code == 1 and len(err.strip().splitlines()) == 1
+    assert "the server cannot serve the imported version" in err and "max_batch_sentences" in err
+    assert sorted(p.name for p in (repo / "opus").iterdir()) == ["serving.json"]
