@@ -86,7 +86,9 @@ def shortlist_cmd(version: Path, size: Size, vmap: Path, data: Path = DATA) -> l
     return [
         *(sys.executable, "-m", "mtserve", "shortlist", "--model", str(version)),
         *(["--monolingual", str(data / "train.de.gz")] if size.monolingual else corpus),
-        *("--per-source", str(size.per_source), "--always", str(size.always), "--vmap", str(vmap)),
+        *("--per-source", str(size.per_source), "--always", str(size.always)),
+        *("--min-identical", "0"),  # each size is measured as it is, however many outputs it changes
+        *("--vmap", str(vmap)),
     ]
 
 

@@ -7,6 +7,13 @@ sentence pairs, without a NULL word), vectorised over every (source, target) tok
 corpus: Multi30k's 29,000 pairs take a few seconds. A source token keeps its `per_source` most
 likely target tokens of p >= `min_prob`; every batch also ranks the `always` most frequent target
 tokens and the special ones (pad, bos, eos, unk, the decoder start and the target language tokens).
+Target ids in `exclude` (an imported model's ids that no vocabulary entry names, unless asked
+for) are in no row and not among the frequent ones.
+
+`identical_share` says how many sentences a shortlist leaves unchanged: greedy search over a
+shortlist gives the output of greedy search without it exactly when every token of that output is
+among the sentence's candidates (the argmax over a subset that holds the full argmax is that
+argmax; the first token outside the subset is where the two part).
 """
 
 from __future__ import annotations
@@ -86,9 +93,14 @@ def derive(
     iterations: int = DEFAULT_ITERATIONS,
     min_prob: float = MIN_PROB,
     derived_from: str = "parallel",
+    exclude: Sequence[int] = (),
 ) -> Shortlist:
-    """The shortlist of `pairs` (see the module doc) over a target vocabulary of `vocab_size`."""
+    """The shortlist of `pairs` (see the module doc) over a target vocabulary of `vocab_size`,
+    without the target ids `exclude`."""
     s_of, t_of, theta = ibm1(pairs, iterations)
+    if len(exclude):
+        allowed = ~np.isin(t_of, np.asarray(exclude, dtype=np.int64))
+        s_of, t_of, theta = s_of[allowed], t_of[allowed], theta[allowed]
     order = np.lexsort((t_of, -theta, s_of))  # by source, then most likely first (ties: lower id)
     s_sorted = s_of[order]
     first = np.searchsorted(s_sorted, s_sorted, side="left")
@@ -98,6 +110,7 @@ def derive(
     for s, t in zip(s_of[keep].tolist(), t_of[keep].tolist()):
         rows[s].append(t)
     freq = np.bincount(np.concatenate([np.asarray(t, dtype=np.int64) for _, t in pairs] or [np.zeros(0, np.int64)]))
+    freq[np.asarray([i for i in exclude if i < len(freq)], dtype=np.int64)] = 0
     frequent = np.argsort(-freq, kind="stable")[:always]
     frequent = frequent[freq[frequent] > 0]
     params = {
@@ -112,6 +125,19 @@ def derive(
     return Shortlist.from_rows(rows, [*frequent.tolist(), *specials], vocab_size, params)
 
 
+def identical_share(
+    shortlist: Shortlist, sentences: Sequence[tuple[Sequence[int], Sequence[int]]], forced: Sequence[int], eos: int
+) -> tuple[int, int]:
+    """(sentences whose greedy output the shortlist leaves unchanged, sentences): each is (source
+    ids, the greedy output ids without a shortlist), decoded alone (its own candidates, `forced`
+    the ids forced on every output, and </s>)."""
+    same = 0
+    for src, out in sentences:
+        ids = shortlist.batch_candidates([shortlist.candidates(src, [*forced, eos])])
+        same += bool(np.isin(np.asarray(list(out), dtype=np.int64), ids).all())
+    return same, len(sentences)
+
+
 def special_ids(manifest: Manifest) -> list[int]:
     """The target ids every batch ranks whatever its sources: pad, bos, eos, unk, the decoder start
     and the target language tokens."""
@@ -121,9 +147,11 @@ def special_ids(manifest: Manifest) -> list[int]:
     )
 
 
-def shortlist_steps(model: Transformer, out: Path, variant: Variant, work: Path) -> dict[str, GraphSpec]:
+def shortlist_steps(
+    model: Transformer, out: Path, variant: Variant, work: Path, keep_in_work: bool = False
+) -> dict[str, GraphSpec]:
     """The shortlist twin of each decoder step of a fused `variant`, built in `work`, checked against
-    the contract and moved into `out`."""
+    the contract and moved into `out` (left in `work` with `keep_in_work`: the caller moves it)."""
     steps: dict[str, GraphSpec] = {}
     for field, spec in variant.decoder_steps().items():
         kinds, scored = _STEP_KINDS[field]
@@ -134,21 +162,25 @@ def shortlist_steps(model: Transformer, out: Path, variant: Variant, work: Path)
         build_fused_decoder(model, built, kinds[variant.precision], scored=scored, shortlist=True)
         io = fused_decoder_io(model.cfg, scored, shortlist=True)
         check_graph(built, *io)
-        built.replace(out / name)
-        steps[field] = GraphSpec(file=name, sha256=sha256_file(out / name), inputs=io[0], outputs=io[1])
+        if not keep_in_work:
+            built = built.replace(out / name)
+        steps[field] = GraphSpec(file=name, sha256=sha256_file(built), inputs=io[0], outputs=io[1])
     return steps
 
 
-def with_shortlist(model: Transformer, out: Path, manifest: Manifest, spec: ShortlistSpec) -> Manifest:
+def with_shortlist(
+    model: Transformer, out: Path, manifest: Manifest, spec: ShortlistSpec, staging: Path | None = None
+) -> Manifest:
     """`manifest` with the shortlist `spec` (its file already in `out`) and the shortlist steps of
-    every fused variant, built where a variant lacks them."""
+    every fused variant, built where a variant lacks them: into `out`, or left in `staging` for
+    the caller to move into `out`."""
     variants = dict(manifest.variants)
     with tempfile.TemporaryDirectory(prefix=".shortlist-", dir=out) as tmp:
-        work = Path(tmp)
+        work = staging or Path(tmp)
         for key, v in manifest.variants.items():
             if v.graph != "fused" or set(v.shortlist_steps) == set(v.decoder_steps()):
                 continue
-            steps = shortlist_steps(model, out, v, work)
+            steps = shortlist_steps(model, out, v, work, keep_in_work=staging is not None)
             variants[key] = v.model_copy(update={"shortlist_steps": steps})
             log.info("built the shortlist steps of %s", key)
     return manifest.model_copy(update={"shortlist": spec, "variants": variants})
@@ -156,19 +188,24 @@ def with_shortlist(model: Transformer, out: Path, manifest: Manifest, spec: Shor
 
 def install(model: Transformer, out: Path, manifest: Manifest, shortlist: Shortlist) -> Manifest:
     """Store `shortlist` with the export in `out` (its .npz and the fused variants' shortlist steps,
-    replacing any earlier ones) and write the manifest; returns it."""
-    shortlist.save(out / SHORTLIST_FILE)
-    spec = ShortlistSpec(
-        file=SHORTLIST_FILE,
-        sha256=sha256_file(out / SHORTLIST_FILE),
-        per_source=int(shortlist.params["per_source"]),
-        always=int(shortlist.params["always"]),
-        derived_from=shortlist.params["derived_from"],
-        pairs=int(shortlist.params["pairs"]),
-        masks_repeats=True,
-    )
-    bare = {k: v.model_copy(update={"shortlist_steps": {}}) for k, v in manifest.variants.items()}
-    updated = with_shortlist(model, out, manifest.model_copy(update={"variants": bare}), spec)
+    replacing any earlier ones) and write the manifest; returns it. Every file is made in a staging
+    dir first and moved into `out` only once all are made: a failure leaves `out` as it was."""
+    with tempfile.TemporaryDirectory(prefix=".shortlist-", dir=out) as tmp:
+        staging = Path(tmp)
+        shortlist.save(staging / SHORTLIST_FILE)
+        spec = ShortlistSpec(
+            file=SHORTLIST_FILE,
+            sha256=sha256_file(staging / SHORTLIST_FILE),
+            per_source=int(shortlist.params["per_source"]),
+            always=int(shortlist.params["always"]),
+            derived_from=shortlist.params["derived_from"],
+            pairs=int(shortlist.params["pairs"]),
+            masks_repeats=True,
+        )
+        bare = {k: v.model_copy(update={"shortlist_steps": {}}) for k, v in manifest.variants.items()}
+        updated = with_shortlist(model, out, manifest.model_copy(update={"variants": bare}), spec, staging)
+        for path in list(staging.iterdir()):
+            path.replace(out / path.name)
     write_manifest(out, Manifest.model_validate(updated.model_dump()))
     return updated
 

@@ -1,16 +1,29 @@
 """`mtserve import PATH --name NAME [--version N] [--repository DIR]`: import a LOCAL Hugging Face
 Marian (OPUS-MT) or M2M100/NLLB checkpoint into the model repository (`export.hf.importer`), with
 its ONNX export and a parity check against transformers, reported as one JSON line on stdout.
-Never downloads: PATH is a folder on disk."""
+Never downloads: PATH is a folder on disk.
+
+NAME and VERSION must be ones the server serves (`service.repository.layout`: its own rules), and
+the version is written only inside REPOSITORY. The last step loads the finished version as the
+server does and translates the parity sentences through it (`mtserve.served`). SIGTERM ends the
+import as a failure (its scratch dir removed); a SIGKILL'd import's scratch dir is removed by the
+next import."""
 
 from __future__ import annotations
 
 import argparse
-import gzip
+import functools
 import json
 import logging
+import signal
 import sys
+import threading
 from pathlib import Path
+
+from mtserve.corpus import read_lines
+from service.repository.layout import MAX_NAME_CHARS, is_name, is_version
+
+MAX_SENTENCE_CHARS = 2000  # of a --sentences line
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -23,7 +36,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--sentences", help="source sentences for the parity check, one a line (.gz ok; default: a few built in)"
     )
-    p.add_argument("--limit", type=int, default=200, help="compare at most this many of --sentences (default 200)")
+    p.add_argument(
+        "--limit", type=int, default=200, help="compare at most this many of --sentences (1 to 10000, default 200)"
+    )
     p.add_argument(
         "--precision",
         default="all",
@@ -39,27 +54,66 @@ def _precisions(value: str) -> tuple[str, ...]:
     chosen = tuple(dict.fromkeys(v.strip() for v in value.split(",")))
     unknown = [v for v in chosen if v not in PRECISIONS]
     if unknown or not chosen:
-        sys.exit(f"mtserve import: --precision {value!r}: each must be one of {', '.join(PRECISIONS)} (or all)")
+        raise argparse.ArgumentTypeError(
+            f"--precision {value[:40]!r}: each must be one of {', '.join(PRECISIONS)} (or all)"
+        )
     return chosen
 
 
-def _read_sentences(path: str | None, limit: int) -> list[str] | None:
+def check_arguments(args: argparse.Namespace) -> None:
+    """NAME and VERSION by the server's rules, the rest by their ranges: ArgumentTypeError (bad usage)."""
+    if not is_name(args.name):
+        raise argparse.ArgumentTypeError(
+            f"--name {args.name[:40]!r} is not a name the server serves (1 to {MAX_NAME_CHARS} characters of "
+            "A-Z a-z 0-9 . _ -, not starting with '.')"
+        )
+    if args.version is not None and not is_version(str(args.version)):
+        raise argparse.ArgumentTypeError(
+            f"--version {args.version}: a version is a positive integer of at most 18 digits"
+        )
+    if not 1 <= args.limit <= 10000:
+        raise argparse.ArgumentTypeError(f"--limit {args.limit}: give 1 to 10000 sentences")
+    if not Path(args.path).is_dir():
+        raise argparse.ArgumentTypeError(
+            f"{args.path} is not a folder (mtserve imports local Hugging Face folders only)"
+        )
+    if Path(args.repository).exists() and not Path(args.repository).is_dir():
+        raise argparse.ArgumentTypeError(f"--repository {args.repository} is not a folder")
+
+
+def read_sentences(path: str | None, limit: int) -> list[str] | None:
+    """The non-blank lines among the first `limit` of `path` (`mtserve.corpus`: bounded, gzip when
+    it ends in .gz); ValueError naming the file when it cannot be read or has no sentence."""
     if path is None:
         return None
-    opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rt", encoding="utf-8") as f:
-        return [line.strip() for line in f if line.strip()][:limit]
+    try:
+        sentences = [line.strip() for line in read_lines(path, limit, max_line_chars=MAX_SENTENCE_CHARS)]
+    except ValueError as e:
+        raise ValueError(f"--sentences {e}") from None
+    sentences = [s for s in sentences if s]
+    if not sentences:
+        raise ValueError(f"--sentences {path}: no sentence in it")
+    return sentences
+
+
+def _terminated(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)  # unwinds the import: its scratch dir is removed
 
 
 def run(args: argparse.Namespace) -> dict:
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    check_arguments(args)
+    precisions = _precisions(args.precision)
     try:
-        from export.hf.config import HFImportError
-        from export.hf.importer import import_model
+        from export.hf.importer import PROBE_SENTENCES, import_model
+        from mtserve.served import check_serves
     except ModuleNotFoundError as e:
         sys.exit(f"mtserve import: needs the export extra ({e.name} is missing): pip install 'mtserve[export]'")
-    if not Path(args.path).is_dir():
-        sys.exit(f"mtserve import: {args.path} is not a folder (mtserve imports local Hugging Face folders only)")
+    texts = read_sentences(args.sentences, args.limit)
+    serving_file = Path(args.repository) / args.name / "serving.json"
+    final = functools.partial(check_serves, texts or PROBE_SENTENCES, serving_file)
+    main_thread = threading.current_thread() is threading.main_thread()  # where signal handlers can be set
+    previous = signal.signal(signal.SIGTERM, _terminated) if main_thread else None
     try:
         report = import_model(
             args.path,
@@ -68,10 +122,12 @@ def run(args: argparse.Namespace) -> dict:
             args.version,
             args.src_lang,
             args.tgt_lang,
-            _read_sentences(args.sentences, args.limit),
-            _precisions(args.precision),
+            texts,
+            precisions,
+            final_check=final,
         )
-    except HFImportError as e:
-        sys.exit(f"mtserve import: {e}")
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)
     print(json.dumps(report))
     return report

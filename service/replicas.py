@@ -101,8 +101,8 @@ def run(args: argparse.Namespace) -> None:
     """`mtserve serve`: one server in this process, or `replicas` of them under a supervisor."""
     try:
         settings = settings_from_args(args)
-    except ValueError as e:  # pydantic's ValidationError: one clear message
-        sys.exit(f"mtserve serve: invalid settings: {e}")
+    except ValueError as e:  # pydantic's ValidationError: bad usage, one line at the CLI's boundary
+        raise argparse.ArgumentTypeError(f"invalid settings: {e}") from None
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         serve(settings)

@@ -3,24 +3,32 @@
 Top to bottom: check the folder (config.json, the weights, the tokenizer files), map the config
 and the weights to mtserve's own model, write the model dir and its ONNX export (every precision
 and graph) in a scratch dir beside the target, compare the model with transformers (`parity`),
-and only then rename the scratch dir to REPOSITORY/NAME/VERSION. A folder that cannot be taken
-leaves the repository as it was."""
+run the caller's last check on it (`mtserve import` loads it as the server does and translates
+through it), and only then rename the scratch dir to REPOSITORY/NAME/VERSION. A folder that cannot
+be taken leaves the repository as it was.
+
+Every file is checked before anything is loaded or written: config.json's fields (`config`), the
+weights' tensor shapes against them (`weights.check_weights`), the vocabularies against the
+model's sizes (`tokenizer.check_tokenizer_files`). The version is written only inside the repository.
+The scratch dir (`.import-VERSION-PID-*`) goes on any failure; one left by a killed import (its
+process gone) is removed by the next import into the repository."""
 
 from __future__ import annotations
 
-import json
 import os
+import re
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from contract.manifest import PRECISIONS
 from export.checkpoint import save_model_dir
-from export.hf.config import MARIAN, HFImportError, architecture, model_config
+from export.hf.config import MARIAN, HFImportError, architecture, model_config, read_json_object
 from export.hf.parity import TOLERANCE, Parity, compare
-from export.hf.tokenizer import ImportedTokenizer, import_tokenizer, required_files
-from export.hf.weights import convert_state_dict
+from export.hf.tokenizer import ImportedTokenizer, check_tokenizer_files, import_tokenizer, required_files
+from export.hf.weights import check_weights, convert_state_dict, weight_shapes
 from export.model import Transformer
 from export.to_onnx import export_model
 from export.tokenizer import encode_batch, load_model_tokenizer
@@ -37,27 +45,69 @@ PROBE_SENTENCES = [
     "Eine Frau mit einem roten Hut singt.",
     "The man is cooking dinner in the kitchen.",
 ]
+SCRATCH_PREFIX = ".import-"
+_SCRATCH = re.compile(r"\.import-\d+-(\d+)-")
+# The last check, on the finished model dir before it is renamed into place: (model dir, name,
+# version) -> what it found, for the report; HFImportError when the version cannot serve.
+FinalCheck = Callable[[Path, str, int], dict[str, Any]]
 
 
 def _generation_config(src: Path) -> dict[str, Any]:
     path = src / "generation_config.json"
-    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    return read_json_object(path) if path.exists() else {}
 
 
 def check_folder(src: Path) -> tuple[dict[str, Any], str]:
     """config.json and its architecture, once every file is there and every setting is one mtserve
     takes; HFImportError naming the missing file or the field otherwise. Reads, never writes."""
-    if not (src / "config.json").is_file():
+    if not src.is_dir():
+        raise HFImportError(f"{src} is not a folder (mtserve imports local Hugging Face folders only)")
+    if not (src / "config.json").exists():
         raise HFImportError(f"{src}: config.json is missing (a local Hugging Face model folder is needed)")
-    hf = json.loads((src / "config.json").read_text(encoding="utf-8"))
+    hf = read_json_object(src / "config.json")
     arch = architecture(hf)
-    if not any((src / w).is_file() for w in WEIGHT_FILES):
+    weights = next((src / w for w in WEIGHT_FILES if (src / w).exists()), None)
+    if weights is None:
         raise HFImportError(f"{src}: no weights ({' or '.join(WEIGHT_FILES)})")
+    if not weights.is_file():
+        raise HFImportError(f"{weights.name}: not a regular file")
     for name in required_files(src, arch):
         if not (src / name).is_file():
             raise HFImportError(f"{src}: tokenizer file {name} is missing")
-    model_config(hf, 0, _generation_config(src))  # the fields, before anything is written
+    cfg = model_config(hf, 0, _generation_config(src)).cfg  # the fields, before anything is written
+    check_weights(weight_shapes(weights), cfg, weights.name)
+    check_tokenizer_files(src, arch, cfg.vocab_size, cfg.src_vocab_size)
     return hf, arch
+
+
+def remove_stale_scratch(repository: Path) -> list[Path]:
+    """Remove the scratch dirs of imports whose process is gone (killed); returns them."""
+    removed = []
+    for d in repository.glob(f"*/{SCRATCH_PREFIX}*"):
+        m = _SCRATCH.match(d.name)
+        if d.is_dir() and m and not _alive(int(m.group(1))):
+            shutil.rmtree(d, ignore_errors=True)
+            removed.append(d)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process: alive
+        return True
+    return True
+
+
+def version_dir(repository: Path, name: str, version: int) -> Path:
+    """REPOSITORY/NAME/VERSION, refused unless it lies inside the repository, one level per part."""
+    root = repository.resolve()
+    target = (root / name / str(version)).resolve()
+    if target.parent.parent != root or target.parent.name != name or target.name != str(version):
+        raise HFImportError(f"--name {name!r} and --version {version} do not name a folder inside {repository}")
+    return target
 
 
 def next_version(model_root: Path) -> int:
@@ -68,6 +118,9 @@ def next_version(model_root: Path) -> int:
 def _load_hf(src: Path, arch: str) -> Any:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a local folder only, never the hub
     from transformers import M2M100ForConditionalGeneration, MarianMTModel
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # stderr is the command's one line of error
 
     cls = MarianMTModel if arch == MARIAN else M2M100ForConditionalGeneration
     return cls.from_pretrained(str(src), local_files_only=True).float().eval()
@@ -79,9 +132,18 @@ def _build(
     """Write the model dir into `work`: weights, config.json and the tokenizer files (an NLLB
     tokenizer's SentencePiece pieces checked against transformers' on `texts`)."""
     work.mkdir()
-    tok = import_tokenizer(src, work, arch, langs, texts)
+    vocab_size = model_config(hf_config, 0).cfg.vocab_size
+    try:
+        tok = import_tokenizer(src, work, arch, langs, texts, vocab_size)
+    except HFImportError:
+        raise
+    except Exception as e:  # noqa: BLE001 - transformers' or sentencepiece's error on a file it cannot read
+        raise HFImportError(f"the tokenizer files cannot be loaded: {type(e).__name__}: {e}") from None
     spec = model_config(hf_config, tok.unk_id, _generation_config(src))
-    hf = _load_hf(src, arch)
+    try:
+        hf = _load_hf(src, arch)
+    except Exception as e:  # noqa: BLE001 - any error of transformers' loading
+        raise HFImportError(f"the weights cannot be loaded by transformers: {type(e).__name__}: {e}") from None
     model = Transformer(spec.cfg)
     model.load_state_dict(convert_state_dict(hf, arch, spec.cfg, spec.suppressed))
     model.eval()
@@ -90,6 +152,7 @@ def _build(
         "tgt_lang": tok.tgt_lang,
         "sentencepiece": tok.files,
         "languages": tok.languages,
+        "unmapped_ids": tok.unmapped,
         "imported_from": {"architecture": arch, "path": str(src.resolve())},
     }
     save_model_dir(model, work, extra=extra)
@@ -118,20 +181,24 @@ def import_model(
     tgt_lang: str | None = None,
     texts: list[str] | None = None,
     precisions: tuple[str, ...] = PRECISIONS,
+    final_check: FinalCheck | None = None,
 ) -> dict[str, Any]:
     """Import the HF folder `src` as REPOSITORY/NAME/VERSION (VERSION: one past the highest there)
-    and return the report: where, what, and the parity figures. HFImportError, with nothing
-    written, when the folder cannot be imported or the model differs from transformers."""
+    and return the report: where, what, and the parity figures (with `final_check`'s under
+    "served"). HFImportError, with nothing written, when the folder cannot be imported, the model
+    differs from transformers or `final_check` refuses it."""
     src = Path(src)
+    if Path(repository).is_dir():
+        remove_stale_scratch(Path(repository))
     hf_config, arch = check_folder(src)
     root = Path(repository) / name
     version = version if version is not None else next_version(root)
-    target = root / str(version)
+    target = version_dir(Path(repository), name, version)
     if target.exists():
         raise HFImportError(f"{target} exists already; choose another --version")
     created = [d for d in (root, *root.parents) if not d.exists()]  # removed again if the import fails
     root.mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(prefix=f".import-{version}-", dir=root))
+    scratch = Path(tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{version}-{os.getpid()}-", dir=root))
     try:
         work, texts = scratch / "model", texts or PROBE_SENTENCES
         model, hf, tok, suppressed = _build(src, work, hf_config, arch, (src_lang, tgt_lang), texts)
@@ -142,6 +209,7 @@ def import_model(
                 f"identical, max |Δ log p| {parity.max_abs_log_prob_diff:.2e} (tolerance {TOLERANCE:.0e})"
             )
         manifest = export_model(work, work / "onnx", precisions, name=name, version=str(version))
+        served = final_check(work, name, version) if final_check is not None else None
         work.rename(target)
         created = []
     finally:
@@ -157,10 +225,12 @@ def import_model(
         "src_lang": tok.src_lang,
         "tgt_lang": tok.tgt_lang,
         "languages": len(tok.languages["source"]),
+        "unmapped_ids": len(tok.unmapped),
         "parity": {
             "sentences": parity.sentences,
             "greedy_identical": parity.identical,
             "max_abs_log_prob_diff": float(f"{parity.max_abs_log_prob_diff:.3g}"),
         },
         "onnx_parity": {key: v.parity for key, v in manifest.variants.items()},
+        **({"served": served} if served is not None else {}),
     }

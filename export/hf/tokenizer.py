@@ -13,18 +13,24 @@ vocab.json is written from get_vocab(). Every language code of the tokenizer (`d
 language under its own name, its token first on the source and forced first on the target (the
 non-legacy layout; `legacy_behaviour` is refused). The SentencePiece model must give the pieces
 that the HF tokenizer gives: checked on the parity texts, stripped (for trailing whitespace the HF
-tokenizer adds a "▁" that SentencePiece, and so mtserve, does not)."""
+tokenizer adds a "▁" that SentencePiece, and so mtserve, does not).
+
+Every {piece: id} vocabulary is checked (`check_vocab`): a JSON object of pieces to integer ids,
+each id given once, each below the model's vocabulary size. A vocabulary may cover fewer ids than
+the model: real OPUS-MT and M2M100 checkpoints have embedding rows no piece names (M2M100's
+made-up words). Those ids are `unmapped_ids` (config.json of the model dir, docs/models.md)."""
 
 from __future__ import annotations
 
 import json
 import re
 import shutil
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from export.hf.config import M2M100, MARIAN, HFImportError
+from export.hf.config import BOUNDS, M2M100, MARIAN, HFImportError, read_json, read_json_object
 
 NLLB = "NllbTokenizer"
 # The tokenizer classes each architecture takes (a `Fast` suffix is the same tokenizer); the first is
@@ -32,6 +38,15 @@ NLLB = "NllbTokenizer"
 TOKENIZER_CLASSES = {MARIAN: ("MarianTokenizer",), M2M100: ("M2M100Tokenizer", NLLB)}
 TOKENIZER_CONFIG = "tokenizer_config.json"
 NLLB_LANGUAGE_CODE = re.compile(r"[a-z]{3}_[A-Z][a-z]{3}")  # FLORES-200: deu_Latn, zho_Hans
+MAX_VOCAB_SIZE = BOUNDS["vocab_size"][1]
+MAX_VOCAB_BYTES = 64 << 20  # a vocab.json: NLLB-200's 256k pieces are about 5 MB
+# The command-line flag that gives each language field of tokenizer_config.json.
+LANGUAGE_FLAGS = {
+    "source_lang": "--src-lang",
+    "src_lang": "--src-lang",
+    "target_lang": "--tgt-lang",
+    "tgt_lang": "--tgt-lang",
+}
 
 
 @dataclass
@@ -41,11 +56,65 @@ class ImportedTokenizer:
     src_lang: str
     tgt_lang: str
     languages: dict[str, Any] = field(default_factory=dict)  # config.json's "languages" (LanguageSpec)
+    unmapped: list[int] = field(default_factory=list)  # target ids below the model's size that nothing names
 
 
 def tokenizer_config(src: Path) -> dict[str, Any]:
     path = src / TOKENIZER_CONFIG
-    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    return read_json_object(path) if path.exists() else {}
+
+
+def check_vocab(vocab: Any, size: int, name: str) -> dict[str, int]:
+    """`vocab` if it is a {piece: id} object of unique ids below `size`; HFImportError naming the
+    file and the entry at fault otherwise."""
+    if not isinstance(vocab, dict) or not vocab:
+        raise HFImportError(f"{name}: must be a non-empty JSON object of {{piece: id}}")
+    seen: dict[int, str] = {}
+    for piece, i in vocab.items():
+        if not isinstance(i, int) or isinstance(i, bool) or i < 0:
+            raise HFImportError(f"{name}: the id of {piece[:40]!r} is {str(i)[:40]}; ids are integers from 0")
+        if i >= size:
+            raise HFImportError(
+                f"{name}: {piece[:40]!r} has id {i}, past the model's vocabulary of {size} "
+                "(a tokenizer may cover fewer ids than the model, never more)"
+            )
+        if i in seen:
+            raise HFImportError(
+                f"{name}: id {i} is given to both {seen[i][:40]!r} and {piece[:40]!r}; ids must be unique"
+            )
+        seen[i] = piece
+    return vocab
+
+
+def read_vocab(path: Path, size: int) -> dict[str, int]:
+    """A vocabulary file, checked (`check_vocab`)."""
+    return check_vocab(read_json(path, MAX_VOCAB_BYTES), size, path.name)
+
+
+def check_tokenizer_files(src: Path, arch: str, vocab_size: int, src_vocab_size: int | None) -> None:
+    """The tokenizer files of the folder before transformers loads them: each SentencePiece model
+    one sentencepiece reads, each vocabulary checked against the model's sizes (the source one
+    against the encoder's embedding, the target one against the decoder's)."""
+    import sentencepiece
+
+    names = required_files(src, arch)
+    for name in (n for n in names if not n.endswith(".json")):
+        if (src / name).stat().st_size > MAX_VOCAB_BYTES:
+            raise HFImportError(f"{name}: larger than {MAX_VOCAB_BYTES} bytes; not a SentencePiece model")
+        try:
+            sentencepiece.SentencePieceProcessor(model_file=str(src / name))
+        except (OSError, RuntimeError) as e:
+            raise HFImportError(f"{name}: not a SentencePiece model ({str(e)[:80]})") from None
+    names = [n for n in names if n.endswith(".json")]
+    for name in names:
+        source_side = name == "vocab.json" and "target_vocab.json" in names
+        read_vocab(src / name, (src_vocab_size or vocab_size) if source_side else vocab_size)
+
+
+def unmapped_ids(vocab_size: int, *named: dict[str, int]) -> list[int]:
+    """The ids below `vocab_size` that none of the `named` {name: id} maps gives a name."""
+    mapped = {i for names in named for i in names.values()}
+    return [i for i in range(vocab_size) if i not in mapped]
 
 
 def tokenizer_class(src: Path, arch: str) -> str:
@@ -79,15 +148,23 @@ def required_files(src: Path, arch: str) -> list[str]:
 
 def _language(given: str | None, tok_cfg: dict[str, Any], key: str) -> str:
     lang = given or tok_cfg.get(key)
-    if not lang:
-        raise HFImportError(f"{TOKENIZER_CONFIG}: `{key}` is missing; give the language on the command line")
+    if not lang or not isinstance(lang, str):
+        raise HFImportError(
+            f"{TOKENIZER_CONFIG}: `{key}` is {'missing' if not lang else repr(lang)[:40]}; "
+            f"give the language with {LANGUAGE_FLAGS[key]}"
+        )
     return lang
 
 
-def import_marian(src: Path, dst: Path, src_lang: str | None, tgt_lang: str | None) -> ImportedTokenizer:
+def import_marian(
+    src: Path, dst: Path, src_lang: str | None, tgt_lang: str | None, vocab_size: int | None = None
+) -> ImportedTokenizer:
+    """`vocab_size`: the model's target vocabulary (None: as large as the vocabulary's ids need)."""
     from transformers import MarianTokenizer
 
-    tok = MarianTokenizer.from_pretrained(str(src))
+    with warnings.catch_warnings():  # "Recommended: pip install sacremoses": mtserve never uses it
+        warnings.filterwarnings("ignore", message=".*sacremoses", category=UserWarning)
+        tok = MarianTokenizer.from_pretrained(str(src))
     names = required_files(src, MARIAN)
     for name in names:
         shutil.copyfile(src / name, dst / name)
@@ -101,16 +178,21 @@ def import_marian(src: Path, dst: Path, src_lang: str | None, tgt_lang: str | No
         "target_vocab": target_vocab,
     }
     languages = {"source": [source], "target": [target]}
-    return ImportedTokenizer(files, tok.unk_token_id, source, target, languages)
+    target_ids = read_vocab(dst / target_vocab, vocab_size or MAX_VOCAB_SIZE)
+    unmapped = unmapped_ids(vocab_size or max(target_ids.values()) + 1, target_ids)
+    return ImportedTokenizer(files, tok.unk_token_id, source, target, languages, unmapped)
 
 
-def import_m2m100(src: Path, dst: Path, src_lang: str | None, tgt_lang: str | None) -> ImportedTokenizer:
+def import_m2m100(
+    src: Path, dst: Path, src_lang: str | None, tgt_lang: str | None, vocab_size: int | None = None
+) -> ImportedTokenizer:
     from transformers import M2M100Tokenizer
 
     tok = M2M100Tokenizer.from_pretrained(str(src))
     shutil.copyfile(src / "sentencepiece.bpe.model", dst / "sentencepiece.bpe.model")
     vocab = {**tok.get_vocab(), **tok.lang_token_to_id}  # the spm vocabulary and the `__xx__` tokens
-    return _multilingual(src, dst, vocab, dict(tok.lang_code_to_id), tok.unk_token_id, src_lang, tgt_lang)
+    tokens = dict(tok.lang_code_to_id)
+    return _multilingual(src, dst, vocab, tokens, tok.unk_token_id, (src_lang, tgt_lang), vocab_size)
 
 
 def _multilingual(
@@ -119,17 +201,24 @@ def _multilingual(
     vocab: dict[str, int],
     tokens: dict[str, int],
     unk_id: int,
-    src_lang: str | None,
-    tgt_lang: str | None,
+    langs: tuple[str | None, str | None],
+    vocab_size: int | None,
 ) -> ImportedTokenizer:
-    """M2M100's and NLLB's common part: one SentencePiece model for both sides, `vocab` written as
-    vocab.json, every language of `tokens` (language -> its token) on both sides."""
+    """M2M100's and NLLB's common part: one SentencePiece model for both sides, `vocab` (checked
+    against the model's `vocab_size`; None: as large as its ids need) written as vocab.json, every
+    language of `tokens` (language -> its token) on both sides."""
+    check_vocab(vocab, vocab_size or MAX_VOCAB_SIZE, "the tokenizer's vocabulary (vocab.json and its language tokens)")
+    vocab_size = vocab_size or max(vocab.values()) + 1
+    src_lang, tgt_lang = langs
     (dst / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False, indent=0) + "\n", encoding="utf-8")
     tok_cfg = tokenizer_config(src)
     source, target = _language(src_lang, tok_cfg, "src_lang"), _language(tgt_lang, tok_cfg, "tgt_lang")
     for key, lang in (("src_lang", source), ("tgt_lang", target)):
         if lang not in tokens:
-            raise HFImportError(f"`{key}` {lang!r} is not a language of the tokenizer ({', '.join(tokens)})")
+            raise HFImportError(
+                f"`{key}` {lang[:40]!r} is not a language of the tokenizer ({', '.join(tokens)}); "
+                f"give one of them with {LANGUAGE_FLAGS[key]}"
+            )
     files = {
         "source_model": "sentencepiece.bpe.model",
         "target_model": "sentencepiece.bpe.model",
@@ -137,7 +226,7 @@ def _multilingual(
         "target_vocab": "vocab.json",
     }
     languages = {"source": list(tokens), "target": list(tokens), "source_tokens": tokens, "target_tokens": tokens}
-    return ImportedTokenizer(files, unk_id, source, target, languages)
+    return ImportedTokenizer(files, unk_id, source, target, languages, unmapped_ids(vocab_size, vocab, tokens))
 
 
 def _check_pieces(tok: Any, model: Path, vocab: dict[str, int], texts: list[str]) -> None:
@@ -164,7 +253,7 @@ def _check_pieces(tok: Any, model: Path, vocab: dict[str, int], texts: list[str]
 
 
 def import_nllb(
-    src: Path, dst: Path, src_lang: str | None, tgt_lang: str | None, texts: list[str]
+    src: Path, dst: Path, src_lang: str | None, tgt_lang: str | None, texts: list[str], vocab_size: int | None = None
 ) -> ImportedTokenizer:
     from transformers import NllbTokenizer
 
@@ -177,16 +266,17 @@ def import_nllb(
         raise HFImportError(f"{TOKENIZER_CONFIG}: `extra_special_tokens` has no language code (like deu_Latn)")
     shutil.copyfile(src / "sentencepiece.bpe.model", dst / "sentencepiece.bpe.model")
     _check_pieces(tok, dst / "sentencepiece.bpe.model", vocab, texts)
-    return _multilingual(src, dst, vocab, tokens, tok.unk_token_id, src_lang, tgt_lang)
+    return _multilingual(src, dst, vocab, tokens, tok.unk_token_id, (src_lang, tgt_lang), vocab_size)
 
 
 def import_tokenizer(
-    src: Path, dst: Path, arch: str, langs: tuple[str | None, str | None], texts: list[str]
+    src: Path, dst: Path, arch: str, langs: tuple[str | None, str | None], texts: list[str], vocab_size: int
 ) -> ImportedTokenizer:
     """Write the tokenizer files of the HF folder `src` into the model dir `dst`; `langs` are the
-    source and target language given (None: the tokenizer's), `texts` those the NLLB pieces are checked on."""
+    source and target language given (None: the tokenizer's), `texts` those the NLLB pieces are
+    checked on, `vocab_size` the model's target vocabulary."""
     if arch == MARIAN:
-        return import_marian(src, dst, *langs)
+        return import_marian(src, dst, *langs, vocab_size)
     if tokenizer_class(src, arch) == NLLB:
-        return import_nllb(src, dst, *langs, texts)
-    return import_m2m100(src, dst, *langs)
+        return import_nllb(src, dst, *langs, texts, vocab_size)
+    return import_m2m100(src, dst, *langs, vocab_size)

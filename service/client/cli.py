@@ -47,7 +47,7 @@ def connect(args: argparse.Namespace) -> Client:
         with open(args.token_file, encoding="utf-8") as f:
             token = f.readline().strip() or None
     if bool(args.client_cert) != bool(args.client_key):
-        sys.exit("mtserve: --client-cert and --client-key go together")
+        raise argparse.ArgumentTypeError("--client-cert and --client-key go together")
     return Client(
         args.server,
         timeout=args.timeout,
@@ -121,7 +121,7 @@ def run(args: argparse.Namespace) -> None:
     try:
         with connect(args) as client:
             if args.alignment and (args.input or args.stream):
-                sys.exit("mtserve translate: --alignment works with texts given as arguments, without --stream")
+                raise argparse.ArgumentTypeError("--alignment works with texts given as arguments, without --stream")
             if args.document:
                 _translate_document(client, args)
             elif args.input:
@@ -129,7 +129,7 @@ def run(args: argparse.Namespace) -> None:
             elif args.texts:
                 _translate_texts(client, args)
             else:
-                sys.exit("mtserve translate: give texts or --input FILE")
+                raise argparse.ArgumentTypeError("give texts or --input FILE")
     except grpc.RpcError as e:
         _fail(e)
 

@@ -216,3 +216,15 @@ def test_newer_formats_are_refused(imported, tmp_path):
     config.write_text(json.dumps({**json.loads(config.read_text()), "format": 3}))
     with pytest.raises(ConfigFormatError, match="format 3"):
         load_config(model_dir)
+
+
+def test_marian_ids_past_its_vocabulary_are_unmapped(hf_marian_dir, tmp_path):
+    """An embedding padded past the vocabulary (as OPUS-MT's can be) imports, its extra rows
+    recorded as unmapped; a vocabulary past the embedding is refused."""
+    from export.hf.tokenizer import import_marian
+
+    size = len(json.loads((hf_marian_dir / "vocab.json").read_text()))
+    assert import_marian(hf_marian_dir, tmp_path, None, None, size + 5).unmapped == list(range(size, size + 5))
+    assert import_marian(hf_marian_dir, tmp_path, None, None, size).unmapped == []
+    with pytest.raises(HFImportError, match="past the model's vocabulary"):
+        import_marian(hf_marian_dir, tmp_path, None, None, size - 1)

@@ -73,3 +73,13 @@ def test_export_of_the_same_weights_keeps_the_shortlist(shortlisted):
     assert set(after.variants["fp32-fused"].shortlist_steps) == set(before.variants["fp32-fused"].shortlist_steps)
     assert after.variants["int8-fused"].shortlist_steps  # the reused variant's too
     load_manifest(shortlisted / "onnx")  # every listed file there and intact
+
+
+def test_excluded_ids_are_in_no_row_and_never_always():
+    """An imported model's unmapped ids (docs/models.md) are left out, however often they occur."""
+    pairs = [([5, 6], [7, 9, 9]), ([5], [9, 8]), ([6], [7, 9])] * 10
+    full = derive(pairs, 12, [0, 1], per_source=5, always=3)
+    assert 9 in full.row(5).tolist() and 9 in full.always.tolist()
+    kept = derive(pairs, 12, [0, 1], per_source=5, always=3, exclude=[9])
+    assert all(9 not in kept.row(s).tolist() for s in range(kept.source_size)) and 9 not in kept.always.tolist()
+    assert 7 in kept.row(5).tolist() and {0, 1} <= set(kept.always.tolist())

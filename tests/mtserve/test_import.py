@@ -41,6 +41,61 @@ def test_refused_folder_exits_naming_the_field(hf_marian_dir, tmp_path, capsys):
     repo = tmp_path / "models"
     with pytest.raises(SystemExit) as e:
         main(["import", str(folder), "--name", "opus", "--repository", str(repo)])
-    assert "activation_function" in str(e.value.code) and "tanh" in str(e.value.code)
+    out, err = capsys.readouterr()
+    assert e.value.code == 1 and "activation_function" in err and "tanh" in err
     assert not repo.exists()
-    assert capsys.readouterr().out == ""
+    assert out == ""
+
+
+@pytest.fixture(scope="module")
+def padded_import(tmp_path_factory, hf_m2m100_dir, data_dir):
+    """The tiny M2M100 imported through the CLI: its embedding has 8 rows past the tokenizer's
+    vocabulary and language tokens (M2M100's made-up words), as the real checkpoints have."""
+    repo = tmp_path_factory.mktemp("padded") / "models"
+    sentences = data_dir / "test_2016_flickr.de.gz"
+    argv = ["import", str(hf_m2m100_dir), "--name", "m2m", "--repository", str(repo), "--precision", "fp32"]
+    assert main([*argv, "--sentences", str(sentences), "--limit", "50"]) == 0
+    return repo / "m2m" / "1"
+
+
+def test_the_ids_no_vocabulary_entry_names_are_recorded(padded_import, hf_m2m100_dir, capsys):
+    config = json.loads((padded_import / "config.json").read_text())
+    hf = json.loads((hf_m2m100_dir / "config.json").read_text())
+    vocab = json.loads((padded_import / "vocab.json").read_text())
+    named = set(vocab.values()) | set(config["languages"]["target_tokens"].values())
+    assert config["unmapped_ids"] == [i for i in range(hf["vocab_size"]) if i not in named]
+    assert len(config["unmapped_ids"]) == 8  # the made-up words, the last 8 rows
+    assert config["unmapped_ids"] == list(range(hf["vocab_size"] - 8, hf["vocab_size"]))
+
+
+def test_a_shortlist_leaves_the_unmapped_ids_out_unless_asked(padded_import, data_dir, tmp_path, capsys):
+    import gzip
+
+    from contract.shortlist import Shortlist
+
+    with gzip.open(data_dir / "test_2016_flickr.de.gz", "rt", encoding="utf-8") as f:
+        mono = tmp_path / "mono.de"
+        mono.write_text("".join(f.readlines()[:200]), encoding="utf-8")
+    unmapped = json.loads((padded_import / "config.json").read_text())["unmapped_ids"]
+    argv = ["shortlist", "--model", str(padded_import), "--monolingual", str(mono), "--always", "2000"]
+    assert main(argv) == 0
+    report = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert report["excluded_unmapped"] == 8
+    shortlist = Shortlist.load(padded_import / "onnx" / "shortlist.npz")
+    assert not set(unmapped) & {*shortlist.targets.tolist(), *shortlist.always.tolist()}
+    assert main([*argv, "--include-unmapped"]) == 0
+    assert json.loads(capsys.readouterr().out.splitlines()[-1])["excluded_unmapped"] == 0
+
+
+def test_a_version_the_server_would_not_load_is_not_written(hf_marian_dir, tmp_path, capsys):
+    """The last step loads the version as the server does, the model's serving.json included: a
+    setting the server refuses there refuses the import, and no version is left behind."""
+    repo = tmp_path / "models"
+    (repo / "opus").mkdir(parents=True)
+    (repo / "opus" / "serving.json").write_text(json.dumps({"max_batch_sentences": 0}))
+    with pytest.raises(SystemExit) as e:
+        main(["import", str(hf_marian_dir), "--name", "opus", "--repository", str(repo), "--precision", "fp32"])
+    err = capsys.readouterr().err
+    assert e.value.code == 1 and len(err.strip().splitlines()) == 1
+    assert "the server cannot serve the imported version" in err and "max_batch_sentences" in err
+    assert sorted(p.name for p in (repo / "opus").iterdir()) == ["serving.json"]
