@@ -104,7 +104,9 @@ def copy_tokenizer(model_dir: Path, meta: dict, out: Path) -> tuple[FileSpec | N
     spm = meta.get("sentencepiece")
     if spm is None:
         return copy(TOKENIZER), None
-    return None, SentencePieceSpec.model_validate({role: copy(file) for role, file in spm.items()})
+    files = {role: copy(file) for role, file in spm.items()}
+    # The ids no vocabulary entry names (`mtserve import` records them), for the server to check.
+    return None, SentencePieceSpec.model_validate({**files, "unmapped_ids": meta.get("unmapped_ids")})
 
 
 def assemble_manifest(

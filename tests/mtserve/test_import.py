@@ -11,6 +11,7 @@ import pytest
 
 from contract.manifest import load_manifest
 from mtserve.cli import main
+from service.runtime.onnx_model import OnnxSeq2Seq
 
 pytest.importorskip("transformers")
 
@@ -66,6 +67,10 @@ def test_the_ids_no_vocabulary_entry_names_are_recorded(padded_import, hf_m2m100
     assert config["unmapped_ids"] == [i for i in range(hf["vocab_size"]) if i not in named]
     assert len(config["unmapped_ids"]) == 8  # the made-up words, the last 8 rows
     assert config["unmapped_ids"] == list(range(hf["vocab_size"] - 8, hf["vocab_size"]))
+    # the export carries the record into the manifest, which the server checks at load
+    manifest = load_manifest(padded_import / "onnx", verify_checksums=False)
+    assert manifest.sentencepiece is not None and manifest.sentencepiece.unmapped_ids == config["unmapped_ids"]
+    assert OnnxSeq2Seq(padded_import / "onnx", precision="fp32").tokenizer.unmapped_ids == set(config["unmapped_ids"])
 
 
 def test_a_shortlist_leaves_the_unmapped_ids_out_unless_asked(padded_import, data_dir, tmp_path, capsys):
