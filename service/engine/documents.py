@@ -18,13 +18,11 @@ from __future__ import annotations
 
 import functools
 import re
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sentence_splitter import SentenceSplitter
-
 from service.engine.requests import Segment, TranslationResult
+from service.engine.splitter import MosesSplitter, read_prefixes
 from service.engine.text import normalize_text
 from service.errors import InvalidArgument
 from service.runtime.tokenizer import TextTokenizer
@@ -67,7 +65,7 @@ _NEVER_LAST = {
     }.items()
 }
 _OPENER_AT = {
-    lang: re.compile(rf"(?<=[^\W_]|\.)\s+(?=(?:{'|'.join(words.split())})\s+[^\W\d_])")
+    lang: re.compile(rf"(?<=[^\W_]|\.)\s+(?=(?:{'|'.join(words.split())})\s+([^\W\d_]))")
     for lang, words in _OPENERS.items()
 }
 # ISO 639-2/3 and NLLB (deu_Latn) codes of the languages sentence-splitter has lists for.
@@ -99,27 +97,44 @@ def _supported() -> frozenset[str]:
 
 
 @functools.cache
-def _splitter(lang: str) -> SentenceSplitter:
+def _splitter(lang: str) -> MosesSplitter:
     """The splitter of `lang` (a splitter_language): the package's prefixes and EXTRA_PREFIXES."""
     import sentence_splitter
 
     listed = Path(sentence_splitter.__file__).parent / "non_breaking_prefixes" / f"{lang}.txt"
     removed = REMOVED_PREFIXES.get(lang, set())
     kept = [line for line in listed.read_text(encoding="utf-8").splitlines() if line.strip() not in removed]
-    lines = kept + EXTRA_PREFIXES.get(lang, [])
-    # SentenceSplitter reads its prefixes from a file only; it has read it once constructed.
-    with tempfile.TemporaryDirectory() as tmp:
-        merged = Path(tmp) / f"{lang}.txt"
-        merged.write_text("\n".join(lines) + "\n", encoding="utf-8")
-        return SentenceSplitter(language=lang, non_breaking_prefix_file=str(merged))
+    return MosesSplitter(read_prefixes(kept + EXTRA_PREFIXES.get(lang, [])))
+
+
+_WHITESPACE = re.compile(r"\s*")
 
 
 def _locate(text: str, sentence: str, start: int) -> tuple[int, int] | None:
     """Where `sentence` (as the splitter returns it, whitespace runs collapsed) is in `text`,
-    from `start`."""
+    from `start`: where its words follow each other, whitespace between them. The splitter's
+    sentences are consecutive, so the words are looked for at the first word after `start`
+    (linear in the sentence); a regular expression searches the rest of the text only when the
+    splitter changed the text."""
+    at = _WHITESPACE.match(text, start).end()  # type: ignore[union-attr]  # \s* always matches
+    if sentence and text.startswith(sentence, at) and not (sentence[0].isspace() or sentence[-1].isspace()):
+        return at, at + len(sentence)  # the sentence as sent
     words = sentence.split()
     if not words:
         return None
+    at = _WHITESPACE.match(text, start).end()  # type: ignore[union-attr]  # \s* always matches
+    begin = at
+    for k, word in enumerate(words):
+        if k:
+            gap = _WHITESPACE.match(text, at).end()  # type: ignore[union-attr]
+            if gap == at:
+                break
+            at = gap
+        if not text.startswith(word, at):
+            break
+        at += len(word)
+    else:
+        return begin, at
     m = re.compile(r"\s+".join(map(re.escape, words))).search(text, start)
     return (m.start(), m.end()) if m else None
 
@@ -129,7 +144,7 @@ def sentence_spans(text: str, lang: str) -> list[tuple[int, int]]:
     code = splitter_language(lang)
     found: list[str] = []
     for s in _splitter(code).split(text):
-        for part in _GERMAN_QUOTE_END.split(s) if code == "de" else [s]:
+        for part in _GERMAN_QUOTE_END.split(s) if code == "de" and "“" in s else [s]:
             found += _split_at_openers(part, code)
     spans: list[tuple[int, int]] = []
     at = 0
@@ -145,20 +160,22 @@ def sentence_spans(text: str, lang: str) -> list[tuple[int, int]]:
 def _split_at_openers(sentence: str, code: str) -> list[str]:
     """`sentence` split before each of its language's _OPENERS that follows a word without final
     punctuation, or a kept period, other than one of _NEVER_LAST (and, in English and French,
-    precedes a lower-case word)."""
+    precedes a lower-case word). Linear in the sentence: the word before an opener is looked for
+    between the previous opener and this one, the word after it is the pattern's group."""
     at_opener = _OPENER_AT.get(code)
     if at_opener is None:
         return [sentence]
     never_last = _NEVER_LAST[code]
     parts: list[str] = []
-    start = 0
+    start = searched = 0
     for m in at_opener.finditer(sentence):
-        after = sentence[m.end() :].split(maxsplit=2)[1]
-        if code in _LOWER_CASE_NOUNS and not after[0].islower():
+        if code in _LOWER_CASE_NOUNS and not m.group(1).islower():
+            searched = m.end()
             continue
-        if sentence[: m.start()].split()[-1].lower() not in never_last:
+        if sentence[searched : m.start()].rsplit(None, 1)[-1].lower() not in never_last:
             parts.append(sentence[start : m.start()])
             start = m.end()
+        searched = m.end()
     return [*parts, sentence[start:]]
 
 
