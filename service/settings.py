@@ -135,6 +135,18 @@ class Settings(BaseSettings):
     max_input_tokens: int = Field(200, ge=1, description="subword tokens of one source text")
     max_output_tokens: int = Field(200, ge=1, description="generated tokens of one text")
     max_text_bytes: int = Field(100_000, ge=1, description="UTF-8 bytes of one source text")
+    max_request_bytes: int = Field(
+        1_048_576,
+        ge=1,
+        description="UTF-8 bytes of all the texts and target prefixes of one request (a TranslateMany item)",
+    )
+    text_threads: int = Field(
+        2,
+        ge=1,
+        le=64,
+        description="threads that split, tokenise and reassemble the texts of requests of more than 4 kB, off "
+        "the event loop (service/engine/work.py)",
+    )
     max_beam_size: int = Field(8, ge=1)
     default_beam_size: int = Field(4, ge=1)
     max_receive_message_bytes: int = Field(4 * 1024 * 1024, ge=1024)

@@ -24,6 +24,7 @@ from pathlib import Path
 from service.engine.requests import Segment, TranslationResult
 from service.engine.splitter import MosesSplitter, read_prefixes
 from service.engine.text import normalize_text
+from service.engine.work import NO_CHECK, Checkpoint
 from service.errors import InvalidArgument
 from service.runtime.tokenizer import TextTokenizer
 
@@ -252,19 +253,29 @@ class Rules:
     eos_id: int
     limit: int  # tokens of a source row at most, lead and </s> included
     max_text_bytes: int
+    max_rows: int = 2**31  # rows of one text at most (the queue's size: more could never be queued)
 
 
-def plan_text(text: str, name: str, rules: Rules, tokenizer: TextTokenizer) -> Plan:
+def plan_text(text: str, name: str, rules: Rules, tokenizer: TextTokenizer, point: Checkpoint = NO_CHECK) -> Plan:
     """The segments and rows of `text` (field `name`). INVALID_ARGUMENT past max_text_bytes, for a
-    text with nothing to translate, and with SPLIT_NONE for a text past the token limit."""
+    text with nothing to translate, with SPLIT_NONE for a text past the token limit, and for a
+    text of more than max_rows segments (known before any is tokenised) or rows. `point` is
+    checked between the steps and every CHECK_EVERY segments."""
     if len(text.encode("utf-8", "surrogatepass")) > rules.max_text_bytes:
         raise InvalidArgument(name, f"text exceeds max_text_bytes ({rules.max_text_bytes})")
     plan = Plan(text)
     room = rules.limit - 1 - len(rules.lead)
-    for a, b in segment_spans(text, rules.split, rules.language):
+    spans = segment_spans(text, rules.split, rules.language)
+    point.check()
+    segments = []
+    for a, b in spans:
         clean = normalize_text(text[a:b])
-        if not clean:
-            continue  # format characters alone: left in place, as the whitespace around segments
+        if clean:  # format characters alone: left in place, as the whitespace around segments
+            segments.append((a, b, clean))
+    _check_rows(name, len(segments), rules.max_rows)
+    for k, (a, b, clean) in enumerate(segments):
+        if k % CHECK_EVERY == CHECK_EVERY - 1:
+            point.check()
         ids = tokenizer.encode(clean)
         if len(ids) > room and rules.split == SPLIT_NONE:
             raise InvalidArgument(
@@ -275,7 +286,19 @@ def plan_text(text: str, name: str, rules: Rules, tokenizer: TextTokenizer) -> P
         plan.rows.append([[*rules.lead, *p, rules.eos_id] for p in parts])
     if not plan.spans:
         raise InvalidArgument(name, "text is empty once whitespace, control and format characters are removed")
+    _check_rows(name, plan.row_count, rules.max_rows)
     return plan
+
+
+# Segments tokenised between two checks of the request's deadline and cancellation.
+CHECK_EVERY = 256
+
+
+def _check_rows(name: str, rows: int, max_rows: int) -> None:
+    if rows > max_rows:
+        raise InvalidArgument(
+            name, f"{rows} sentences exceed max_queue_size ({max_rows}), the most one request can queue"
+        )
 
 
 _PUNCTUATION = tuple(".,;:!?…)]»“”\"'")

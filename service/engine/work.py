@@ -1,0 +1,104 @@
+"""The CPU work of a request's texts (splitting, normalising, tokenising, and putting the
+translations back together) off the event loop: on a bounded pool of threads (`text_threads`), so
+that Health, GetModelInfo and small requests are served while a large request is being split.
+A request small enough (INLINE_BYTES of text at most) runs on the loop: well under a
+millisecond, less than handing it to a thread.
+
+The work checks its request's `Checkpoint` before it starts and between texts and segments: a
+request whose deadline passed or whose client went away stops there (DEADLINE_EXCEEDED,
+CANCELLED), and the caller is answered at its deadline even while a thread finishes a step.
+After a request of more than RELEASE_BYTES of text, the C allocator is asked to give freed memory
+back to the system (glibc's malloc_trim), which it otherwise keeps in its arenas."""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import ctypes.util
+import functools
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
+
+from service.errors import Cancelled, DeadlineExceeded
+
+T = TypeVar("T")
+
+# Requests of at most this many UTF-8 bytes of text are prepared on the event loop.
+INLINE_BYTES = 4096
+# After a request of more text than this, freed memory goes back to the system.
+RELEASE_BYTES = 1 << 20
+
+
+class Checkpoint:
+    """A request's deadline (time.monotonic(), None: none) and whether it was cancelled, for the
+    thread that prepares its texts to check between steps."""
+
+    def __init__(self, deadline: float | None = None):
+        self.deadline = deadline
+        self.cancelled = False
+
+    def check(self) -> None:
+        if self.cancelled:
+            raise Cancelled("request cancelled")
+        if self.deadline is not None and time.monotonic() >= self.deadline:
+            raise DeadlineExceeded("deadline expired while the texts were prepared")
+
+    def remaining(self) -> float | None:
+        """Seconds left to the deadline (None: no deadline)."""
+        return None if self.deadline is None else self.deadline - time.monotonic()
+
+
+NO_CHECK = Checkpoint()
+
+
+class TextWork:
+    """A pool of `threads` threads for the CPU work of texts."""
+
+    def __init__(self, threads: int):
+        self.threads = threads
+        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="mtserve-text")
+
+    async def run(self, fn: Callable[[Checkpoint], T], size: int, timeout: float | None = None) -> T:
+        """`fn(checkpoint)` for a request of `size` bytes of text and `timeout` seconds left:
+        on the loop when small, else on the pool. DEADLINE_EXCEEDED when the timeout passes
+        first; a cancelled caller stops the work at its next check."""
+        point = Checkpoint(None if timeout is None else time.monotonic() + timeout)
+        point.check()
+        if size <= INLINE_BYTES:
+            return fn(point)
+        loop = asyncio.get_running_loop()
+        future = loop.run_in_executor(self._pool, fn, point)
+        try:
+            return await asyncio.wait_for(future, timeout)
+        except TimeoutError:
+            point.cancelled = True
+            raise DeadlineExceeded("deadline expired while the texts were prepared") from None
+        except asyncio.CancelledError:
+            point.cancelled = True
+            raise
+
+
+@functools.cache
+def shared(threads: int) -> TextWork:
+    """The one pool of a process (every model version's engine uses it)."""
+    return TextWork(threads)
+
+
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name or "libc.so.6")
+        trim: Callable[[int], int] = libc.malloc_trim
+    except (OSError, AttributeError):  # not glibc
+        return None
+    return trim
+
+
+def release_memory() -> None:
+    """Give the C allocator's free memory back to the system, where it can (glibc)."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
