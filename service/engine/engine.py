@@ -96,6 +96,8 @@ class Engine:
             name = f"{field}[{i}]" if field == "texts" else field
             # The size limit first, on the text as sent: it bounds the normalisation's work too.
             n = _utf8_bytes(t)
+            if total <= work.RELEASE_BYTES < total + n:  # a large request: its memory given back after it
+                self.work.release_soon()
             if n > st.max_text_bytes:
                 raise InvalidArgument(name, f"text exceeds max_text_bytes ({st.max_text_bytes}): {n} bytes")
             total += n
@@ -398,6 +400,7 @@ class Engine:
         """`pair`: the request's languages (a multilingual model needs them; `field_prefix` + the
         field names the one missing, "request." for a TranslateMany item)."""
         inference = Inference(self.metrics, self.translation_model)
+        size = 0
         try:
             self._check_texts(texts)
             prefixes = self.languages.prefixes(pair, field_prefix)
@@ -425,6 +428,9 @@ class Engine:
         except BaseException:
             inference.failed()
             raise
+        finally:
+            if size > work.RELEASE_BYTES:  # what the request's work took, given back
+                self.work.release_soon()
         inference.succeeded(len(texts))
         return results
 

@@ -28,7 +28,8 @@ T = TypeVar("T")
 # Requests of at most this many UTF-8 bytes of text are prepared on the event loop.
 INLINE_BYTES = 4096
 # After a request of more text than this, freed memory goes back to the system.
-RELEASE_BYTES = 1 << 20
+RELEASE_BYTES = 256 * 1024
+RELEASE_DELAY_S = 0.5
 
 
 class Checkpoint:
@@ -59,6 +60,7 @@ class TextWork:
     def __init__(self, threads: int):
         self.threads = threads
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="mtserve-text")
+        self._release: asyncio.Task[None] | None = None
 
     async def run(self, fn: Callable[[Checkpoint], T], size: int, timeout: float | None = None) -> T:
         """`fn(checkpoint)` for a request of `size` bytes of text and `timeout` seconds left:
@@ -78,6 +80,17 @@ class TextWork:
         except asyncio.CancelledError:
             point.cancelled = True
             raise
+
+    def release_soon(self) -> None:
+        """Give freed memory back to the system shortly (RELEASE_DELAY_S: after a large request
+        has been answered and its messages freed), once however many large requests ask."""
+        if self._release is None or self._release.done():
+            loop = asyncio.get_running_loop()
+            self._release = loop.create_task(self._release_later())
+
+    async def _release_later(self) -> None:
+        await asyncio.sleep(RELEASE_DELAY_S)
+        await asyncio.get_running_loop().run_in_executor(self._pool, release_memory)
 
 
 @functools.cache

@@ -33,7 +33,7 @@ from service.api.inference import grpc_service_pb2 as kserve_pb
 from service.api.inference import grpc_service_pb2_grpc as kserve_grpc
 from service.api.mtserve.v1 import translation_pb2 as pb
 from service.client import STATUS_BY_NUMBER
-from service.engine.languages import MAX_PAGE_SIZE
+from service.engine.languages import MAX_PAGE_SIZE, MAX_PAGE_TOKEN_DIGITS
 
 SCALE = float(os.environ.get("MTSERVE_FUZZ_SCALE", "1"))
 TIMEOUT = 30.0
@@ -430,10 +430,12 @@ def expect(code, details, problem: str | None, model: tuple[grpc.StatusCode, str
 
 def page_problem(req: pb.GetModelInfoRequest) -> str | None:
     """The field at fault in GetModelInfo's paging (translation.proto): page_size outside 0..1000,
-    or a page_token that is not a number, as ServedModel.next_page_token is."""
+    or a page_token that is not a number of at most 18 digits, as ServedModel.next_page_token is."""
     if not 0 <= req.page_size <= MAX_PAGE_SIZE:
         return "page_size"
     if req.page_token and not (req.page_token.isascii() and req.page_token.isdigit()):
+        return "page_token"
+    if len(req.page_token) > MAX_PAGE_TOKEN_DIGITS:
         return "page_token"
     return None
 
