@@ -143,18 +143,16 @@ def _locate(text: str, sentence: str, start: int) -> tuple[int, int] | None:
 def sentence_spans(text: str, lang: str) -> list[tuple[int, int]]:
     """The spans of the sentences of `text` (one line of a text) in `lang` (any code)."""
     code = splitter_language(lang)
-    found: list[str] = []
-    for s in _splitter(code).split(text):
-        for part in _GERMAN_QUOTE_END.split(s) if code == "de" and "“" in s else [s]:
-            found += _split_at_openers(part, code)
     spans: list[tuple[int, int]] = []
     at = 0
-    for s in found:
-        span = _locate(text, s, at)
-        if span is None:  # not the text the splitter was given: the line as one sentence
-            return _stripped(text, 0, len(text))
-        spans.append(span)
-        at = span[1]
+    for s in _splitter(code).split(text):
+        for part in _GERMAN_QUOTE_END.split(s) if code == "de" and "“" in s else (s,):
+            for sentence in _split_at_openers(part, code):
+                span = _locate(text, sentence, at)
+                if span is None:  # not the text the splitter was given: the line as one sentence
+                    return _stripped(text, 0, len(text))
+                spans.append(span)
+                at = span[1]
     return spans
 
 
@@ -267,15 +265,14 @@ def plan_text(text: str, name: str, rules: Rules, tokenizer: TextTokenizer, poin
     room = rules.limit - 1 - len(rules.lead)
     spans = segment_spans(text, rules.split, rules.language)
     point.check()
-    segments = []
-    for a, b in spans:
-        clean = normalize_text(text[a:b])
-        if clean:  # format characters alone: left in place, as the whitespace around segments
-            segments.append((a, b, clean))
-    _check_rows(name, len(segments), rules.max_rows)
-    for k, (a, b, clean) in enumerate(segments):
+    if len(spans) > rules.max_rows:  # each span but one of format characters alone is a row
+        _check_rows(name, sum(1 for a, b in spans if normalize_text(text[a:b])), rules.max_rows)
+    for k, (a, b) in enumerate(spans):
         if k % CHECK_EVERY == CHECK_EVERY - 1:
             point.check()
+        clean = normalize_text(text[a:b])
+        if not clean:
+            continue  # format characters alone: left in place, as the whitespace around segments
         ids = tokenizer.encode(clean)
         if len(ids) > room and rules.split == SPLIT_NONE:
             raise InvalidArgument(

@@ -16,6 +16,7 @@ import asyncio
 import ctypes
 import ctypes.util
 import functools
+import gc
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -30,6 +31,7 @@ INLINE_BYTES = 4096
 # After a request of more text than this, freed memory goes back to the system.
 RELEASE_BYTES = 256 * 1024
 RELEASE_DELAY_S = 0.5
+RELEASE_EVERY_S = 5.0
 
 
 class Checkpoint:
@@ -61,6 +63,7 @@ class TextWork:
         self.threads = threads
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="mtserve-text")
         self._release: asyncio.Task[None] | None = None
+        self._asked = 0.0  # when a large request last asked for its memory to be given back
 
     async def run(self, fn: Callable[[Checkpoint], T], size: int, timeout: float | None = None) -> T:
         """`fn(checkpoint)` for a request of `size` bytes of text and `timeout` seconds left:
@@ -82,15 +85,23 @@ class TextWork:
             raise
 
     def release_soon(self) -> None:
-        """Give freed memory back to the system shortly (RELEASE_DELAY_S: after a large request
-        has been answered and its messages freed), once however many large requests ask."""
+        """Give freed memory back to the system once no large request has come for
+        RELEASE_DELAY_S (its messages are freed by then), or every RELEASE_EVERY_S during a run of
+        them; one task does it however many ask."""
+        self._asked = time.monotonic()
         if self._release is None or self._release.done():
-            loop = asyncio.get_running_loop()
-            self._release = loop.create_task(self._release_later())
+            self._release = asyncio.get_running_loop().create_task(self._release_later())
 
     async def _release_later(self) -> None:
-        await asyncio.sleep(RELEASE_DELAY_S)
-        await asyncio.get_running_loop().run_in_executor(self._pool, release_memory)
+        loop = asyncio.get_running_loop()
+        while True:
+            started = time.monotonic()
+            while (wait := min(self._asked + RELEASE_DELAY_S, started + RELEASE_EVERY_S) - time.monotonic()) > 0:
+                await asyncio.sleep(wait)
+            asked = self._asked
+            await loop.run_in_executor(self._pool, release_memory)
+            if self._asked == asked:  # no large request since: done
+                return
 
 
 @functools.cache
@@ -112,6 +123,7 @@ def _malloc_trim() -> Callable[[int], int] | None:
 
 def release_memory() -> None:
     """Give the C allocator's free memory back to the system, where it can (glibc)."""
+    gc.collect()  # the cycles an error's traceback makes with the frames that hold a request's texts
     trim = _malloc_trim()
     if trim is not None:
         trim(0)
