@@ -270,7 +270,8 @@ class Engine:
         for text, name in zip(texts, names):
             if len(text.encode("utf-8", "surrogatepass")) > self.settings.max_text_bytes:
                 raise InvalidArgument(name, f"prefix exceeds max_text_bytes ({self.settings.max_text_bytes})")
-            ids = self.tokenizer.encode_target(text) if text else []
+            clean = normalize_text(text)  # as a source text: controls and format characters removed, NFC
+            ids = self.tokenizer.encode_target(clean) if clean else []
             if len(ids) + 1 > room:
                 raise InvalidArgument(
                     name,
