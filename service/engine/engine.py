@@ -35,7 +35,7 @@ from service.engine.requests import (
 from service.engine.streaming import translate_stream
 from service.engine.text import normalize_text
 from service.engine.work import NO_CHECK, Checkpoint
-from service.errors import Cancelled, DeadlineExceeded, Internal, InvalidArgument
+from service.errors import Cancelled, DeadlineExceeded, Internal, InvalidArgument, quote
 from service.metrics import ModelMetrics
 from service.runtime.tokenizer import TextTokenizer
 from service.settings import Settings
@@ -154,7 +154,9 @@ class Engine:
         texts and segments. INVALID_ARGUMENT for a text, or texts, of more rows than the queue
         holds (max_queue_size): such a request could never be queued."""
         if opts.split not in documents.SPLIT_MODES:
-            raise InvalidArgument("options.split", f"{opts.split!r} is not one of {', '.join(documents.SPLIT_MODES)}")
+            raise InvalidArgument(
+                "options.split", f"{quote(opts.split)} is not one of {', '.join(documents.SPLIT_MODES)}"
+            )
         rules = documents.Rules(
             split=opts.split,
             language=pair.source or self.manifest.src_lang,

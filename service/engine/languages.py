@@ -21,6 +21,7 @@ class LanguagePair:
 
     source: str = ""
     target: str = ""
+    encoding: bool = False  # the pair of a call that has no target language (Encode)
 
     def __bool__(self) -> bool:
         return bool(self.source or self.target)

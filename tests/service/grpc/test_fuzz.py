@@ -402,14 +402,16 @@ SERVED_PAIR = ("de", "en")
 
 def route_problem(req, field: str = "model") -> tuple[grpc.StatusCode, str] | None:
     """What the server answers for a request's model and language pair before its texts: the
-    `model` problem first, then NOT_FOUND naming both language fields for a pair that the model
-    (named, or the one a pair would pick) does not serve."""
+    `model` problem first, then NOT_FOUND naming the request's language fields (both; Encode's
+    source_language) for a pair that the model (named, or the one a pair would pick) does not serve."""
     problem = model_problem(req.model, field)
     if problem is not None:
         return problem
     pair = (getattr(req, "source_language", ""), getattr(req, "target_language", ""))
     if any(lang and lang != served for lang, served in zip(pair, SERVED_PAIR)):
         prefix = field[: -len("model")]
+        if not hasattr(req, "target_language"):  # Encode: the one language field it has
+            return grpc.StatusCode.NOT_FOUND, f"{prefix}source_language"
         return grpc.StatusCode.NOT_FOUND, f"{prefix}source_language/{prefix}target_language"
     return None
 

@@ -113,3 +113,17 @@ def test_a_deadline_is_kept_while_texts_are_split_and_the_work_stops(roomy_serve
     time.sleep(1.0)
     busy = (time.process_time() - cpu) / (time.monotonic() - wall)
     assert busy < 0.3, f"the server process used {busy:.0%} of a core a second after the answer"
+
+
+def test_a_huge_page_token_and_encode_languages_are_refused_by_field(server, client):
+    """A page_token of 5,000 digits is INVALID_ARGUMENT (it was INTERNAL: Python's int() digit
+    limit); Encode's NOT_FOUND names source_language, the one language field it has."""
+    with pytest.raises(grpc.RpcError) as e:
+        client.stub.GetModelInfo(pb.GetModelInfoRequest(page_token="9" * 5000), timeout=30)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert e.value.details().startswith("page_token: 5000 digits"), e.value.details()
+    with pytest.raises(grpc.RpcError) as e:
+        client.stub.Encode(pb.EncodeRequest(texts=["Ein Hund."], source_language="fr"), timeout=30)
+    assert e.value.code() == grpc.StatusCode.NOT_FOUND
+    assert e.value.details().startswith("source_language: "), e.value.details()
+    assert "target_language" not in e.value.details()
