@@ -64,6 +64,8 @@ class MosesSplitter:
             return []
         for pattern in _BREAKS:
             text = pattern.sub("\\1\n\\2", text)
+        if "." not in text:  # no period to look at: the words as they were, single-spaced
+            return _SPACES.sub(" ", text).replace("\n ", "\n").replace(" \n", "\n").strip().split("\n")
         words = _SPACES.split(text)
         seen: dict[tuple[str, str], bool] = {}  # a text repeating itself costs one look per pair
         for i in range(len(words) - 1):

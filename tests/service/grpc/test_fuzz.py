@@ -226,6 +226,7 @@ class Oracle:
     that must be reported (None: the request must succeed)."""
 
     def __init__(self, tokenizer: Tokenizer, max_positions: int, eos_id: int, length_penalty: float):
+        tokenizer.encode_special_tokens = True  # "</s>" in a text is text (docs/security.md)
         self.tok, self.eos_id, self.default_lp = tokenizer, eos_id, length_penalty
         self.limit = min(LIMITS["max_input_tokens"], max_positions - 1)
 
@@ -248,7 +249,10 @@ class Oracle:
                 return "texts"
         names = [f"texts[{i}]" for i in range(len(texts))] if field == "texts" else ["text"]
         for name, t in zip(names, texts):
-            if len(t.encode("utf-8")) > LIMITS["max_text_bytes"] or not self.normalized(t):
+            if len(t.encode("utf-8")) > LIMITS["max_text_bytes"]:
+                return name
+        for name, t in zip(names, texts):
+            if not self.normalized(t):
                 return name
             if rows == "none" and self.n_tokens(t) > self.limit:
                 return name
@@ -268,8 +272,14 @@ class Oracle:
         return None
 
     def translate(self, texts: list[str], o: pb.TranslationOptions, field: str = "texts") -> str | None:
+        """The texts' count, then each text's bytes (checked first, before any work on them),
+        then the options and the texts' contents."""
         if field == "texts" and (not texts or len(texts) > LIMITS["max_texts_per_request"]):
             return "texts"
+        names = [f"texts[{i}]" for i in range(len(texts))] if field == "texts" else ["text"]
+        for name, t in zip(names, texts):
+            if len(t.encode("utf-8")) > LIMITS["max_text_bytes"]:
+                return name
         if o.split not in pb.Split.values():
             return "options.split"
         rows = "none" if o.split == pb.SPLIT_NONE else "split"
