@@ -105,8 +105,13 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=20.0, help="length of the flood")
     parser.add_argument("--json", help="also write the result here")
     parser.add_argument("--server-arg", action="append", default=[], help="a flag for mtserve serve (repeatable)")
+    parser.add_argument(
+        "--server-env", action="append", default=[], help="KEY=VALUE in the server's environment (repeatable)"
+    )
     args = parser.parse_args()
-    with Server(args.model_dir, ["--decode-workers", "1", *args.server_arg], log_prefix="mtserve-stall-") as server:
+    env = dict(kv.split("=", 1) for kv in args.server_env)
+    flags = ["--decode-workers", "1", *args.server_arg]
+    with Server(args.model_dir, flags, env=env, log_prefix="mtserve-stall-") as server:
         probe(server.address, 20)  # warm-up
         idle_health, idle_small = probe(server.address, 200)
         rss_before = rss_bytes(server.pid)
@@ -135,6 +140,8 @@ def main() -> None:
     result = {
         "benchmark": "stall",
         "model_dir": args.model_dir,
+        "server_args": flags,
+        "server_env": env,
         "flood_seconds": args.seconds,
         "idle": {"health": percentiles(idle_health), "small_translate": percentiles(idle_small)},
         "flood": {"health": percentiles(flood_health), "small_translate": percentiles(flood_small)},
