@@ -109,6 +109,7 @@ def _splitter(lang: str) -> MosesSplitter:
 
 
 _WHITESPACE = re.compile(r"\s*")
+_GAP = 64  # whitespace between sentences that _locate's fast path looks past
 
 
 def _locate(text: str, sentence: str, start: int) -> tuple[int, int] | None:
@@ -117,9 +118,12 @@ def _locate(text: str, sentence: str, start: int) -> tuple[int, int] | None:
     sentences are consecutive, so the words are looked for at the first word after `start`
     (linear in the sentence); a regular expression searches the rest of the text only when the
     splitter changed the text."""
+    if sentence and not (sentence[0].isspace() or sentence[-1].isspace()):
+        # The sentence as sent, after a little whitespace (the search bounded: linear).
+        at = text.find(sentence, start, start + len(sentence) + _GAP)
+        if at == start or (at > start and text[start:at].isspace()):
+            return at, at + len(sentence)
     at = _WHITESPACE.match(text, start).end()  # type: ignore[union-attr]  # \s* always matches
-    if sentence and text.startswith(sentence, at) and not (sentence[0].isspace() or sentence[-1].isspace()):
-        return at, at + len(sentence)  # the sentence as sent
     words = sentence.split()
     if not words:
         return None
@@ -162,8 +166,8 @@ def _split_at_openers(sentence: str, code: str) -> list[str]:
     precedes a lower-case word). Linear in the sentence: the word before an opener is looked for
     between the previous opener and this one, the word after it is the pattern's group."""
     at_opener = _OPENER_AT.get(code)
-    if at_opener is None:
-        return [sentence]
+    if at_opener is None or (sentence.count(" ") < 2 and sentence.isprintable()):
+        return [sentence]  # no language rule, or fewer than the two whitespace runs around an opener
     never_last = _NEVER_LAST[code]
     parts: list[str] = []
     start = searched = 0
