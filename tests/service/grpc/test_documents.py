@@ -113,6 +113,7 @@ def test_kserve_takes_the_split_parameter(server, client):
 def test_model_info_gives_max_text_bytes_and_what_split_means(client):
     limits = client.model_info().limits
     assert limits.max_text_bytes == MAX_BYTES
+    assert limits.max_request_bytes == 1_048_576  # MTSERVE_MAX_REQUEST_BYTES's default
     assert "SPLIT_SENTENCES" in limits.zero_means["options.split"]
 
 
