@@ -1,8 +1,8 @@
 """The Moses sentence splitter of the sentence-splitter package (`SentenceSplitter.split`), rule
 for rule, in linear time: its patterns compiled once, a word without a period skipped before any
 pattern runs, and the text put back together with one join. The package compiles (looks up) each
-pattern for every word: 263 ms for the 25,000 sentences of `"Ja. " * 25000`, where mtserve's whole
-splitting takes 42 ms (`python -m benchmarks.splitter --speed`). The non-breaking prefix files are read as
+pattern for every word: 299 ms for the 25,000 sentences of `"Ja. " * 25000`, where mtserve's whole
+splitting takes 32 ms (`python -m benchmarks.splitter --speed`). The non-breaking prefix files are read as
 the package reads them. tests/service/engine/test_splitter.py checks both give the same sentences."""
 
 from __future__ import annotations
