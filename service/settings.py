@@ -128,7 +128,12 @@ class Settings(BaseSettings):
         description="a running batch drops finished rows once they "
         "are this fraction of its rows (and whenever it admits); 0: every step",
     )
-    max_queue_size: int = Field(2048, ge=1, description="sentences waiting for a batch; beyond: RESOURCE_EXHAUSTED")
+    max_queue_size: int = Field(
+        2048,
+        ge=1,
+        description="sentences waiting for a batch; beyond: RESOURCE_EXHAUSTED (a request of more sentences than "
+        "this could never be queued: INVALID_ARGUMENT)",
+    )
 
     # Per-request limits
     max_texts_per_request: int = Field(64, ge=1)
