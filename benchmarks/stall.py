@@ -8,7 +8,7 @@
    100 kB of sentence openers (`("x Der " * 16667)[:100000]`, 1 MB), forty texts of 25,000
    short sentences (`"Ja. " * 25000`, 4 MB: past max_request_bytes) and one message of 5 MB
    (past max_receive_message_bytes), while the probe goes on calling Health and the small
-   Translate. Each request's status is counted.
+   Translate. Each request's status is counted. `--flood openers,short,huge` picks the clients.
 3. A request the server accepts and cannot finish in time (two texts of 97 and 48 kB of prose,
    1,650 sentences) with a 2 s deadline: when it is answered, and how long the server's CPU
    takes to fall idle (under 10% of a core over 100 ms) after.
@@ -104,6 +104,11 @@ def main() -> None:
     parser.add_argument("--model-dir", default=str(REPO / "models" / "de-en" / "1"))
     parser.add_argument("--seconds", type=float, default=20.0, help="length of the flood")
     parser.add_argument("--json", help="also write the result here")
+    parser.add_argument(
+        "--flood",
+        default="openers,short,huge",
+        help="the flooding clients, one per name: openers (1 MB), short (4 MB), huge (5 MB message)",
+    )
     parser.add_argument("--server-arg", action="append", default=[], help="a flag for mtserve serve (repeatable)")
     parser.add_argument(
         "--server-env", action="append", default=[], help="KEY=VALUE in the server's environment (repeatable)"
@@ -116,11 +121,12 @@ def main() -> None:
         idle_health, idle_small = probe(server.address, 200)
         rss_before = rss_bytes(server.pid)
         stop, codes = threading.Event(), Counter[str]()
-        worst = [
-            pb.TranslateRequest(texts=[OPENERS] * 10).SerializeToString(),
-            pb.TranslateRequest(texts=[SHORT] * 40).SerializeToString(),
-            pb.TranslateRequest(texts=["Ja. " * 1_250_000]).SerializeToString(),
-        ]
+        kinds = {
+            "openers": pb.TranslateRequest(texts=[OPENERS] * 10),
+            "short": pb.TranslateRequest(texts=[SHORT] * 40),
+            "huge": pb.TranslateRequest(texts=["Ja. " * 1_250_000]),
+        }
+        worst = [kinds[k].SerializeToString() for k in args.flood.split(",")]
         clients = [threading.Thread(target=flood, args=(server.address, r, stop, codes)) for r in worst]
         for c in clients:
             c.start()
@@ -143,6 +149,7 @@ def main() -> None:
         "server_args": flags,
         "server_env": env,
         "flood_seconds": args.seconds,
+        "flood_clients": args.flood.split(","),
         "idle": {"health": percentiles(idle_health), "small_translate": percentiles(idle_small)},
         "flood": {"health": percentiles(flood_health), "small_translate": percentiles(flood_small)},
         "flood_statuses": dict(codes),
