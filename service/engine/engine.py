@@ -487,8 +487,8 @@ class Engine:
         inference = Inference(self.metrics, self.encoder_model)
         try:
             self._check_texts(texts)
-            size = self.check_sizes(texts)
             lead = self.languages.prefixes(pair, need_target=False)
+            size = self.check_sizes(texts)
             started = time.monotonic()
             src = await self.work.run(lambda point: self.source_ids(texts, prefixes=lead, point=point), size, timeout)
             if timeout is not None:
