@@ -6,6 +6,7 @@ the measurement behind the choice of the serving path's splitter (docs/documents
     python -m benchmarks.splitter            # the table, per language
     python -m benchmarks.splitter --failures # and each case a splitter gets wrong
     python -m benchmarks.splitter --corpus   # lines of multi30k that mtserve splits more than the package
+    python -m benchmarks.splitter --speed    # ms to split 100 kB texts (the best of 5), as JSON
 
 A case counts when the splitter returns exactly its sentences (each stripped of surrounding
 whitespace) for the sentences joined by single spaces. Candidates that are not installed are
@@ -79,11 +80,44 @@ def extra_splits(data_dir: Path) -> None:
             print(f"    {t}")
 
 
+def speed(runs: int = 5) -> dict[str, dict[str, float]]:
+    """Milliseconds (the best of `runs`) that mtserve's splitting (service.engine.documents.
+    segment_spans, German) and the package's SentenceSplitter.split take for 100 kB texts: one
+    opener after every word, 25,000 short sentences, and prose."""
+    from service.engine.documents import SPLIT_SENTENCES, segment_spans
+
+    texts = {
+        "openers": ("x Der " * 16667)[:100000],
+        "short_sentences": "Ja. " * 25000,
+        "prose": ("Ein Mann geht mit seinem Hund im Park spazieren, und die Sonne scheint. " * 1400)[:100000],
+    }
+    package = _moses()
+    out: dict[str, dict[str, float]] = {}
+    for name, text in texts.items():
+        row = {}
+        for who, split in (("mtserve", lambda t: segment_spans(t, SPLIT_SENTENCES, "de")), ("package", None)):
+            best = float("inf")
+            for _ in range(runs if split else 1):
+                start = time.perf_counter()
+                if split:
+                    split(text)
+                else:
+                    package("de", text)
+                best = min(best, time.perf_counter() - start)
+            row[f"{who}_ms"] = round(best * 1000, 1)
+        out[name] = {"bytes": len(text.encode()), **row}
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--failures", action="store_true", help="print each case a splitter gets wrong")
     parser.add_argument("--corpus", action="store_true", help="count multi30k lines split more than by the package")
+    parser.add_argument("--speed", action="store_true", help="time splitting 100 kB texts (JSON)")
     args = parser.parse_args()
+    if args.speed:
+        print(json.dumps(speed(), indent=2))
+        return
     if args.corpus:
         from export.data import DEFAULT_DATA_DIR
 

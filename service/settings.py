@@ -128,13 +128,30 @@ class Settings(BaseSettings):
         description="a running batch drops finished rows once they "
         "are this fraction of its rows (and whenever it admits); 0: every step",
     )
-    max_queue_size: int = Field(2048, ge=1, description="sentences waiting for a batch; beyond: RESOURCE_EXHAUSTED")
+    max_queue_size: int = Field(
+        2048,
+        ge=1,
+        description="sentences waiting for a batch; beyond: RESOURCE_EXHAUSTED (a request of more sentences than "
+        "this could never be queued: INVALID_ARGUMENT)",
+    )
 
     # Per-request limits
     max_texts_per_request: int = Field(64, ge=1)
     max_input_tokens: int = Field(200, ge=1, description="subword tokens of one source text")
     max_output_tokens: int = Field(200, ge=1, description="generated tokens of one text")
     max_text_bytes: int = Field(100_000, ge=1, description="UTF-8 bytes of one source text")
+    max_request_bytes: int = Field(
+        1_048_576,
+        ge=1,
+        description="UTF-8 bytes of all the texts and target prefixes of one request (a TranslateMany item)",
+    )
+    text_threads: int = Field(
+        2,
+        ge=1,
+        le=64,
+        description="threads that split, tokenise and reassemble the texts of requests of more than 4 kB, off "
+        "the event loop (service/engine/work.py)",
+    )
     max_beam_size: int = Field(8, ge=1)
     default_beam_size: int = Field(4, ge=1)
     max_receive_message_bytes: int = Field(4 * 1024 * 1024, ge=1024)

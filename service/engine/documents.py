@@ -18,14 +18,13 @@ from __future__ import annotations
 
 import functools
 import re
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sentence_splitter import SentenceSplitter
-
 from service.engine.requests import Segment, TranslationResult
+from service.engine.splitter import MosesSplitter, read_prefixes
 from service.engine.text import normalize_text
+from service.engine.work import NO_CHECK, Checkpoint
 from service.errors import InvalidArgument
 from service.runtime.tokenizer import TextTokenizer
 
@@ -67,7 +66,7 @@ _NEVER_LAST = {
     }.items()
 }
 _OPENER_AT = {
-    lang: re.compile(rf"(?<=[^\W_]|\.)\s+(?=(?:{'|'.join(words.split())})\s+[^\W\d_])")
+    lang: re.compile(rf"(?<=[^\W_]|\.)\s+(?=(?:{'|'.join(words.split())})\s+([^\W\d_]))")
     for lang, words in _OPENERS.items()
 }
 # ISO 639-2/3 and NLLB (deu_Latn) codes of the languages sentence-splitter has lists for.
@@ -99,27 +98,48 @@ def _supported() -> frozenset[str]:
 
 
 @functools.cache
-def _splitter(lang: str) -> SentenceSplitter:
+def _splitter(lang: str) -> MosesSplitter:
     """The splitter of `lang` (a splitter_language): the package's prefixes and EXTRA_PREFIXES."""
     import sentence_splitter
 
     listed = Path(sentence_splitter.__file__).parent / "non_breaking_prefixes" / f"{lang}.txt"
     removed = REMOVED_PREFIXES.get(lang, set())
     kept = [line for line in listed.read_text(encoding="utf-8").splitlines() if line.strip() not in removed]
-    lines = kept + EXTRA_PREFIXES.get(lang, [])
-    # SentenceSplitter reads its prefixes from a file only; it has read it once constructed.
-    with tempfile.TemporaryDirectory() as tmp:
-        merged = Path(tmp) / f"{lang}.txt"
-        merged.write_text("\n".join(lines) + "\n", encoding="utf-8")
-        return SentenceSplitter(language=lang, non_breaking_prefix_file=str(merged))
+    return MosesSplitter(read_prefixes(kept + EXTRA_PREFIXES.get(lang, [])))
+
+
+_WHITESPACE = re.compile(r"\s*")
+_GAP = 64  # whitespace between sentences that _locate's fast path looks past
 
 
 def _locate(text: str, sentence: str, start: int) -> tuple[int, int] | None:
     """Where `sentence` (as the splitter returns it, whitespace runs collapsed) is in `text`,
-    from `start`."""
+    from `start`: where its words follow each other, whitespace between them. The splitter's
+    sentences are consecutive, so the words are looked for at the first word after `start`
+    (linear in the sentence); a regular expression searches the rest of the text only when the
+    splitter changed the text."""
+    if sentence and not (sentence[0].isspace() or sentence[-1].isspace()):
+        # The sentence as sent, after a little whitespace (the search bounded: linear).
+        at = text.find(sentence, start, start + len(sentence) + _GAP)
+        if at == start or (at > start and text[start:at].isspace()):
+            return at, at + len(sentence)
+    at = _WHITESPACE.match(text, start).end()  # type: ignore[union-attr]  # \s* always matches
     words = sentence.split()
     if not words:
         return None
+    at = _WHITESPACE.match(text, start).end()  # type: ignore[union-attr]  # \s* always matches
+    begin = at
+    for k, word in enumerate(words):
+        if k:
+            gap = _WHITESPACE.match(text, at).end()  # type: ignore[union-attr]
+            if gap == at:
+                break
+            at = gap
+        if not text.startswith(word, at):
+            break
+        at += len(word)
+    else:
+        return begin, at
     m = re.compile(r"\s+".join(map(re.escape, words))).search(text, start)
     return (m.start(), m.end()) if m else None
 
@@ -127,38 +147,38 @@ def _locate(text: str, sentence: str, start: int) -> tuple[int, int] | None:
 def sentence_spans(text: str, lang: str) -> list[tuple[int, int]]:
     """The spans of the sentences of `text` (one line of a text) in `lang` (any code)."""
     code = splitter_language(lang)
-    found: list[str] = []
-    for s in _splitter(code).split(text):
-        for part in _GERMAN_QUOTE_END.split(s) if code == "de" else [s]:
-            found += _split_at_openers(part, code)
     spans: list[tuple[int, int]] = []
     at = 0
-    for s in found:
-        span = _locate(text, s, at)
-        if span is None:  # not the text the splitter was given: the line as one sentence
-            return _stripped(text, 0, len(text))
-        spans.append(span)
-        at = span[1]
+    for s in _splitter(code).split(text):
+        for part in _GERMAN_QUOTE_END.split(s) if code == "de" and "“" in s else (s,):
+            for sentence in _split_at_openers(part, code):
+                span = _locate(text, sentence, at)
+                if span is None:  # not the text the splitter was given: the line as one sentence
+                    return _stripped(text, 0, len(text))
+                spans.append(span)
+                at = span[1]
     return spans
 
 
 def _split_at_openers(sentence: str, code: str) -> list[str]:
     """`sentence` split before each of its language's _OPENERS that follows a word without final
     punctuation, or a kept period, other than one of _NEVER_LAST (and, in English and French,
-    precedes a lower-case word)."""
+    precedes a lower-case word). Linear in the sentence: the word before an opener is looked for
+    between the previous opener and this one, the word after it is the pattern's group."""
     at_opener = _OPENER_AT.get(code)
-    if at_opener is None:
-        return [sentence]
+    if at_opener is None or (sentence.count(" ") < 2 and sentence.isprintable()):
+        return [sentence]  # no language rule, or fewer than the two whitespace runs around an opener
     never_last = _NEVER_LAST[code]
     parts: list[str] = []
-    start = 0
+    start = searched = 0
     for m in at_opener.finditer(sentence):
-        after = sentence[m.end() :].split(maxsplit=2)[1]
-        if code in _LOWER_CASE_NOUNS and not after[0].islower():
+        if code in _LOWER_CASE_NOUNS and not m.group(1).islower():
+            searched = m.end()
             continue
-        if sentence[: m.start()].split()[-1].lower() not in never_last:
+        if sentence[searched : m.start()].rsplit(None, 1)[-1].lower() not in never_last:
             parts.append(sentence[start : m.start()])
             start = m.end()
+        searched = m.end()
     return [*parts, sentence[start:]]
 
 
@@ -235,16 +255,25 @@ class Rules:
     eos_id: int
     limit: int  # tokens of a source row at most, lead and </s> included
     max_text_bytes: int
+    max_rows: int = 2**31  # rows of one text at most (the queue's size: more could never be queued)
 
 
-def plan_text(text: str, name: str, rules: Rules, tokenizer: TextTokenizer) -> Plan:
+def plan_text(text: str, name: str, rules: Rules, tokenizer: TextTokenizer, point: Checkpoint = NO_CHECK) -> Plan:
     """The segments and rows of `text` (field `name`). INVALID_ARGUMENT past max_text_bytes, for a
-    text with nothing to translate, and with SPLIT_NONE for a text past the token limit."""
+    text with nothing to translate, with SPLIT_NONE for a text past the token limit, and for a
+    text of more than max_rows segments (known before any is tokenised) or rows. `point` is
+    checked between the steps and every CHECK_EVERY segments."""
     if len(text.encode("utf-8", "surrogatepass")) > rules.max_text_bytes:
         raise InvalidArgument(name, f"text exceeds max_text_bytes ({rules.max_text_bytes})")
     plan = Plan(text)
     room = rules.limit - 1 - len(rules.lead)
-    for a, b in segment_spans(text, rules.split, rules.language):
+    spans = segment_spans(text, rules.split, rules.language)
+    point.check()
+    if len(spans) > rules.max_rows:  # each span but one of format characters alone is a row
+        _check_rows(name, sum(1 for a, b in spans if normalize_text(text[a:b])), rules.max_rows)
+    for k, (a, b) in enumerate(spans):
+        if k % CHECK_EVERY == CHECK_EVERY - 1:
+            point.check()
         clean = normalize_text(text[a:b])
         if not clean:
             continue  # format characters alone: left in place, as the whitespace around segments
@@ -258,7 +287,19 @@ def plan_text(text: str, name: str, rules: Rules, tokenizer: TextTokenizer) -> P
         plan.rows.append([[*rules.lead, *p, rules.eos_id] for p in parts])
     if not plan.spans:
         raise InvalidArgument(name, "text is empty once whitespace, control and format characters are removed")
+    _check_rows(name, plan.row_count, rules.max_rows)
     return plan
+
+
+# Segments tokenised between two checks of the request's deadline and cancellation.
+CHECK_EVERY = 256
+
+
+def _check_rows(name: str, rows: int, max_rows: int) -> None:
+    if rows > max_rows:
+        raise InvalidArgument(
+            name, f"{rows} sentences exceed max_queue_size ({max_rows}), the most one request can queue"
+        )
 
 
 _PUNCTUATION = tuple(".,;:!?…)]»“”\"'")

@@ -20,7 +20,7 @@ from service import tracing
 from service.batching.jobs import EncodeJob, Sentence, new_request
 from service.decoding.generator import Finished, max_output_len
 from service.decoding.sampling import Sampling, sampling_rng
-from service.engine import documents
+from service.engine import documents, work
 from service.engine.backend import Backend
 from service.engine.inference import Inference
 from service.engine.languages import LanguagePair, ModelLanguages, Prefixes
@@ -34,7 +34,8 @@ from service.engine.requests import (
 )
 from service.engine.streaming import translate_stream
 from service.engine.text import normalize_text
-from service.errors import Cancelled, DeadlineExceeded, Internal, InvalidArgument
+from service.engine.work import NO_CHECK, Checkpoint
+from service.errors import Cancelled, DeadlineExceeded, Internal, InvalidArgument, quote
 from service.metrics import ModelMetrics
 from service.runtime.tokenizer import TextTokenizer
 from service.settings import Settings
@@ -71,6 +72,7 @@ class Engine:
         self.name, self.version = metrics.name, metrics.version  # as served: the repository's NAME/VERSION
         self.model_name = f"{self.name}:{self.version}"
         self.translation_model, self.encoder_model = model_names(self.name)
+        self.work = work.shared(settings.text_threads)
 
     # -- validation and tokenisation --------------------------------------------------
 
@@ -82,17 +84,47 @@ class Engine:
                 "texts", f"{len(texts)} texts exceed max_texts_per_request ({self.settings.max_texts_per_request})"
             )
 
-    def source_ids(self, texts: list[str], field: str = "texts", prefixes: Prefixes = Prefixes()) -> list[list[int]]:
-        """Each text's source row: [source language token] + its ids + [</s>], all of which count
-        against max_input_tokens."""
-        limit = min(self.settings.max_input_tokens, self.manifest.dims.max_positions - 1)
-        lead = list(prefixes.source)
-        clean = []
+    def check_sizes(
+        self, texts: list[str], field: str = "texts", prefixes: list[str] | None = None, prefix_field: str = ""
+    ) -> int:
+        """The UTF-8 bytes of `texts` and `prefixes` (target prefixes), checked on the event loop
+        before any other work: INVALID_ARGUMENT naming the text past max_text_bytes, or the one
+        whose bytes take the request past max_request_bytes."""
+        st = self.settings
+        total = 0
         for i, t in enumerate(texts):
             name = f"{field}[{i}]" if field == "texts" else field
             # The size limit first, on the text as sent: it bounds the normalisation's work too.
-            if len(t.encode("utf-8", "surrogatepass")) > self.settings.max_text_bytes:
-                raise InvalidArgument(name, f"text exceeds max_text_bytes ({self.settings.max_text_bytes})")
+            n = _utf8_bytes(t)
+            if total <= work.RELEASE_BYTES < total + n:  # a large request: its memory given back after it
+                self.work.release_soon()
+            if n > st.max_text_bytes:
+                raise InvalidArgument(name, f"text exceeds max_text_bytes ({st.max_text_bytes}): {n} bytes")
+            total += n
+            if total > st.max_request_bytes:
+                raise InvalidArgument(
+                    name, f"{field} up to here hold {total} bytes, over max_request_bytes ({st.max_request_bytes})"
+                )
+        for p in prefixes or []:
+            total += _utf8_bytes(p)
+        if total > st.max_request_bytes:
+            raise InvalidArgument(
+                prefix_field, f"texts and prefixes hold {total} bytes, over max_request_bytes ({st.max_request_bytes})"
+            )
+        return total
+
+    def source_ids(
+        self, texts: list[str], field: str = "texts", prefixes: Prefixes = Prefixes(), point: Checkpoint = NO_CHECK
+    ) -> list[list[int]]:
+        """Each text's source row: [source language token] + its ids + [</s>], all of which count
+        against max_input_tokens. `point` is checked between texts."""
+        limit = min(self.settings.max_input_tokens, self.manifest.dims.max_positions - 1)
+        lead = list(prefixes.source)
+        clean = []
+        self.check_sizes(texts, field)
+        for i, t in enumerate(texts):
+            point.check()
+            name = f"{field}[{i}]" if field == "texts" else field
             c = normalize_text(t)
             if not c:
                 raise InvalidArgument(name, "text is empty once whitespace, control and format characters are removed")
@@ -116,10 +148,15 @@ class Engine:
         pair: LanguagePair,
         prefixes: Prefixes,
         field: str = "texts",
+        point: Checkpoint = NO_CHECK,
     ) -> list[documents.Plan]:
-        """Each text's segments and source rows, as `opts.split` asks."""
+        """Each text's segments and source rows, as `opts.split` asks; `point` checked between
+        texts and segments. INVALID_ARGUMENT for a text, or texts, of more rows than the queue
+        holds (max_queue_size): such a request could never be queued."""
         if opts.split not in documents.SPLIT_MODES:
-            raise InvalidArgument("options.split", f"{opts.split!r} is not one of {', '.join(documents.SPLIT_MODES)}")
+            raise InvalidArgument(
+                "options.split", f"{quote(opts.split)} is not one of {', '.join(documents.SPLIT_MODES)}"
+            )
         rules = documents.Rules(
             split=opts.split,
             language=pair.source or self.manifest.src_lang,
@@ -127,11 +164,21 @@ class Engine:
             eos_id=self.eos_id,
             limit=min(self.settings.max_input_tokens, self.manifest.dims.max_positions - 1),
             max_text_bytes=self.settings.max_text_bytes,
+            max_rows=self.settings.max_queue_size,
         )
-        return [
-            documents.plan_text(t, f"{field}[{i}]" if field == "texts" else field, rules, self.tokenizer)
-            for i, t in enumerate(texts)
-        ]
+        plans, rows = [], 0
+        for i, t in enumerate(texts):
+            point.check()
+            name = f"{field}[{i}]" if field == "texts" else field
+            plans.append(documents.plan_text(t, name, rules, self.tokenizer, point))
+            rows += plans[-1].row_count
+            if rows > rules.max_rows:
+                raise InvalidArgument(
+                    name,
+                    f"{field} up to here make {rows} sentences, over max_queue_size ({rules.max_rows}), "
+                    "the most one request can queue",
+                )
+        return plans
 
     def row_options(
         self, opts: TranslateOptions, plans: list[documents.Plan], prefixes: Prefixes, field_prefix: str
@@ -225,7 +272,8 @@ class Engine:
         for text, name in zip(texts, names):
             if len(text.encode("utf-8", "surrogatepass")) > self.settings.max_text_bytes:
                 raise InvalidArgument(name, f"prefix exceeds max_text_bytes ({self.settings.max_text_bytes})")
-            ids = self.tokenizer.encode_target(text) if text else []
+            clean = normalize_text(text)  # as a source text: controls and format characters removed, NFC
+            ids = self.tokenizer.encode_target(clean) if clean else []
             if len(ids) + 1 > room:
                 raise InvalidArgument(
                     name,
@@ -355,13 +403,18 @@ class Engine:
         """`pair`: the request's languages (a multilingual model needs them; `field_prefix` + the
         field names the one missing, "request." for a TranslateMany item)."""
         inference = Inference(self.metrics, self.translation_model)
+        size = 0
         try:
             self._check_texts(texts)
             prefixes = self.languages.prefixes(pair, field_prefix)
-            plans = self.plans(texts, opts, pair, prefixes)
-            src = [row for p in plans for segment in p.rows for row in segment]
-            row_opts = self.row_options(opts, plans, prefixes, field_prefix)
-            sentences = self.sentences(src, row_opts, timeout, prefixes, field_prefix)
+            size = self.check_sizes(
+                texts,
+                prefixes=opts.target_prefixes or [opts.target_prefix],
+                prefix_field=f"{field_prefix}target_prefix{'es' if opts.target_prefixes else ''}",
+            )
+            plans, src, sentences = await self.work.run(
+                lambda point: self.prepare(texts, opts, pair, prefixes, field_prefix, point), size, timeout
+            )
             self.trace(self.translation_model, sentences)
             inference.submit()
             self.scheduler.submit(sentences)  # all the rows of all the texts, or none
@@ -374,13 +427,40 @@ class Engine:
                     f.cancel()
                 raise
             inference.compute_done(sentences)
-            rows = [self.result(s, f, opts) for s, f in zip(src, finished)]
-            results = self._assemble(plans, rows, opts.split)
+            results = await self.work.run(lambda _: self._results(plans, src, finished, opts), size)
         except BaseException:
             inference.failed()
             raise
+        finally:
+            if size > work.RELEASE_BYTES:  # what the request's work took, given back
+                self.work.release_soon()
         inference.succeeded(len(texts))
         return results
+
+    def prepare(
+        self,
+        texts: list[str],
+        opts: TranslateOptions,
+        pair: LanguagePair,
+        prefixes: Prefixes,
+        field_prefix: str,
+        point: Checkpoint,
+        field: str = "texts",
+    ) -> tuple[list[documents.Plan], list[list[int]], list[Sentence]]:
+        """The CPU work before a request is queued (on the text pool, service.engine.work): the
+        texts' plans, their rows' source ids and the sentences to queue."""
+        plans = self.plans(texts, opts, pair, prefixes, field, point)
+        src = [row for p in plans for segment in p.rows for row in segment]
+        row_opts = self.row_options(opts, plans, prefixes, field_prefix)
+        point.check()
+        sentences = self.sentences(src, row_opts, point.remaining(), prefixes, field_prefix)
+        return plans, src, sentences
+
+    def _results(
+        self, plans: list[documents.Plan], src: list[list[int]], finished: list[Finished], opts: TranslateOptions
+    ) -> list[TranslationResult]:
+        rows = [self.result(s, f, opts) for s, f in zip(src, finished)]
+        return self._assemble(plans, rows, opts.split)
 
     def trace(self, model: str, sentences: list[Sentence] | None = None, texts: int = 0) -> None:
         """The model on the current (RPC) span, and the sentences' spans under it, when traced."""
@@ -407,7 +487,12 @@ class Engine:
         inference = Inference(self.metrics, self.encoder_model)
         try:
             self._check_texts(texts)
-            src = self.source_ids(texts, prefixes=self.languages.prefixes(pair, need_target=False))
+            lead = self.languages.prefixes(pair, need_target=False)
+            size = self.check_sizes(texts)
+            started = time.monotonic()
+            src = await self.work.run(lambda point: self.source_ids(texts, prefixes=lead, point=point), size, timeout)
+            if timeout is not None:
+                timeout -= time.monotonic() - started
             self.trace(self.encoder_model, texts=len(src))
             jobs = [EncodeJob(src_ids=s) for s in src]
             inference.submit()
@@ -470,6 +555,7 @@ class Engine:
                 "max_batch_tokens": st.max_batch_tokens,
                 "max_queue_size": st.max_queue_size,
                 "max_text_bytes": st.max_text_bytes,
+                "max_request_bytes": st.max_request_bytes,
                 "zero_means": self.zero_means(),
             },
         }
@@ -504,3 +590,8 @@ class Engine:
             f"{documents.splitter_language(self.manifest.src_lang)!r}), its whitespace and line breaks kept; texts "
             f"up to max_text_bytes ({st.max_text_bytes}) are never refused for length",
         }
+
+
+def _utf8_bytes(text: str) -> int:
+    """UTF-8 bytes of `text` (lone surrogates as 3 bytes each)."""
+    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))

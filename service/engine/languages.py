@@ -23,6 +23,7 @@ class LanguagePair:
 
     source: str = ""
     target: str = ""
+    encoding: bool = False  # the pair of a call that has no target language (Encode)
 
     def __bool__(self) -> bool:
         return bool(self.source or self.target)
@@ -140,6 +141,7 @@ def describe_pairs(pairs: list[tuple[str, str]], listed: int = LISTED_PAIRS) -> 
 
 DEFAULT_PAGE_SIZE = 100
 MAX_PAGE_SIZE = 1000
+MAX_PAGE_TOKEN_DIGITS = 18  # a page token is an offset into a model's pairs: an int64 at most
 
 
 def pair_page(pairs: list[tuple[str, str]], page_size: int, page_token: str) -> tuple[list[tuple[str, str]], str]:
@@ -150,6 +152,11 @@ def pair_page(pairs: list[tuple[str, str]], page_size: int, page_token: str) -> 
     size = page_size or DEFAULT_PAGE_SIZE
     if page_token and not (page_token.isascii() and page_token.isdigit()):
         raise InvalidArgument("page_token", "not a token from ServedModel.next_page_token")
+    if len(page_token) > MAX_PAGE_TOKEN_DIGITS:  # checked before int(): its work grows with the digits
+        raise InvalidArgument(
+            "page_token",
+            f"{len(page_token)} digits, more than {MAX_PAGE_TOKEN_DIGITS}: not a token from next_page_token",
+        )
     start = int(page_token or 0)
     page = pairs[start : start + size]
     return page, str(start + size) if start + size < len(pairs) else ""

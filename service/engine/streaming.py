@@ -28,7 +28,7 @@ async def translate_stream(
     chunks' texts add up to the result's: the whitespace between sentences (SPLIT_NONE: none)
     and each sentence's translation (its parts, for one cut for length, joined by a space)."""
     inference = Inference(engine.metrics, engine.translation_model)
-    plan, src, rows, start = _submit(engine, text, opts, timeout, inference, pair)
+    plan, src, rows, start = await _submit(engine, text, opts, timeout, inference, pair)
     keep_gaps = opts.split != documents.SPLIT_NONE
     results: list[TranslationResult] = []
     first = True
@@ -106,7 +106,7 @@ async def _follow(
         done.cancel()
 
 
-def _submit(
+async def _submit(
     engine: Engine,
     text: str,
     opts: TranslateOptions,
@@ -120,9 +120,10 @@ def _submit(
     chunk counts)."""
     try:
         prefixes = engine.languages.prefixes(pair)
-        (plan,) = engine.plans([text], opts, pair, prefixes, field="text")
-        src = [row for segment in plan.rows for row in segment]
-        sentences = engine.sentences(src, engine.row_options(opts, [plan], prefixes, ""), timeout, prefixes)
+        size = engine.check_sizes([text], "text", [opts.target_prefix], "target_prefix")
+        (plan,), src, sentences = await engine.work.run(
+            lambda point: engine.prepare([text], opts, pair, prefixes, "", point, field="text"), size, timeout
+        )
         engine.trace(engine.translation_model, sentences)
     except BaseException:
         inference.failed()

@@ -150,7 +150,7 @@ class TranslationServicer(pb_grpc.TranslationServiceServicer):
                 )
 
     async def Encode(self, request: pb.EncodeRequest, context: grpc.aio.ServicerContext) -> pb.EncodeResponse:
-        pair = LanguagePair(request.source_language)
+        pair = LanguagePair(request.source_language, encoding=True)
         with self.models.lease(request.model, pair=pair) as served:
             encodings = await served.engine.encode(
                 list(request.texts), request.return_token_embeddings, deadline(context), pair

@@ -142,6 +142,7 @@ def model_config(
         "max_queue_delay_ms": f"{st.max_queue_delay_ms:g}",
         "max_input_tokens": str(st.max_input_tokens),
         "max_text_bytes": str(st.max_text_bytes),
+        "max_request_bytes": str(st.max_request_bytes),
     }
     if st.continuous_batching:
         params |= {

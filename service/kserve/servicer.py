@@ -117,11 +117,13 @@ class KServeServicer(pb_grpc.GRPCInferenceServiceServicer):
             check_version(version, version_field)
         base_of = {kserve: n for n, _ in self.models.served for kserve in model_names(n)}
         if name not in base_of:
-            raise NotFound(f"{name_field}: unknown model {name!r} (served: {', '.join(sorted(base_of))})")
+            raise NotFound(f"{name_field}: unknown model {quote(name)} (served: {', '.join(sorted(base_of))})")
         base = base_of[name]
         loaded = [s.version for s in self.models.versions(base)]
         if version and version not in loaded:
-            raise NotFound(f"{version_field}: model {name!r} has no version {version!r} (served: {', '.join(loaded)})")
+            raise NotFound(
+                f"{version_field}: model {quote(name)} has no version {quote(version)} (served: {', '.join(loaded)})"
+            )
         served = self.models.resolve(f"{base}:{version}" if version else base, name_field)
         return model_specs(base, served.engine.manifest)[name], served
 
@@ -263,7 +265,9 @@ class KServeServicer(pb_grpc.GRPCInferenceServiceServicer):
         index, texts = input_texts(request)
         check_outputs(request, spec)
         params = request_parameters(request, spec)
-        pair = LanguagePair(params.pop("source_language", ""), params.pop("target_language", ""))
+        pair = LanguagePair(
+            params.pop("source_language", ""), params.pop("target_language", ""), encoding=spec.kind == "encode"
+        )
         output: list[bytes] | np.ndarray
         with self.models.lease(served.ref, "model_name", pair):
             engine = served.engine

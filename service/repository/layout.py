@@ -122,12 +122,12 @@ def wanted(repository: dict[str, list[VersionDir]], names: list[str]) -> list[Ve
     for ref in names:
         name, version = parse_model_ref(ref, "models")
         if name not in repository:
-            raise NotFound(f"models: {name!r} is not in the repository (found: {', '.join(repository) or 'none'})")
+            raise NotFound(f"models: {quote(name)} is not in the repository (found: {', '.join(repository) or 'none'})")
         versions = repository[name]
         match = [v for v in versions if v.version == version] if version else versions[-1:]
         if not match:
             raise NotFound(
-                f"models: {name!r} has no version {version!r} (found: {', '.join(v.version for v in versions)})"
+                f"models: {quote(name)} has no version {quote(version)} (found: {', '.join(v.version for v in versions)})"
             )
         chosen.append(match[0])
     return chosen

@@ -27,7 +27,7 @@ from pathlib import Path
 from service.engine.backend import Backend
 from service.engine.engine import Engine
 from service.engine.languages import LanguagePair
-from service.errors import FailedPrecondition, ModelLoadError, NotFound, Unavailable
+from service.errors import FailedPrecondition, ModelLoadError, NotFound, Unavailable, quote
 from service.metrics import Metrics
 from service.repository.layout import VersionDir, parse_model_ref, scan
 from service.runtime.memory import release_freed_memory
@@ -113,7 +113,7 @@ class ModelRegistry:
             raise NotFound(f"{field}: {self._unknown(name, version)}")
         langs = served.engine.languages
         if pair and not langs.serves(pair):
-            fields = self._pair_fields(field)
+            fields = self._pair_fields(field, pair)
             raise NotFound(
                 f"{fields}: model {served.ref} does not translate {pair}: {langs.why_not(pair)} "
                 f"(it serves {langs.describe()})"
@@ -121,11 +121,13 @@ class ModelRegistry:
         return served
 
     @staticmethod
-    def _pair_fields(field: str) -> str:
+    def _pair_fields(field: str, pair: LanguagePair) -> str:
         """The request's language fields, beside its model field `field` ("model", "request.model";
-        KServe's "model_name" has them as parameters)."""
+        KServe's "model_name" has them as parameters): both, but for a call without a target
+        language (Encode, `LanguagePair.encoding`) the source language alone."""
         prefix = field[: -len("model")] if field.endswith("model") else "parameters."
-
+        if pair.encoding:
+            return f"{prefix}source_language"
         return f"{prefix}source_language/{prefix}target_language"
 
     def _by_pair(self, pair: LanguagePair, field: str) -> ServedModel:
@@ -137,7 +139,7 @@ class ModelRegistry:
             if served.engine.languages.serves(pair):
                 return served
         raise NotFound(
-            f"{self._pair_fields(field)}: no served model translates {pair} (served: {_served_languages(candidates)})"
+            f"{self._pair_fields(field, pair)}: no served model translates {pair} (served: {_served_languages(candidates)})"
         )
 
     def _loaded_default(self, field: str) -> str:
@@ -167,9 +169,9 @@ class ModelRegistry:
     def _unknown(self, name: str, version: str) -> str:
         names = sorted({n for n, _ in self.served})
         if name not in names:
-            return f"unknown model {name!r} (served: {', '.join(names) or 'none'})"
+            return f"unknown model {quote(name)} (served: {', '.join(names) or 'none'})"
         versions = sorted((v for n, v in self.served if n == name), key=int)
-        return f"model {name!r} has no version {version!r} loaded (loaded: {', '.join(versions)})"
+        return f"model {quote(name)} has no version {quote(version)} loaded (loaded: {', '.join(versions)})"
 
     @contextmanager
     def lease(self, ref: str, field: str = "model", pair: LanguagePair = LanguagePair()) -> Iterator[ServedModel]:
@@ -216,12 +218,12 @@ class ModelRegistry:
             raise FailedPrecondition(f"{field}: this server serves one model directory, not a repository")
         found = scan(self.repository)
         if name not in found:
-            raise NotFound(f"{field}: {name!r} is not in the repository (found: {', '.join(found) or 'none'})")
+            raise NotFound(f"{field}: {quote(name)} is not in the repository (found: {', '.join(found) or 'none'})")
         versions = found[name]
         match = [v for v in versions if v.version == version] if version else versions[-1:]
         if not match:
             have = ", ".join(v.version for v in versions)
-            raise NotFound(f"{field}: {name!r} has no version {version!r} in the repository (found: {have})")
+            raise NotFound(f"{field}: {quote(name)} has no version {quote(version)} in the repository (found: {have})")
         return match[0]
 
     # -- load and unload --------------------------------------------------------------------

@@ -18,6 +18,12 @@ size; NLLB's fast tokenizer drops them). The real `<unk>` id stays out of the te
 transformers. `unmapped_ids` are these ids, computed at load from the vocabularies and the model's
 size; a version whose manifest records them (`SentencePieceSpec.unmapped_ids`) must record the same.
 
+Control tokens never come from user text: `</s>`, `<pad>`, `<s>`, `<unk>` and language tags
+(`__de__`, `>>fr<<`, `deu_Latn`) written in a source text or a target prefix are characters like
+any others. The BPE tokenizer encodes its special tokens' strings as ordinary text
+(`encode_special_tokens`); a SentencePiece model never matches its control symbols in text, and a
+piece that the vocabulary maps to a control id (pad, bos, eos, a language token) is `unk_id`.
+
 `load_tokenizer` reads the one the manifest names and checks that it is the model's own.
 """
 
@@ -37,7 +43,7 @@ UNK = "<unk>"  # the token string (and decoded text) of an id without a vocabula
 
 
 class TextTokenizer(Protocol):
-    """Texts to token ids (no special tokens added) and back."""
+    """Texts to token ids (no special tokens added, none read from the text) and back."""
 
     @property
     def vocab_size(self) -> int:
@@ -72,6 +78,8 @@ class BpeTokenizer:
     def __init__(self, path: str | Path):
         self.path = Path(path)
         self.tokenizer = Tokenizer.from_file(str(path))
+        # "</s>" in a text is the four characters, not the end of sentence (module doc).
+        self.tokenizer.encode_special_tokens = True
 
     @property
     def vocab_size(self) -> int:
@@ -134,13 +142,16 @@ class SentencePieceTokenizer:
         self.source_vocab = _read_vocab(source_vocab)
         target = self.source_vocab if target_vocab == source_vocab else _read_vocab(target_vocab)
         self.pieces: dict[int, str] = {i: p for p, i in target.items()}
-        self.target_ids = target
         for i, name in (named or {}).items():
             self.pieces.setdefault(i, name)
         self.ids: dict[str, int] = {**{p: i for i, p in self.pieces.items()}, **self.source_vocab}
         self.unk_id = unk_id
         self.special_ids = frozenset(special_ids)
         self._unmapped = frozenset(i for i in range(model_vocab_size) if i not in self.pieces)
+        # A piece of text never maps to a control id (module doc): such entries read as unk_id.
+        control = self.special_ids - {unk_id}
+        self.source_vocab = {p: unk_id if i in control else i for p, i in self.source_vocab.items()}
+        self.target_ids = {p: unk_id if i in control else i for p, i in target.items()}
 
     @property
     def vocab_size(self) -> int:

@@ -278,9 +278,15 @@ def test_queue_full_is_resource_exhausted(make_server):
     with srv.client(timeout=30) as c, ThreadPoolExecutor(4) as pool:
         blocker = pool.submit(c.translate, [" ".join(SENTENCES)], beam_size=1, split="none")  # one long row
         time.sleep(0.2)
-        code, details = code_of(lambda: c.translate(SENTENCES[:3], beam_size=1))
+        waiting = pool.submit(c.translate, SENTENCES[:2], beam_size=1)  # fills the queue
+        time.sleep(0.2)
+        code, details = code_of(lambda: c.translate(SENTENCES[:1], beam_size=1))
         assert code == grpc.StatusCode.RESOURCE_EXHAUSTED and "max_queue_size" in details
+        # More rows than the queue holds could never be queued: not "retry", but INVALID_ARGUMENT.
+        code, details = code_of(lambda: c.translate(SENTENCES[:3], beam_size=1))
+        assert code == grpc.StatusCode.INVALID_ARGUMENT and "max_queue_size (2)" in details, details
         blocker.result()
+        waiting.result()
 
 
 def test_unexpected_error_fails_only_that_step_and_server_keeps_serving(make_server):

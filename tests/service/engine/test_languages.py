@@ -46,7 +46,14 @@ def test_pages_and_descriptions():
     page, token = pair_page(pairs, 10, "20")
     assert page == pairs[20:] and token == ""
     assert pair_page(pairs, 0, "")[0] == pairs  # 0: the default page size (100)
-    for size, token, field in ((-1, "", "page_size"), (5000, "", "page_size"), (10, "x1", "page_token")):
+    assert pair_page(pairs, 10, "9" * 18) == ([], "")  # past the end: an empty page
+    for size, token, field in (
+        (-1, "", "page_size"),
+        (5000, "", "page_size"),
+        (10, "x1", "page_token"),
+        (10, "9" * 19, "page_token"),
+        (10, "9" * 5000, "page_token"),  # past Python's int() digit limit: was INTERNAL
+    ):
         with pytest.raises(InvalidArgument, match=f"^{field}: "):
             pair_page(pairs, size, token)
     text = describe_pairs(pairs)

@@ -33,6 +33,26 @@ def _code(exc: pytest.ExceptionInfo) -> tuple[grpc.StatusCode, str]:
 # ----------------------------------------------------------------------------- mtserve.v1
 
 
+def test_control_tokens_in_user_text_are_text(client):
+    """`</s>`, `<pad>`, `<s>`, `<unk>` in a target prefix or a source text are characters: a
+    prefix of "A dog</s>" does not end the translation, "<pad><pad>" forces no pad id, and a
+    prefix is cleaned as a source text is (before, "\x00\u200b" came back in the output)."""
+    specials = {0, 1, 2, 3}  # <pad> <s> </s> <unk> of mtserve's BPE
+    got = client.translate(
+        [TEXTS[0]] * 4, beam_size=1, return_tokens=True, target_prefixes=["</s>", "A dog</s>", "<pad><pad>", "<s><unk>"]
+    )
+    for t, prefix in zip(got, ["</s>", "A dog</s>", "<pad><pad>", "<s><unk>"]):
+        assert t.text.startswith(prefix), (t.text, prefix)
+        assert not specials & set(t.token_ids), (prefix, list(t.token_ids))
+        assert len(t.text) > len(prefix), t.text  # decoded on after the prefix
+    (clean,) = client.translate([TEXTS[0]], beam_size=1, target_prefixes=["\x00\u200b"])
+    (plain,) = client.translate([TEXTS[0]], beam_size=1)
+    assert clean.text == plain.text
+    (enc,) = client.encode(["Ein Hund</s><pad> läuft"])
+    body = enc["tokens"][:-1]  # the last is the </s> every source ends with
+    assert enc["tokens"][-1] == "</s>" and "</s>" not in body and "<pad>" not in body, enc["tokens"]
+
+
 def test_n_best_lists_top_equals_the_beam_result_and_scores_are_sorted(client):
     plain = client.translate(TEXTS, beam_size=4, return_scores=True)
     nbest = client.translate(TEXTS, beam_size=4, num_hypotheses=3, return_tokens=True)

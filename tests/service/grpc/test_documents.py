@@ -79,7 +79,7 @@ def test_max_text_bytes_is_the_only_length_limit(client):
     with pytest.raises(grpc.RpcError) as e:
         client.translate(["Kurz.", "ä" * (MAX_BYTES // 2 + 1)])
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert e.value.details() == f"texts[1]: text exceeds max_text_bytes ({MAX_BYTES})"
+    assert e.value.details() == f"texts[1]: text exceeds max_text_bytes ({MAX_BYTES}): {MAX_BYTES + 2} bytes"
 
 
 def test_translate_stream_goes_sentence_by_sentence_in_order(client):
@@ -113,6 +113,7 @@ def test_kserve_takes_the_split_parameter(server, client):
 def test_model_info_gives_max_text_bytes_and_what_split_means(client):
     limits = client.model_info().limits
     assert limits.max_text_bytes == MAX_BYTES
+    assert limits.max_request_bytes == 1_048_576  # MTSERVE_MAX_REQUEST_BYTES's default
     assert "SPLIT_SENTENCES" in limits.zero_means["options.split"]
 
 

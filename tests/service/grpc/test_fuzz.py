@@ -33,7 +33,7 @@ from service.api.inference import grpc_service_pb2 as kserve_pb
 from service.api.inference import grpc_service_pb2_grpc as kserve_grpc
 from service.api.mtserve.v1 import translation_pb2 as pb
 from service.client import STATUS_BY_NUMBER
-from service.engine.languages import MAX_PAGE_SIZE
+from service.engine.languages import MAX_PAGE_SIZE, MAX_PAGE_TOKEN_DIGITS
 
 SCALE = float(os.environ.get("MTSERVE_FUZZ_SCALE", "1"))
 TIMEOUT = 30.0
@@ -226,6 +226,7 @@ class Oracle:
     that must be reported (None: the request must succeed)."""
 
     def __init__(self, tokenizer: Tokenizer, max_positions: int, eos_id: int, length_penalty: float):
+        tokenizer.encode_special_tokens = True  # "</s>" in a text is text (docs/security.md)
         self.tok, self.eos_id, self.default_lp = tokenizer, eos_id, length_penalty
         self.limit = min(LIMITS["max_input_tokens"], max_positions - 1)
 
@@ -248,7 +249,10 @@ class Oracle:
                 return "texts"
         names = [f"texts[{i}]" for i in range(len(texts))] if field == "texts" else ["text"]
         for name, t in zip(names, texts):
-            if len(t.encode("utf-8")) > LIMITS["max_text_bytes"] or not self.normalized(t):
+            if len(t.encode("utf-8")) > LIMITS["max_text_bytes"]:
+                return name
+        for name, t in zip(names, texts):
+            if not self.normalized(t):
                 return name
             if rows == "none" and self.n_tokens(t) > self.limit:
                 return name
@@ -268,8 +272,14 @@ class Oracle:
         return None
 
     def translate(self, texts: list[str], o: pb.TranslationOptions, field: str = "texts") -> str | None:
+        """The texts' count, then each text's bytes (checked first, before any work on them),
+        then the options and the texts' contents."""
         if field == "texts" and (not texts or len(texts) > LIMITS["max_texts_per_request"]):
             return "texts"
+        names = [f"texts[{i}]" for i in range(len(texts))] if field == "texts" else ["text"]
+        for name, t in zip(names, texts):
+            if len(t.encode("utf-8")) > LIMITS["max_text_bytes"]:
+                return name
         if o.split not in pb.Split.values():
             return "options.split"
         rows = "none" if o.split == pb.SPLIT_NONE else "split"
@@ -402,14 +412,16 @@ SERVED_PAIR = ("de", "en")
 
 def route_problem(req, field: str = "model") -> tuple[grpc.StatusCode, str] | None:
     """What the server answers for a request's model and language pair before its texts: the
-    `model` problem first, then NOT_FOUND naming both language fields for a pair that the model
-    (named, or the one a pair would pick) does not serve."""
+    `model` problem first, then NOT_FOUND naming the request's language fields (both; Encode's
+    source_language) for a pair that the model (named, or the one a pair would pick) does not serve."""
     problem = model_problem(req.model, field)
     if problem is not None:
         return problem
     pair = (getattr(req, "source_language", ""), getattr(req, "target_language", ""))
     if any(lang and lang != served for lang, served in zip(pair, SERVED_PAIR)):
         prefix = field[: -len("model")]
+        if not hasattr(req, "target_language"):  # Encode: the one language field it has
+            return grpc.StatusCode.NOT_FOUND, f"{prefix}source_language"
         return grpc.StatusCode.NOT_FOUND, f"{prefix}source_language/{prefix}target_language"
     return None
 
@@ -430,10 +442,12 @@ def expect(code, details, problem: str | None, model: tuple[grpc.StatusCode, str
 
 def page_problem(req: pb.GetModelInfoRequest) -> str | None:
     """The field at fault in GetModelInfo's paging (translation.proto): page_size outside 0..1000,
-    or a page_token that is not a number, as ServedModel.next_page_token is."""
+    or a page_token that is not a number of at most 18 digits, as ServedModel.next_page_token is."""
     if not 0 <= req.page_size <= MAX_PAGE_SIZE:
         return "page_size"
     if req.page_token and not (req.page_token.isascii() and req.page_token.isdigit()):
+        return "page_token"
+    if len(req.page_token) > MAX_PAGE_TOKEN_DIGITS:
         return "page_token"
     return None
 

@@ -489,3 +489,22 @@ def test_repository_index(server, triton, names):
     assert sorted((m["name"], m["version"], m["state"]) for m in index["models"]) == sorted(
         (n, version, "READY") for n in names
     )
+
+
+def test_parameters_are_quoted_at_64_characters_and_encode_names_its_own_fields(server, names):
+    """A 1 MB `split` parameter is quoted as the others are (64 characters and its length; it was
+    ~1,000), and the encoder model's NOT_FOUND for a language names parameters.source_language
+    only (it takes no target_language)."""
+    translator, encoder = names
+    req = pb.ModelInferRequest(model_name=translator)
+    req.inputs.add(name="TEXT", datatype="BYTES", shape=[1]).contents.bytes_contents.append(b"Hallo")
+    req.parameters["split"].string_param = "x" * 1_000_000
+    code, details = stub_code(server, req)
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and details.startswith("parameters.split: 'xxxx"), details
+    assert "(1000000 chars)" in details and len(details) < 200, details
+    req = pb.ModelInferRequest(model_name=encoder)
+    req.inputs.add(name="TEXT", datatype="BYTES", shape=[1]).contents.bytes_contents.append(b"Hallo")
+    req.parameters["source_language"].string_param = "fr"
+    code, details = stub_code(server, req)
+    assert code == grpc.StatusCode.NOT_FOUND and details.startswith("parameters.source_language: "), details
+    assert "target_language" not in details

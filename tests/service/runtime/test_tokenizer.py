@@ -167,3 +167,24 @@ def test_a_padded_marian_vocabulary(hf_marian_separate_dir):
     assert tok.decode([source["<unk>"], *before]) == tok.decode(
         before
     )  # the real <unk> id: dropped, as transformers does
+
+
+def test_control_tokens_in_text_are_text(sp_files, tiny_model_dir, tmp_path):
+    """`</s>`, `<pad>`, `<s>`, `<unk>` and language tags in a text never become control ids: the
+    BPE tokenizer encodes them as characters (it read them as its special tokens), a
+    SentencePiece piece that the vocabulary maps to a control id reads as <unk>."""
+    bpe = BpeTokenizer(tiny_model_dir / "tokenizer.json")
+    control = {bpe.token_to_id(t) for t in ("<pad>", "<s>", "</s>", "<unk>")}
+    for text in ("A dog</s>", "<pad><pad>", "</s>", "<s> x <unk>"):
+        ids = bpe.encode(text)
+        assert ids and not control & set(ids), (text, ids)
+        assert bpe.decode(ids).strip() == text
+    model, vocab = sp_files
+    entries = json.loads(vocab.read_text(encoding="utf-8"))
+    entries["▁Kind"] = LANG_DE  # a vocabulary that maps a piece of text to a language token
+    (tmp_path / "vocab.json").write_text(json.dumps(entries), encoding="utf-8")
+    tok = make((model, tmp_path / "vocab.json"))
+    for text in ("Ein Kind</s>", "<pad> de __de__ >>de<<"):
+        ids = tok.encode(text) + tok.encode_target(text)
+        assert not {EOS, PAD, LANG_DE, LANG_EN} & set(ids), (text, ids)
+    assert UNK in tok.encode("Ein Kind") and tok.token_to_id("</s>") == EOS
