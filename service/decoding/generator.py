@@ -8,12 +8,7 @@ from collections.abc import Hashable, Sequence
 
 from service.decoding.batch import DecodeBatch
 from service.decoding.model import DecoderModel
-from service.decoding.output_rules import max_output_len
-from service.decoding.results import Finished, Hypothesis
-
-# Finished and max_output_len live in results.py and output_rules.py; service/engine/engine.py imports
-# them from here.
-__all__ = ["COMPACT_FRACTION", "Finished", "generate", "max_output_len"]
+from service.decoding.results import Hypothesis
 
 # Offline `generate` drops finished sentences from a batch once they are this share of it.
 COMPACT_FRACTION = 0.25

@@ -1,6 +1,6 @@
 """The translation engine of one model version: validation, tokenisation, the split of a request
 into sentences for its backend, and the reassembly of their results in request order.
-`Engine.translate` (Translate), `Engine.translate_stream` (TranslateStream, service.engine.streaming)
+`Engine.translate` (Translate), service.engine.streaming.translate_stream (TranslateStream)
 and `Engine.encode` (Encode); TranslateMany runs each of its items as a Translate call through
 service.engine.many.translate_many. No gRPC here: callers get the domain objects of
 service.engine.requests and `ServiceError`s."""
@@ -9,41 +9,33 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import math
 import time
-from collections.abc import AsyncIterator
 
 import numpy as np
 
 from contract.manifest import Manifest
 from service import tracing
 from service.batching.jobs import EncodeJob, Sentence, new_request
-from service.decoding.generator import Finished, max_output_len
-from service.decoding.sampling import Sampling, sampling_rng
-from service.engine import documents, work
+from service.decoding.output_rules import max_output_len
+from service.decoding.results import Finished
+from service.engine import documents, model_info, work
 from service.engine.backend import Backend
 from service.engine.inference import Inference
 from service.engine.languages import LanguagePair, ModelLanguages, Prefixes
 from service.engine.requests import (
     Alignment,
     Alternative,
-    Chunk,
     EncodingResult,
     TranslateOptions,
     TranslationResult,
 )
-from service.engine.streaming import translate_stream
+from service.engine.search_options import SearchOptions
 from service.engine.text import normalize_text
 from service.engine.work import NO_CHECK, Checkpoint
 from service.errors import Cancelled, DeadlineExceeded, Internal, InvalidArgument, quote
 from service.metrics import ModelMetrics
 from service.runtime.tokenizer import TextTokenizer
 from service.settings import Settings
-
-
-def samples(opts: TranslateOptions) -> bool:
-    """Whether `opts` ask for random sampling rather than greedy or beam search."""
-    return opts.sampling_topk > 1 or (opts.sampling_topp is not None and opts.sampling_topp < 1.0)
 
 
 def model_names(name: str) -> tuple[str, str]:
@@ -73,6 +65,7 @@ class Engine:
         self.model_name = f"{self.name}:{self.version}"
         self.translation_model, self.encoder_model = model_names(self.name)
         self.work = work.shared(settings.text_threads)
+        self.search = SearchOptions(settings, manifest, tokenizer)
 
     # -- validation and tokenisation --------------------------------------------------
 
@@ -187,8 +180,8 @@ class Engine:
         field) goes to its first row only."""
         if all(p.row_count == 1 for p in plans) or not (opts.target_prefix or any(opts.target_prefixes)):
             return opts
-        room = min(self._cap(opts), self.manifest.dims.max_positions - 1 - len(prefixes.target))
-        self._output_prefixes(opts, len(plans), room, field_prefix)
+        room = min(self.search.cap(opts), self.manifest.dims.max_positions - 1 - len(prefixes.target))
+        self.search.output_prefixes(opts, len(plans), room, field_prefix)
         wanted = opts.target_prefixes or [opts.target_prefix] * len(plans)
         return dataclasses.replace(opts, target_prefix="", target_prefixes=documents.first_row_prefixes(wanted, plans))
 
@@ -208,98 +201,6 @@ class Engine:
             at += p.row_count
         return out
 
-    def _mode(self, opts: TranslateOptions) -> tuple[int, float]:
-        st, gen = self.settings, self.manifest.generation
-        # sampling_topk 1 asks for greedy search, sampling for its greedy path: beam 1 by default.
-        beam = opts.beam_size or (1 if opts.sampling_topk == 1 or samples(opts) else st.default_beam_size)
-        if not 1 <= beam <= st.max_beam_size:
-            raise InvalidArgument(
-                "options.beam_size", f"{opts.beam_size} is outside 0..{st.max_beam_size} (0 = default)"
-            )
-        if not 0 <= opts.max_output_tokens <= st.max_output_tokens:
-            raise InvalidArgument(
-                "options.max_output_tokens",
-                f"{opts.max_output_tokens} is outside 0..{st.max_output_tokens} (0 = default)",
-            )
-        lp = gen.length_penalty if opts.length_penalty is None else opts.length_penalty
-        if not math.isfinite(lp) or not 0.0 <= lp <= 10.0:
-            raise InvalidArgument("options.length_penalty", f"{opts.length_penalty} is outside 0..10")
-        cap = self._cap(opts)
-        if not 0 <= opts.min_output_tokens < cap:
-            raise InvalidArgument(
-                "options.min_output_tokens",
-                f"{opts.min_output_tokens} is outside 0..{cap - 1} (below the cap of {cap} generated tokens, "
-                "which counts the final </s>)",
-            )
-        self._check_search(opts, beam)
-        return beam, float(lp)
-
-    def _check_search(self, opts: TranslateOptions, beam: int) -> None:
-        """num_hypotheses and the sampling options, against the `beam` the search runs with."""
-        if not 0 <= opts.num_hypotheses <= beam:
-            raise InvalidArgument(
-                "options.num_hypotheses",
-                f"{opts.num_hypotheses} is outside 0..{beam}: at most the beam size ({beam}; greedy search "
-                "and sampling: 1), 0 = 1",
-            )
-        if opts.sampling_topk < 0:
-            raise InvalidArgument("options.sampling_topk", f"{opts.sampling_topk} is negative (0 or 1 = no sampling)")
-        topp, temperature = opts.sampling_topp, opts.sampling_temperature
-        if topp is not None and not (math.isfinite(topp) and 0.0 < topp <= 1.0):
-            raise InvalidArgument("options.sampling_topp", f"{topp} is outside (0, 1]")
-        if temperature is not None and not (math.isfinite(temperature) and temperature > 0.0):
-            raise InvalidArgument("options.sampling_temperature", f"{temperature} is not above 0")
-        if not 0 <= opts.seed < 2**64:
-            raise InvalidArgument("options.seed", f"{opts.seed} is outside 0..2**64-1 (0 = a random seed)")
-        if samples(opts) and beam > 1:
-            raise InvalidArgument(
-                "options.beam_size", f"{beam}: sampling (sampling_topk > 1 or sampling_topp < 1) needs beam_size 1"
-            )
-
-    def _output_prefixes(self, opts: TranslateOptions, n: int, room: int, field_prefix: str) -> list[list[int]]:
-        """Each text's requested target prefix as target token ids: `target_prefixes` (one per text),
-        else `target_prefix` for every text. Each must leave room for </s> within `room` tokens."""
-        if opts.target_prefixes:
-            if len(opts.target_prefixes) != n:
-                raise InvalidArgument(
-                    f"{field_prefix}target_prefixes",
-                    f"{len(opts.target_prefixes)} prefixes for {n} texts (give none, or one per text)",
-                )
-            texts, names = opts.target_prefixes, [f"{field_prefix}target_prefixes[{i}]" for i in range(n)]
-        else:
-            texts, names = [opts.target_prefix] * n, [f"{field_prefix}target_prefix"] * n
-        out = []
-        for text, name in zip(texts, names):
-            if len(text.encode("utf-8", "surrogatepass")) > self.settings.max_text_bytes:
-                raise InvalidArgument(name, f"prefix exceeds max_text_bytes ({self.settings.max_text_bytes})")
-            clean = normalize_text(text)  # as a source text: controls and format characters removed, NFC
-            ids = self.tokenizer.encode_target(clean) if clean else []
-            if len(ids) + 1 > room:
-                raise InvalidArgument(
-                    name,
-                    f"{len(ids)} tokens leave no room for </s> within the cap of {room} generated tokens "
-                    "(max_output_tokens, which counts the final </s>)",
-                )
-            out.append(ids)
-        return out
-
-    @staticmethod
-    def _sampling(opts: TranslateOptions, n: int) -> list[Sampling | None]:
-        """How each of `n` texts samples (None each unless `opts` sample): text i draws from a
-        generator of its own, derived from the seed and i."""
-        if not samples(opts):
-            return [None] * n
-        topp = 1.0 if opts.sampling_topp is None else float(opts.sampling_topp)
-        temperature = 1.0 if opts.sampling_temperature is None else float(opts.sampling_temperature)
-        topk = opts.sampling_topk if opts.sampling_topk > 1 else 0
-        return [Sampling(topk, topp, temperature, sampling_rng(opts.seed, i)) for i in range(n)]
-
-    def _cap(self, opts: TranslateOptions) -> int:
-        """Generated tokens a sentence may have at most, </s> included: the request's
-        max_output_tokens, else the server's, within the position table."""
-        cap = opts.max_output_tokens or self.settings.max_output_tokens
-        return min(cap, self.manifest.dims.max_positions - 1)
-
     def sentences(
         self,
         src: list[list[int]],
@@ -313,13 +214,13 @@ class Engine:
         fit min_output_tokens and the requested target prefix, within the request's cap; the cap and
         min_output_tokens count output tokens, the requested prefix included, without the language
         token (which the decoder emits first and leaves out of the output). They carry one request tag."""
-        beam, lp = self._mode(opts)
+        beam, lp = self.search.mode(opts)
         gen = self.manifest.generation
-        cap = self._cap(opts)
+        cap = self.search.cap(opts)
         forced = list(prefixes.target)
         room = self.manifest.dims.max_positions - 1 - len(forced)  # the position table's room left
-        kept = self._output_prefixes(opts, len(src), min(cap, room), field_prefix)
-        sampling = self._sampling(opts, len(src))
+        kept = self.search.output_prefixes(opts, len(src), min(cap, room), field_prefix)
+        sampling = self.search.sampling(opts, len(src))
         if timeout is not None and timeout <= 0:
             raise DeadlineExceeded("deadline expired before the request was queued")
         deadline = time.monotonic() + timeout if timeout is not None else None
@@ -469,12 +370,6 @@ class Engine:
             if sentences:
                 tracing.follow(sentences)
 
-    def translate_stream(
-        self, text: str, opts: TranslateOptions, timeout: float | None = None, pair: LanguagePair = LanguagePair()
-    ) -> AsyncIterator[Chunk | TranslationResult]:
-        """Chunks of the translation of `text` as they are decoded, then its result."""
-        return translate_stream(self, text, opts, timeout, pair)
-
     async def encode(
         self,
         texts: list[str],
@@ -522,74 +417,17 @@ class Engine:
         return results
 
     def model_info(self) -> dict:
-        m, d, st = self.manifest, self.manifest.dims, self.settings
-        return {
-            "name": self.name,
-            "version": self.version,
-            # A model that needs the request's languages has no default pair to show.
-            "source_language": m.src_lang if self.languages.has_default_pair else "",
-            "target_language": m.tgt_lang if self.languages.has_default_pair else "",
-            "precision": st.precision,
-            "execution_provider": self.provider,
-            "decoder_graph": self.graph,
-            "notes": list(self.notes),
-            "vocab_size": d.vocab_size,
-            "d_model": d.d_model,
-            "n_heads": d.n_heads,
-            "n_encoder_layers": d.n_encoder_layers,
-            "n_decoder_layers": d.n_decoder_layers,
-            "max_positions": d.max_positions,
-            "opset": m.opset,
-            "max_len_a": m.generation.max_len_a,
-            "max_len_b": m.generation.max_len_b,
-            "length_penalty": m.generation.length_penalty,
-            "files_sha256": m.checksums(st.precision, self.graph) if m.has(st.precision, self.graph) else {},
-            "tool_versions": dict(m.tool_versions),
-            "limits": {
-                "max_texts_per_request": st.max_texts_per_request,
-                "max_input_tokens": st.max_input_tokens,
-                "max_output_tokens": st.max_output_tokens,
-                "max_beam_size": st.max_beam_size,
-                "default_beam_size": st.default_beam_size,
-                "max_batch_sentences": st.max_batch_sentences,
-                "max_batch_tokens": st.max_batch_tokens,
-                "max_queue_size": st.max_queue_size,
-                "max_text_bytes": st.max_text_bytes,
-                "max_request_bytes": st.max_request_bytes,
-                "zero_means": self.zero_means(),
-            },
-        }
-
-    def zero_means(self) -> dict[str, str]:
-        """What each request option left at 0 (or unset) means here, with this server's numbers:
-        GetModelInfo's `Limits.zero_means`, for clients that know the API from reflection alone."""
-        st, gen = self.settings, self.manifest.generation
-        return {
-            "options.beam_size": f"the server default, default_beam_size ({st.default_beam_size}); "
-            f"1 = greedy search; at most max_beam_size ({st.max_beam_size})",
-            "options.max_output_tokens": "no cap but the model's length rule "
-            f"(max_len_a * source tokens + max_len_b = {gen.max_len_a:g} * n + {gen.max_len_b}) "
-            f"and the server's max_output_tokens ({st.max_output_tokens}); else a cap of 1..{st.max_output_tokens}",
-            "options.min_output_tokens": "no minimum: </s> may end the translation at any step; "
-            "else at least that many tokens before </s>, below the cap on generated tokens",
-            "options.length_penalty": f"unset: the model's length_penalty ({gen.length_penalty:g}); "
-            "0 is 0 (scores not normalised by length); at most 10",
-            "options.num_hypotheses": "1: no n-best list; else Translation.hypotheses holds the n best, "
-            "at most the beam size (greedy search and sampling: 1)",
-            "options.sampling_topk": "no sampling: greedy or beam search; 1 = greedy search; k > 1 draws each "
-            "token among the k most likely (with 1 and k > 1 beam_size 0 means 1; sampling with beam_size > 1 "
-            "is refused)",
-            "options.sampling_topp": "unset: 1, no nucleus cut; else in (0, 1], and below 1 it samples "
-            "(from the whole vocabulary when sampling_topk is 0)",
-            "options.sampling_temperature": "unset: 1; else above 0 (the logits are divided by it when sampling)",
-            "options.seed": "a random seed; else the same seed, texts and options give the same samples",
-            "target_prefixes": "no forced prefix; else one per text, forced then decoded on, part of the "
-            "translation (TranslateStreamRequest.target_prefix: the same for its text)",
-            "timeout_ms": "no deadline of the item's own: only the stream's deadline applies",
-            "options.split": "SPLIT_SENTENCES: each text is translated sentence by sentence (splitter rules of "
-            f"{documents.splitter_language(self.manifest.src_lang)!r}), its whitespace and line breaks kept; texts "
-            f"up to max_text_bytes ({st.max_text_bytes}) are never refused for length",
-        }
+        """GetModelInfo's fields for this version (service.engine.model_info)."""
+        return model_info.describe(
+            self.name,
+            self.version,
+            self.manifest,
+            self.settings,
+            self.languages.has_default_pair,
+            self.provider,
+            self.graph,
+            self.notes,
+        )
 
 
 def _utf8_bytes(text: str) -> int:

@@ -12,6 +12,7 @@ from service.api.mtserve.v1 import translation_pb2_grpc as pb_grpc
 from service.engine.languages import LanguagePair, pair_page
 from service.engine.many import translate_many
 from service.engine.requests import StreamItem, TranslateOptions, TranslationResult
+from service.engine.streaming import translate_stream
 from service.errors import quote
 from service.grpc.context import deadline, request_id
 from service.grpc.interceptors import error_status
@@ -105,7 +106,7 @@ class TranslationServicer(pb_grpc.TranslationServiceServicer):
     ) -> AsyncIterator[pb.TranslateStreamResponse]:
         opts, pair = _options(request.options, target_prefix=request.target_prefix), _pair(request)
         with self.models.lease(request.model, pair=pair) as served:
-            async for event in served.engine.translate_stream(request.text, opts, deadline(context), pair):
+            async for event in translate_stream(served.engine, request.text, opts, deadline(context), pair):
                 if isinstance(event, TranslationResult):
                     yield pb.TranslateStreamResponse(final=translation_pb(event, opts))
                 else:

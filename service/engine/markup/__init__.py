@@ -11,9 +11,10 @@ Malformed markup: HTML is repaired by default (`parse(text, "html")`; `strict=Tr
 MarkupError instead), XML is always strict.
 """
 
+from service.engine.markup.alignment import Alignment
 from service.engine.markup.model import KINDS, Block, Document, Edit, Kind, Marker, MarkupError, Protected, Tag
 from service.engine.markup.parse import parse
-from service.engine.markup.project import Alignment, locate, project
+from service.engine.markup.project import locate, project
 from service.engine.markup.render import render
 
 __all__ = [

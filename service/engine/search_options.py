@@ -1,0 +1,120 @@
+"""How a request's decoding options become a search, for one model version: the beam and length
+penalty (`mode`), the n-best and sampling options checked against them (`check`), the requested
+target prefixes as token ids (`output_prefixes`), each text's sampling generator (`sampling`) and
+the cap on generated tokens (`cap`). Every refusal is INVALID_ARGUMENT naming the option."""
+
+from __future__ import annotations
+
+import math
+
+from contract.manifest import Manifest
+from service.decoding.sampling import Sampling, sampling_rng
+from service.engine.requests import TranslateOptions
+from service.engine.text import normalize_text
+from service.errors import InvalidArgument
+from service.runtime.tokenizer import TextTokenizer
+from service.settings import Settings
+
+
+def samples(opts: TranslateOptions) -> bool:
+    """Whether `opts` ask for random sampling rather than greedy or beam search."""
+    return opts.sampling_topk > 1 or (opts.sampling_topp is not None and opts.sampling_topp < 1.0)
+
+
+class SearchOptions:
+    """The search options of one model version's requests (module doc)."""
+
+    def __init__(self, settings: Settings, manifest: Manifest, tokenizer: TextTokenizer):
+        self.settings, self.manifest, self.tokenizer = settings, manifest, tokenizer
+
+    def mode(self, opts: TranslateOptions) -> tuple[int, float]:
+        st, gen = self.settings, self.manifest.generation
+        # sampling_topk 1 asks for greedy search, sampling for its greedy path: beam 1 by default.
+        beam = opts.beam_size or (1 if opts.sampling_topk == 1 or samples(opts) else st.default_beam_size)
+        if not 1 <= beam <= st.max_beam_size:
+            raise InvalidArgument(
+                "options.beam_size", f"{opts.beam_size} is outside 0..{st.max_beam_size} (0 = default)"
+            )
+        if not 0 <= opts.max_output_tokens <= st.max_output_tokens:
+            raise InvalidArgument(
+                "options.max_output_tokens",
+                f"{opts.max_output_tokens} is outside 0..{st.max_output_tokens} (0 = default)",
+            )
+        lp = gen.length_penalty if opts.length_penalty is None else opts.length_penalty
+        if not math.isfinite(lp) or not 0.0 <= lp <= 10.0:
+            raise InvalidArgument("options.length_penalty", f"{opts.length_penalty} is outside 0..10")
+        cap = self.cap(opts)
+        if not 0 <= opts.min_output_tokens < cap:
+            raise InvalidArgument(
+                "options.min_output_tokens",
+                f"{opts.min_output_tokens} is outside 0..{cap - 1} (below the cap of {cap} generated tokens, "
+                "which counts the final </s>)",
+            )
+        self.check(opts, beam)
+        return beam, float(lp)
+
+    def check(self, opts: TranslateOptions, beam: int) -> None:
+        """num_hypotheses and the sampling options, against the `beam` the search runs with."""
+        if not 0 <= opts.num_hypotheses <= beam:
+            raise InvalidArgument(
+                "options.num_hypotheses",
+                f"{opts.num_hypotheses} is outside 0..{beam}: at most the beam size ({beam}; greedy search "
+                "and sampling: 1), 0 = 1",
+            )
+        if opts.sampling_topk < 0:
+            raise InvalidArgument("options.sampling_topk", f"{opts.sampling_topk} is negative (0 or 1 = no sampling)")
+        topp, temperature = opts.sampling_topp, opts.sampling_temperature
+        if topp is not None and not (math.isfinite(topp) and 0.0 < topp <= 1.0):
+            raise InvalidArgument("options.sampling_topp", f"{topp} is outside (0, 1]")
+        if temperature is not None and not (math.isfinite(temperature) and temperature > 0.0):
+            raise InvalidArgument("options.sampling_temperature", f"{temperature} is not above 0")
+        if not 0 <= opts.seed < 2**64:
+            raise InvalidArgument("options.seed", f"{opts.seed} is outside 0..2**64-1 (0 = a random seed)")
+        if samples(opts) and beam > 1:
+            raise InvalidArgument(
+                "options.beam_size", f"{beam}: sampling (sampling_topk > 1 or sampling_topp < 1) needs beam_size 1"
+            )
+
+    def output_prefixes(self, opts: TranslateOptions, n: int, room: int, field_prefix: str) -> list[list[int]]:
+        """Each text's requested target prefix as target token ids: `target_prefixes` (one per text),
+        else `target_prefix` for every text. Each must leave room for </s> within `room` tokens."""
+        if opts.target_prefixes:
+            if len(opts.target_prefixes) != n:
+                raise InvalidArgument(
+                    f"{field_prefix}target_prefixes",
+                    f"{len(opts.target_prefixes)} prefixes for {n} texts (give none, or one per text)",
+                )
+            texts, names = opts.target_prefixes, [f"{field_prefix}target_prefixes[{i}]" for i in range(n)]
+        else:
+            texts, names = [opts.target_prefix] * n, [f"{field_prefix}target_prefix"] * n
+        out = []
+        for text, name in zip(texts, names):
+            if len(text.encode("utf-8", "surrogatepass")) > self.settings.max_text_bytes:
+                raise InvalidArgument(name, f"prefix exceeds max_text_bytes ({self.settings.max_text_bytes})")
+            clean = normalize_text(text)  # as a source text: controls and format characters removed, NFC
+            ids = self.tokenizer.encode_target(clean) if clean else []
+            if len(ids) + 1 > room:
+                raise InvalidArgument(
+                    name,
+                    f"{len(ids)} tokens leave no room for </s> within the cap of {room} generated tokens "
+                    "(max_output_tokens, which counts the final </s>)",
+                )
+            out.append(ids)
+        return out
+
+    @staticmethod
+    def sampling(opts: TranslateOptions, n: int) -> list[Sampling | None]:
+        """How each of `n` texts samples (None each unless `opts` sample): text i draws from a
+        generator of its own, derived from the seed and i."""
+        if not samples(opts):
+            return [None] * n
+        topp = 1.0 if opts.sampling_topp is None else float(opts.sampling_topp)
+        temperature = 1.0 if opts.sampling_temperature is None else float(opts.sampling_temperature)
+        topk = opts.sampling_topk if opts.sampling_topk > 1 else 0
+        return [Sampling(topk, topp, temperature, sampling_rng(opts.seed, i)) for i in range(n)]
+
+    def cap(self, opts: TranslateOptions) -> int:
+        """Generated tokens a sentence may have at most, </s> included: the request's
+        max_output_tokens, else the server's, within the position table."""
+        cap = opts.max_output_tokens or self.settings.max_output_tokens
+        return min(cap, self.manifest.dims.max_positions - 1)
