@@ -256,7 +256,9 @@ class Engine:
                 "options.beam_size", f"{beam}: sampling (sampling_topk > 1 or sampling_topp < 1) needs beam_size 1"
             )
 
-    def _output_prefixes(self, opts: TranslateOptions, n: int, room: int, field_prefix: str) -> list[list[int]]:
+    def _output_prefixes(
+        self, opts: TranslateOptions, n: int, room: int, field_prefix: str, point: Checkpoint = NO_CHECK
+    ) -> list[list[int]]:
         """Each text's requested target prefix as target token ids: `target_prefixes` (one per text),
         else `target_prefix` for every text. Each must leave room for </s> within `room` tokens."""
         if opts.target_prefixes:
@@ -269,7 +271,7 @@ class Engine:
         else:
             texts, names = [opts.target_prefix] * n, [f"{field_prefix}target_prefix"] * n
         out = []
-        for text, name in zip(texts, names):
+        for text, name in work.checked(zip(texts, names), point):
             if len(text.encode("utf-8", "surrogatepass")) > self.settings.max_text_bytes:
                 raise InvalidArgument(name, f"prefix exceeds max_text_bytes ({self.settings.max_text_bytes})")
             clean = normalize_text(text)  # as a source text: controls and format characters removed, NFC
@@ -307,6 +309,7 @@ class Engine:
         timeout: float | None,
         prefixes: Prefixes = Prefixes(),
         field_prefix: str = "",
+        point: Checkpoint = NO_CHECK,
     ) -> list[Sentence]:
         """The sentences of `src` to queue. A sentence's max_len (tokens it may emit) is the model's
         length rule, which counts the forced target language token as the reference does, raised to
@@ -318,7 +321,7 @@ class Engine:
         cap = self._cap(opts)
         forced = list(prefixes.target)
         room = self.manifest.dims.max_positions - 1 - len(forced)  # the position table's room left
-        kept = self._output_prefixes(opts, len(src), min(cap, room), field_prefix)
+        kept = self._output_prefixes(opts, len(src), min(cap, room), field_prefix, point)
         sampling = self._sampling(opts, len(src))
         if timeout is not None and timeout <= 0:
             raise DeadlineExceeded("deadline expired before the request was queued")
@@ -347,7 +350,7 @@ class Engine:
                 deadline=deadline,
                 request=request,
             )
-            for s, k, how in zip(src, kept, sampling)
+            for s, k, how in work.checked(zip(src, kept, sampling), point)  # a large request's deadline
         ]
 
     def _token_strings(self, ids: list[int]) -> list[str]:
@@ -453,7 +456,7 @@ class Engine:
         src = [row for p in plans for segment in p.rows for row in segment]
         row_opts = self.row_options(opts, plans, prefixes, field_prefix)
         point.check()
-        sentences = self.sentences(src, row_opts, point.remaining(), prefixes, field_prefix)
+        sentences = self.sentences(src, row_opts, point.remaining(), prefixes, field_prefix, point)
         return plans, src, sentences
 
     def _results(
