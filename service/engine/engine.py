@@ -164,7 +164,8 @@ class Engine:
             eos_id=self.eos_id,
             limit=min(self.settings.max_input_tokens, self.manifest.dims.max_positions - 1),
             max_text_bytes=self.settings.max_text_bytes,
-            max_rows=self.settings.max_queue_size,
+            max_rows=self.max_request_rows,
+            rows_bound=self.rows_bound,
         )
         plans, rows = [], 0
         for i, t in enumerate(texts):
@@ -173,12 +174,26 @@ class Engine:
             plans.append(documents.plan_text(t, name, rules, self.tokenizer, point))
             rows += plans[-1].row_count
             if rows > rules.max_rows:
-                raise InvalidArgument(
-                    name,
-                    f"{field} up to here make {rows} sentences, over max_queue_size ({rules.max_rows}), "
-                    "the most one request can queue",
-                )
+                raise InvalidArgument(name, f"{field} up to here make {rows} sentences, over {rules.rows_bound}")
         return plans
+
+    @property
+    def max_request_rows(self) -> int:
+        """The most rows one request can queue: max_queue_size, or with engine processes the
+        queue of one (each request goes to one, which has 1/N of max_queue_size)."""
+        st = self.settings
+        return -(-st.max_queue_size // st.decode_workers) if st.engine_process else st.max_queue_size
+
+    @property
+    def rows_bound(self) -> str:
+        """max_request_rows as a status message names it."""
+        st, rows = self.settings, self.max_request_rows
+        if rows == st.max_queue_size:
+            return f"max_queue_size ({rows}), the most one request can queue"
+        return (
+            f"the {rows} one request can queue (max_queue_size {st.max_queue_size} over {st.decode_workers} "
+            "engine processes, a request in one)"
+        )
 
     def row_options(
         self, opts: TranslateOptions, plans: list[documents.Plan], prefixes: Prefixes, field_prefix: str
