@@ -256,6 +256,7 @@ class Rules:
     limit: int  # tokens of a source row at most, lead and </s> included
     max_text_bytes: int
     max_rows: int = 2**31  # rows of one text at most (the queue's size: more could never be queued)
+    rows_bound: str = "the queue's size"  # max_rows as a message names it
 
 
 def plan_text(text: str, name: str, rules: Rules, tokenizer: TextTokenizer, point: Checkpoint = NO_CHECK) -> Plan:
@@ -270,7 +271,7 @@ def plan_text(text: str, name: str, rules: Rules, tokenizer: TextTokenizer, poin
     spans = segment_spans(text, rules.split, rules.language)
     point.check()
     if len(spans) > rules.max_rows:  # each span but one of format characters alone is a row
-        _check_rows(name, sum(1 for a, b in spans if normalize_text(text[a:b])), rules.max_rows)
+        _check_rows(name, sum(1 for a, b in spans if normalize_text(text[a:b])), rules)
     for k, (a, b) in enumerate(spans):
         if k % CHECK_EVERY == CHECK_EVERY - 1:
             point.check()
@@ -287,7 +288,7 @@ def plan_text(text: str, name: str, rules: Rules, tokenizer: TextTokenizer, poin
         plan.rows.append([[*rules.lead, *p, rules.eos_id] for p in parts])
     if not plan.spans:
         raise InvalidArgument(name, "text is empty once whitespace, control and format characters are removed")
-    _check_rows(name, plan.row_count, rules.max_rows)
+    _check_rows(name, plan.row_count, rules)
     return plan
 
 
@@ -295,11 +296,9 @@ def plan_text(text: str, name: str, rules: Rules, tokenizer: TextTokenizer, poin
 CHECK_EVERY = 256
 
 
-def _check_rows(name: str, rows: int, max_rows: int) -> None:
-    if rows > max_rows:
-        raise InvalidArgument(
-            name, f"{rows} sentences exceed max_queue_size ({max_rows}), the most one request can queue"
-        )
+def _check_rows(name: str, rows: int, rules: Rules) -> None:
+    if rows > rules.max_rows:
+        raise InvalidArgument(name, f"{rows} sentences exceed {rules.rows_bound}")
 
 
 _PUNCTUATION = tuple(".,;:!?…)]»“”\"'")

@@ -30,7 +30,7 @@ from service.engine.requests import (
     TranslationResult,
 )
 from service.engine.search_options import SearchOptions
-from service.engine.text import normalize_text
+from service.engine.text import normalize_text, utf8_bytes
 from service.engine.work import NO_CHECK, Checkpoint
 from service.errors import Cancelled, DeadlineExceeded, Internal, InvalidArgument, quote
 from service.metrics import ModelMetrics
@@ -88,7 +88,7 @@ class Engine:
         for i, t in enumerate(texts):
             name = f"{field}[{i}]" if field == "texts" else field
             # The size limit first, on the text as sent: it bounds the normalisation's work too.
-            n = _utf8_bytes(t)
+            n = utf8_bytes(t)
             if total <= work.RELEASE_BYTES < total + n:  # a large request: its memory given back after it
                 self.work.release_soon()
             if n > st.max_text_bytes:
@@ -99,7 +99,7 @@ class Engine:
                     name, f"{field} up to here hold {total} bytes, over max_request_bytes ({st.max_request_bytes})"
                 )
         for p in prefixes or []:
-            total += _utf8_bytes(p)
+            total += utf8_bytes(p)
         if total > st.max_request_bytes:
             raise InvalidArgument(
                 prefix_field, f"texts and prefixes hold {total} bytes, over max_request_bytes ({st.max_request_bytes})"
@@ -157,7 +157,8 @@ class Engine:
             eos_id=self.eos_id,
             limit=min(self.settings.max_input_tokens, self.manifest.dims.max_positions - 1),
             max_text_bytes=self.settings.max_text_bytes,
-            max_rows=self.settings.max_queue_size,
+            max_rows=self.max_request_rows,
+            rows_bound=self.rows_bound,
         )
         plans, rows = [], 0
         for i, t in enumerate(texts):
@@ -166,12 +167,26 @@ class Engine:
             plans.append(documents.plan_text(t, name, rules, self.tokenizer, point))
             rows += plans[-1].row_count
             if rows > rules.max_rows:
-                raise InvalidArgument(
-                    name,
-                    f"{field} up to here make {rows} sentences, over max_queue_size ({rules.max_rows}), "
-                    "the most one request can queue",
-                )
+                raise InvalidArgument(name, f"{field} up to here make {rows} sentences, over {rules.rows_bound}")
         return plans
+
+    @property
+    def max_request_rows(self) -> int:
+        """The most rows one request can queue: max_queue_size, or with engine processes the
+        queue of one (each request goes to one, which has 1/N of max_queue_size)."""
+        st = self.settings
+        return -(-st.max_queue_size // st.decode_workers) if st.engine_process else st.max_queue_size
+
+    @property
+    def rows_bound(self) -> str:
+        """max_request_rows as a status message names it."""
+        st, rows = self.settings, self.max_request_rows
+        if rows == st.max_queue_size:
+            return f"max_queue_size ({rows}), the most one request can queue"
+        return (
+            f"the {rows} one request can queue (max_queue_size {st.max_queue_size} over {st.decode_workers} "
+            "engine processes, a request in one)"
+        )
 
     def row_options(
         self, opts: TranslateOptions, plans: list[documents.Plan], prefixes: Prefixes, field_prefix: str
@@ -208,6 +223,7 @@ class Engine:
         timeout: float | None,
         prefixes: Prefixes = Prefixes(),
         field_prefix: str = "",
+        point: Checkpoint = NO_CHECK,
     ) -> list[Sentence]:
         """The sentences of `src` to queue. A sentence's max_len (tokens it may emit) is the model's
         length rule, which counts the forced target language token as the reference does, raised to
@@ -219,7 +235,7 @@ class Engine:
         cap = self.search.cap(opts)
         forced = list(prefixes.target)
         room = self.manifest.dims.max_positions - 1 - len(forced)  # the position table's room left
-        kept = self.search.output_prefixes(opts, len(src), min(cap, room), field_prefix)
+        kept = self.search.output_prefixes(opts, len(src), min(cap, room), field_prefix, point)
         sampling = self.search.sampling(opts, len(src))
         if timeout is not None and timeout <= 0:
             raise DeadlineExceeded("deadline expired before the request was queued")
@@ -248,7 +264,7 @@ class Engine:
                 deadline=deadline,
                 request=request,
             )
-            for s, k, how in zip(src, kept, sampling)
+            for s, k, how in work.checked(zip(src, kept, sampling), point)  # a large request's deadline
         ]
 
     def _token_strings(self, ids: list[int]) -> list[str]:
@@ -354,7 +370,7 @@ class Engine:
         src = [row for p in plans for segment in p.rows for row in segment]
         row_opts = self.row_options(opts, plans, prefixes, field_prefix)
         point.check()
-        sentences = self.sentences(src, row_opts, point.remaining(), prefixes, field_prefix)
+        sentences = self.sentences(src, row_opts, point.remaining(), prefixes, field_prefix, point)
         return plans, src, sentences
 
     def _results(
@@ -428,8 +444,3 @@ class Engine:
             self.graph,
             self.notes,
         )
-
-
-def _utf8_bytes(text: str) -> int:
-    """UTF-8 bytes of `text` (lone surrogates as 3 bytes each)."""
-    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))

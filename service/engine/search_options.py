@@ -9,8 +9,10 @@ import math
 
 from contract.manifest import Manifest
 from service.decoding.sampling import Sampling, sampling_rng
+from service.engine import work
 from service.engine.requests import TranslateOptions
 from service.engine.text import normalize_text
+from service.engine.work import NO_CHECK, Checkpoint
 from service.errors import InvalidArgument
 from service.runtime.tokenizer import TextTokenizer
 from service.settings import Settings
@@ -75,7 +77,9 @@ class SearchOptions:
                 "options.beam_size", f"{beam}: sampling (sampling_topk > 1 or sampling_topp < 1) needs beam_size 1"
             )
 
-    def output_prefixes(self, opts: TranslateOptions, n: int, room: int, field_prefix: str) -> list[list[int]]:
+    def output_prefixes(
+        self, opts: TranslateOptions, n: int, room: int, field_prefix: str, point: Checkpoint = NO_CHECK
+    ) -> list[list[int]]:
         """Each text's requested target prefix as target token ids: `target_prefixes` (one per text),
         else `target_prefix` for every text. Each must leave room for </s> within `room` tokens."""
         if opts.target_prefixes:
@@ -88,7 +92,7 @@ class SearchOptions:
         else:
             texts, names = [opts.target_prefix] * n, [f"{field_prefix}target_prefix"] * n
         out = []
-        for text, name in zip(texts, names):
+        for text, name in work.checked(zip(texts, names), point):
             if len(text.encode("utf-8", "surrogatepass")) > self.settings.max_text_bytes:
                 raise InvalidArgument(name, f"prefix exceeds max_text_bytes ({self.settings.max_text_bytes})")
             clean = normalize_text(text)  # as a source text: controls and format characters removed, NFC

@@ -50,3 +50,8 @@ def normalize_text(text: str) -> str:
     if text.isascii():  # the common case: no format characters, already NFC
         return _ASCII_REMOVED.sub("", text).strip()
     return unicodedata.normalize("NFC", _removed().sub("", text)).strip()
+
+
+def utf8_bytes(text: str) -> int:
+    """UTF-8 bytes of `text` (lone surrogates as 3 bytes each), as a size limit counts them."""
+    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))

@@ -18,7 +18,7 @@ import ctypes.util
 import functools
 import gc
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
@@ -54,6 +54,14 @@ class Checkpoint:
 
 
 NO_CHECK = Checkpoint()
+
+
+def checked(items: Iterable[T], point: Checkpoint, every: int = 1024) -> Iterator[T]:
+    """`items`, `point` checked before the first and every `every` more."""
+    for i, item in enumerate(items):
+        if i % every == 0:
+            point.check()
+        yield item
 
 
 class TextWork:

@@ -116,12 +116,20 @@ def test_a_cancelled_stream_frees_its_rows_in_the_child(pair):
         assert c.translate([SENTENCES[0]], beam_size=1)[0].text
 
 
-def test_queue_full_is_resource_exhausted_with_its_message(make_server):
-    srv = make_server(engine_process=True, max_queue_size=2)  # one child: all of max_queue_size
+def test_more_sentences_than_one_engine_process_queues_is_invalid(make_server):
+    """Each request goes to one child, which has 1/N of max_queue_size: a request of more rows
+    could never be queued (INVALID_ARGUMENT naming the bound, not RESOURCE_EXHAUSTED, which says
+    "retry"). A child's own queue-full error travels back with its message
+    (test_every_message_round_trips_through_pickle)."""
+    srv = make_server(engine_process=True, decode_workers=2, max_queue_size=4)  # 2 rows a child
     with srv.client() as c:
         with pytest.raises(grpc.RpcError) as e:
             c.translate(SENTENCES[:3], beam_size=1)
-        assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "max_queue_size" in e.value.details()
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT, e.value.details()
+        assert e.value.details() == (
+            "texts[2]: texts up to here make 3 sentences, over the 2 one request can queue (max_queue_size 4 "
+            "over 2 engine processes, a request in one)"
+        )
         assert c.translate(SENTENCES[:2], beam_size=1)[0].text
 
 
