@@ -9,7 +9,8 @@ be taken leaves the repository as it was.
 
 Every file is checked before anything is loaded or written: config.json's fields (`config`), the
 weights' tensor shapes against them (`weights.check_weights`), the vocabularies against the
-model's sizes (`tokenizer.check_tokenizer_files`). The version is written only inside the repository.
+model's sizes (`tokenizer.check_tokenizer_files`). What differs between model families is each family's (`families.registry.Family`'s hooks), found
+by config.json's `architectures`. The version is written only inside the repository.
 The scratch dir (`.import-VERSION-PID-*`) goes on any failure; one left by a killed import (its
 process gone) is removed by the next import into the repository."""
 
@@ -25,9 +26,10 @@ from typing import Any
 
 from contract.manifest import PRECISIONS
 from export.checkpoint import save_model_dir
-from export.hf.config import MARIAN, HFImportError, architecture, model_config, read_json_object
+from export.hf.config import HFImportError, read_json_object
+from export.hf.families.registry import Family, family_for
 from export.hf.parity import TOLERANCE, Parity, compare
-from export.hf.tokenizer import ImportedTokenizer, check_tokenizer_files, import_tokenizer, required_files
+from export.hf.tokenizer import ImportedTokenizer, check_tokenizer_files
 from export.hf.weights import check_weights, convert_state_dict, weight_shapes
 from export.model import Transformer
 from export.to_onnx import export_model
@@ -57,27 +59,28 @@ def _generation_config(src: Path) -> dict[str, Any]:
     return read_json_object(path) if path.exists() else {}
 
 
-def check_folder(src: Path) -> tuple[dict[str, Any], str]:
-    """config.json and its architecture, once every file is there and every setting is one mtserve
+def check_folder(src: Path) -> tuple[dict[str, Any], Family]:
+    """config.json and its model family, once every file is there and every setting is one mtserve
     takes; HFImportError naming the missing file or the field otherwise. Reads, never writes."""
     if not src.is_dir():
         raise HFImportError(f"{src} is not a folder (mtserve imports local Hugging Face folders only)")
     if not (src / "config.json").exists():
         raise HFImportError(f"{src}: config.json is missing (a local Hugging Face model folder is needed)")
     hf = read_json_object(src / "config.json")
-    arch = architecture(hf)
+    family = family_for(hf)
     weights = next((src / w for w in WEIGHT_FILES if (src / w).exists()), None)
     if weights is None:
         raise HFImportError(f"{src}: no weights ({' or '.join(WEIGHT_FILES)})")
     if not weights.is_file():
         raise HFImportError(f"{weights.name}: not a regular file")
-    for name in required_files(src, arch):
+    names = family.tokenizer_files(src)
+    for name in names:
         if not (src / name).is_file():
             raise HFImportError(f"{src}: tokenizer file {name} is missing")
-    cfg = model_config(hf, 0, _generation_config(src)).cfg  # the fields, before anything is written
+    cfg = family.model_config(hf, 0, _generation_config(src)).cfg  # the fields, before anything is written
     check_weights(weight_shapes(weights), cfg, weights.name)
-    check_tokenizer_files(src, arch, cfg.vocab_size, cfg.src_vocab_size)
-    return hf, arch
+    check_tokenizer_files(src, names, cfg.vocab_size, cfg.src_vocab_size)
+    return hf, family
 
 
 def remove_stale_scratch(repository: Path) -> list[Path]:
@@ -115,37 +118,40 @@ def next_version(model_root: Path) -> int:
     return max(versions, default=0) + 1
 
 
-def _load_hf(src: Path, arch: str) -> Any:
+def _load_hf(src: Path, family: Family) -> Any:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a local folder only, never the hub
-    from transformers import M2M100ForConditionalGeneration, MarianMTModel
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # stderr is the command's one line of error
 
-    cls = MarianMTModel if arch == MARIAN else M2M100ForConditionalGeneration
-    return cls.from_pretrained(str(src), local_files_only=True).float().eval()
+    return family.model_class().from_pretrained(str(src), local_files_only=True).float().eval()
 
 
 def _build(
-    src: Path, work: Path, hf_config: dict[str, Any], arch: str, langs: tuple[str | None, str | None], texts: list[str]
+    src: Path,
+    work: Path,
+    hf_config: dict[str, Any],
+    family: Family,
+    langs: tuple[str | None, str | None],
+    texts: list[str],
 ) -> tuple[Transformer, Any, ImportedTokenizer, list[int]]:
     """Write the model dir into `work`: weights, config.json and the tokenizer files (an NLLB
     tokenizer's SentencePiece pieces checked against transformers' on `texts`)."""
     work.mkdir()
-    vocab_size = model_config(hf_config, 0).cfg.vocab_size
+    vocab_size = family.model_config(hf_config, 0).cfg.vocab_size
     try:
-        tok = import_tokenizer(src, work, arch, langs, texts, vocab_size)
+        tok = family.import_tokenizer(src, work, langs, texts, vocab_size)
     except HFImportError:
         raise
     except Exception as e:  # noqa: BLE001 - transformers' or sentencepiece's error on a file it cannot read
         raise HFImportError(f"the tokenizer files cannot be loaded: {type(e).__name__}: {e}") from None
-    spec = model_config(hf_config, tok.unk_id, _generation_config(src))
+    spec = family.model_config(hf_config, tok.unk_id, _generation_config(src))
     try:
-        hf = _load_hf(src, arch)
+        hf = _load_hf(src, family)
     except Exception as e:  # noqa: BLE001 - any error of transformers' loading
         raise HFImportError(f"the weights cannot be loaded by transformers: {type(e).__name__}: {e}") from None
     model = Transformer(spec.cfg)
-    model.load_state_dict(convert_state_dict(hf, arch, spec.cfg, spec.suppressed))
+    model.load_state_dict(convert_state_dict(hf, family, spec.cfg, spec.suppressed))
     model.eval()
     extra = {
         "src_lang": tok.src_lang,
@@ -153,23 +159,28 @@ def _build(
         "sentencepiece": tok.files,
         "languages": tok.languages,
         "unmapped_ids": tok.unmapped,
-        "imported_from": {"architecture": arch, "path": str(src.resolve())},
+        "imported_from": {"architecture": family.architecture, "path": str(src.resolve())},
     }
     save_model_dir(model, work, extra=extra)
     return model, hf, tok, spec.suppressed
 
 
 def _parity(
-    model_dir: Path, model: Transformer, hf: Any, tok: ImportedTokenizer, suppressed: list[int], texts: list[str]
+    model_dir: Path,
+    model: Transformer,
+    hf: Any,
+    family: Family,
+    tok: ImportedTokenizer,
+    suppressed: list[int],
+    texts: list[str],
 ) -> Parity:
-    """Our model against transformers on `texts`, tokenized as the model dir will tokenize them."""
-    lang_tokens = tok.languages.get("source_tokens", {})
-    prefix = [lang_tokens[tok.src_lang]] if tok.src_lang in lang_tokens else []
+    """Our model against transformers on `texts`, tokenized as the model dir will tokenize them and
+    decoded by the family's generation rules."""
+    prefix = family.source_prefix(tok)
     limit = model.cfg.max_positions - 2 - len(prefix)
     ids = encode_batch(load_model_tokenizer(model_dir), texts)
     src = [prefix + t[:limit] + [model.cfg.eos_id] for t in ids]
-    forced = tok.languages.get("target_tokens", {}).get(tok.tgt_lang)
-    return compare(hf, model, src, forced, suppressed)
+    return compare(hf, model, src, family.forced_first(tok), suppressed)
 
 
 def import_model(
@@ -190,7 +201,7 @@ def import_model(
     src = Path(src)
     if Path(repository).is_dir():
         remove_stale_scratch(Path(repository))
-    hf_config, arch = check_folder(src)
+    hf_config, family = check_folder(src)
     root = Path(repository) / name
     version = version if version is not None else next_version(root)
     target = version_dir(Path(repository), name, version)
@@ -201,8 +212,8 @@ def import_model(
     scratch = Path(tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{version}-{os.getpid()}-", dir=root))
     try:
         work, texts = scratch / "model", texts or PROBE_SENTENCES
-        model, hf, tok, suppressed = _build(src, work, hf_config, arch, (src_lang, tgt_lang), texts)
-        parity = _parity(work, model, hf, tok, suppressed, texts)
+        model, hf, tok, suppressed = _build(src, work, hf_config, family, (src_lang, tgt_lang), texts)
+        parity = _parity(work, model, hf, family, tok, suppressed, texts)
         if not parity.ok():
             raise HFImportError(
                 f"the imported model differs from transformers: {parity.identical}/{parity.sentences} greedy outputs "
@@ -221,7 +232,7 @@ def import_model(
         "name": name,
         "version": version,
         "path": str(target),
-        "architecture": arch,
+        "architecture": family.architecture,
         "src_lang": tok.src_lang,
         "tgt_lang": tok.tgt_lang,
         "languages": len(tok.languages["source"]),

@@ -1,6 +1,8 @@
-"""The tokenizer of an imported model: its SentencePiece models and {piece: id} vocabularies, copied
-(or, for M2M100, written from the HF tokenizer's get_vocab(), language tokens included) into the
-model dir, and the languages it translates with their tokens.
+"""The tokenizers an imported model may have, one importer per tokenizer class: its SentencePiece
+models and {piece: id} vocabularies, copied (or, for M2M100 and NLLB, written from the HF
+tokenizer's get_vocab(), language tokens included) into the model dir, and the languages it
+translates with their tokens. Which tokenizer classes a model family takes, and which importer
+runs, is the family's (export/hf/families/).
 
 Marian (`MarianTokenizer`): source.spm, target.spm, vocab.json (target_vocab.json too when the
 vocabularies are separate); one language pair, from tokenizer_config.json's source_lang/target_lang
@@ -30,12 +32,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from export.hf.config import BOUNDS, M2M100, MARIAN, HFImportError, read_json, read_json_object
+from export.hf.config import BOUNDS, HFImportError, read_json, read_json_object
 
 NLLB = "NllbTokenizer"
-# The tokenizer classes each architecture takes (a `Fast` suffix is the same tokenizer); the first is
-# the one a folder without tokenizer_config.json's `tokenizer_class` has.
-TOKENIZER_CLASSES = {MARIAN: ("MarianTokenizer",), M2M100: ("M2M100Tokenizer", NLLB)}
 TOKENIZER_CONFIG = "tokenizer_config.json"
 NLLB_LANGUAGE_CODE = re.compile(r"[a-z]{3}_[A-Z][a-z]{3}")  # FLORES-200: deu_Latn, zho_Hans
 MAX_VOCAB_SIZE = BOUNDS["vocab_size"][1]
@@ -91,13 +90,12 @@ def read_vocab(path: Path, size: int) -> dict[str, int]:
     return check_vocab(read_json(path, MAX_VOCAB_BYTES), size, path.name)
 
 
-def check_tokenizer_files(src: Path, arch: str, vocab_size: int, src_vocab_size: int | None) -> None:
-    """The tokenizer files of the folder before transformers loads them: each SentencePiece model
-    one sentencepiece reads, each vocabulary checked against the model's sizes (the source one
+def check_tokenizer_files(src: Path, names: list[str], vocab_size: int, src_vocab_size: int | None) -> None:
+    """The tokenizer files `names` of the folder before transformers loads them: each SentencePiece
+    model one sentencepiece reads, each vocabulary checked against the model's sizes (the source one
     against the encoder's embedding, the target one against the decoder's)."""
     import sentencepiece
 
-    names = required_files(src, arch)
     for name in (n for n in names if not n.endswith(".json")):
         if (src / name).stat().st_size > MAX_VOCAB_BYTES:
             raise HFImportError(f"{name}: larger than {MAX_VOCAB_BYTES} bytes; not a SentencePiece model")
@@ -117,14 +115,16 @@ def unmapped_ids(vocab_size: int, *named: dict[str, int]) -> list[int]:
     return [i for i in range(vocab_size) if i not in mapped]
 
 
-def tokenizer_class(src: Path, arch: str) -> str:
-    """The tokenizer class of the folder (without `Fast`); HFImportError for one `arch` does not take."""
+def tokenizer_class(src: Path, arch: str, classes: tuple[str, ...]) -> str:
+    """The tokenizer class of the folder (without `Fast`), one of `classes` (those architecture
+    `arch` takes; the first is the one a folder without tokenizer_config.json's `tokenizer_class`
+    has); HFImportError for another."""
     tok_cfg = tokenizer_config(src)
-    cls = str(tok_cfg.get("tokenizer_class") or TOKENIZER_CLASSES[arch][0]).removesuffix("Fast")
-    if cls not in TOKENIZER_CLASSES[arch]:
+    cls = str(tok_cfg.get("tokenizer_class") or classes[0]).removesuffix("Fast")
+    if cls not in classes:
         raise HFImportError(
             f"{TOKENIZER_CONFIG}: `tokenizer_class` {cls!r} is not supported for {arch}; "
-            f"mtserve imports {' or '.join(TOKENIZER_CLASSES[arch])}"
+            f"mtserve imports {' or '.join(classes)}"
         )
     if cls == NLLB and tok_cfg.get("legacy_behaviour"):
         raise HFImportError(
@@ -134,14 +134,15 @@ def tokenizer_class(src: Path, arch: str) -> str:
     return cls
 
 
-def required_files(src: Path, arch: str) -> list[str]:
-    """The tokenizer files `arch` needs; HFImportError for another tokenizer class."""
-    tok_cfg = tokenizer_config(src)
-    if arch == MARIAN:
-        tokenizer_class(src, arch)
-        separate = tok_cfg.get("separate_vocabs") or (src / "target_vocab.json").is_file()
-        return ["source.spm", "target.spm", "vocab.json", *(["target_vocab.json"] if separate else [])]
-    if tokenizer_class(src, arch) == NLLB:  # the vocabulary is in tokenizer.json, or made from the model
+def marian_files(src: Path) -> list[str]:
+    """The files a MarianTokenizer folder needs."""
+    separate = tokenizer_config(src).get("separate_vocabs") or (src / "target_vocab.json").is_file()
+    return ["source.spm", "target.spm", "vocab.json", *(["target_vocab.json"] if separate else [])]
+
+
+def sentencepiece_bpe_files(cls: str) -> list[str]:
+    """The files an M2M100Tokenizer or NllbTokenizer (`cls`) folder needs."""
+    if cls == NLLB:  # the vocabulary is in tokenizer.json, or made from the model
         return ["sentencepiece.bpe.model"]
     return ["sentencepiece.bpe.model", "vocab.json"]
 
@@ -165,7 +166,7 @@ def import_marian(
     with warnings.catch_warnings():  # "Recommended: pip install sacremoses": mtserve never uses it
         warnings.filterwarnings("ignore", message=".*sacremoses", category=UserWarning)
         tok = MarianTokenizer.from_pretrained(str(src))
-    names = required_files(src, MARIAN)
+    names = marian_files(src)
     for name in names:
         shutil.copyfile(src / name, dst / name)
     target_vocab = "target_vocab.json" if "target_vocab.json" in names else "vocab.json"
@@ -267,16 +268,3 @@ def import_nllb(
     shutil.copyfile(src / "sentencepiece.bpe.model", dst / "sentencepiece.bpe.model")
     _check_pieces(tok, dst / "sentencepiece.bpe.model", vocab, texts)
     return _multilingual(src, dst, vocab, tokens, tok.unk_token_id, (src_lang, tgt_lang), vocab_size)
-
-
-def import_tokenizer(
-    src: Path, dst: Path, arch: str, langs: tuple[str | None, str | None], texts: list[str], vocab_size: int
-) -> ImportedTokenizer:
-    """Write the tokenizer files of the HF folder `src` into the model dir `dst`; `langs` are the
-    source and target language given (None: the tokenizer's), `texts` those the NLLB pieces are
-    checked on, `vocab_size` the model's target vocabulary."""
-    if arch == MARIAN:
-        return import_marian(src, dst, *langs, vocab_size)
-    if tokenizer_class(src, arch) == NLLB:
-        return import_nllb(src, dst, *langs, texts, vocab_size)
-    return import_m2m100(src, dst, *langs, vocab_size)

@@ -1,10 +1,11 @@
-"""A loaded transformers model (MarianMTModel or M2M100ForConditionalGeneration) -> the state dict
-of mtserve's `Transformer`.
+"""A loaded transformers encoder-decoder (the BART layout: MarianMTModel, M2M100ForConditionalGeneration)
+-> the state dict of mtserve's `Transformer`.
 
 q/k/v projections are concatenated into `qkv_proj`, the cross-attention's k/v into `kv_proj`,
-fc1/fc2 become `ffn.w1`/`ffn.w2`, each layer's norms the norms of its residual blocks; the position
-table is HF's own, with row p the embedding of position p (M2M100's offset of padding_idx + 1
-removed), and the tokens transformers never generates get NEG_INF in the logits bias.
+fc1/fc2 become `ffn.w1`/`ffn.w2`, each layer's norms the norms of its residual blocks, and the
+tokens transformers never generates get NEG_INF in the logits bias. What a model family does its
+own way (`WeightHooks`: the position table, the logits bias, weights only it has, such as final
+layer norms) comes from its module in export/hf/families/.
 
 `weight_shapes` and `check_weights` compare the weights file with the config before any of it is
 loaded."""
@@ -14,11 +15,11 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
-from export.hf.config import M2M100, MARIAN, HFImportError
+from export.hf.config import HFImportError
 from export.model import NEG_INF, ModelConfig
 
 
@@ -28,7 +29,24 @@ def _linear(out: dict[str, torch.Tensor], name: str, *layers: Any) -> None:
     out[f"{name}.bias"] = torch.cat([layer.bias for layer in layers], dim=0)
 
 
-def _norm(out: dict[str, torch.Tensor], name: str, norm: Any) -> None:
+class WeightHooks(Protocol):
+    """A model family's part of the weights mapping."""
+
+    def position_table(self, hf_model: Any, cfg: ModelConfig) -> torch.Tensor:
+        """(max_positions, d_model): row p is what transformers adds at position p of a sequence
+        without left padding."""
+        ...
+
+    def logits_bias(self, hf_model: Any, cfg: ModelConfig) -> torch.Tensor:
+        """The checkpoint's (vocab_size,) logits bias, before the suppressed tokens are added."""
+        ...
+
+    def extra_weights(self, hf_model: Any, out: dict[str, torch.Tensor]) -> None:
+        """Add the family's own weights (e.g. final layer norms) to `out`."""
+        ...
+
+
+def copy_norm(out: dict[str, torch.Tensor], name: str, norm: Any) -> None:
     out[f"{name}.weight"], out[f"{name}.bias"] = norm.weight, norm.bias
 
 
@@ -38,8 +56,8 @@ def _encoder_layer(out: dict[str, torch.Tensor], prefix: str, layer: Any) -> Non
     _linear(out, f"{prefix}.self_attn.out_proj", a.out_proj)
     _linear(out, f"{prefix}.ffn.w1", layer.fc1)
     _linear(out, f"{prefix}.ffn.w2", layer.fc2)
-    _norm(out, f"{prefix}.res_attn.norm", layer.self_attn_layer_norm)
-    _norm(out, f"{prefix}.res_ffn.norm", layer.final_layer_norm)
+    copy_norm(out, f"{prefix}.res_attn.norm", layer.self_attn_layer_norm)
+    copy_norm(out, f"{prefix}.res_ffn.norm", layer.final_layer_norm)
 
 
 def _decoder_layer(out: dict[str, torch.Tensor], prefix: str, layer: Any) -> None:
@@ -51,41 +69,30 @@ def _decoder_layer(out: dict[str, torch.Tensor], prefix: str, layer: Any) -> Non
     _linear(out, f"{prefix}.cross_attn.out_proj", c.out_proj)
     _linear(out, f"{prefix}.ffn.w1", layer.fc1)
     _linear(out, f"{prefix}.ffn.w2", layer.fc2)
-    _norm(out, f"{prefix}.res_self.norm", layer.self_attn_layer_norm)
-    _norm(out, f"{prefix}.res_cross.norm", layer.encoder_attn_layer_norm)
-    _norm(out, f"{prefix}.res_ffn.norm", layer.final_layer_norm)
+    copy_norm(out, f"{prefix}.res_self.norm", layer.self_attn_layer_norm)
+    copy_norm(out, f"{prefix}.res_cross.norm", layer.encoder_attn_layer_norm)
+    copy_norm(out, f"{prefix}.res_ffn.norm", layer.final_layer_norm)
 
 
-def position_table(hf_model: Any, arch: str, cfg: ModelConfig) -> torch.Tensor:
-    """(max_positions, d_model): row p is what transformers adds at position p of a sequence
-    without left padding."""
-    positions = hf_model.model.decoder.embed_positions
-    if arch == MARIAN:
-        return positions.create_weight()[: cfg.max_positions]
-    offset = positions.padding_idx + 1  # M2M100 numbers real tokens from padding_idx + 1
-    table = positions.get_embedding(offset + cfg.max_positions, cfg.d_model, positions.padding_idx)
-    return table[offset:]
-
-
-def convert_state_dict(hf_model: Any, arch: str, cfg: ModelConfig, suppressed: list[int]) -> dict[str, torch.Tensor]:
-    """Our state dict (float32, contiguous) from a transformers model of architecture `arch`."""
+def convert_state_dict(
+    hf_model: Any, hooks: WeightHooks, cfg: ModelConfig, suppressed: list[int]
+) -> dict[str, torch.Tensor]:
+    """Our state dict (float32, contiguous) from a transformers model of the family of `hooks`."""
     enc, dec = hf_model.model.encoder, hf_model.model.decoder
-    out: dict[str, torch.Tensor] = {"pe": position_table(hf_model, arch, cfg), "embed.weight": dec.embed_tokens.weight}
+    out: dict[str, torch.Tensor] = {"pe": hooks.position_table(hf_model, cfg), "embed.weight": dec.embed_tokens.weight}
     if cfg.src_vocab_size is not None:
         out["src_embed.weight"] = enc.embed_tokens.weight
     if not cfg.tie_embeddings:
         out["generator.weight"] = hf_model.lm_head.weight
     if cfg.logits_bias:
-        bias = hf_model.final_logits_bias[0].clone() if arch == MARIAN else torch.zeros(cfg.vocab_size)
+        bias = hooks.logits_bias(hf_model, cfg).clone()
         bias[suppressed] = NEG_INF
         out["final_logits_bias"] = bias
     for i, layer in enumerate(enc.layers):
         _encoder_layer(out, f"encoder_layers.{i}", layer)
     for i, layer in enumerate(dec.layers):
         _decoder_layer(out, f"decoder_layers.{i}", layer)
-    if arch == M2M100:
-        _norm(out, "encoder_norm", enc.layer_norm)
-        _norm(out, "decoder_norm", dec.layer_norm)
+    hooks.extra_weights(hf_model, out)
     return {k: v.detach().to(torch.float32).contiguous().clone() for k, v in out.items()}
 
 
