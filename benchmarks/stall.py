@@ -12,7 +12,8 @@
 3. A request the server accepts and cannot finish in time (two texts of 97 and 48 kB of prose,
    1,650 sentences) with a 2 s deadline: when it is answered, and how long the server's CPU
    takes to fall idle (under 10% of a core over 100 ms) after.
-4. RSS a few seconds after the flood, against the idle level.
+4. RSS a few seconds after the flood (before step 3), and a few seconds after step 3 (whose
+   decoding grows the heap that the server keeps for reuse), against the idle level.
 
 One JSON line on stdout (and `--json FILE`): latencies in seconds (p50, p99, max, n), status
 counts, the deadline call's answer time and the CPU's time to idle, RSS in MB. Only 127.0.0.1 is
@@ -139,6 +140,8 @@ def main() -> None:
         for c in clients:
             c.join()
         sampler.join()
+        time.sleep(3.0)
+        rss_after_flood = rss_bytes(server.pid)
         deadline = deadline_call(server.address, server.pid)
         time.sleep(3.0)
         rss_after = rss_bytes(server.pid)
@@ -158,6 +161,7 @@ def main() -> None:
         "rss_mb": {
             "before": round(rss_before / 2**20, 1),
             "peak": round(peak[0] / 2**20, 1),
+            "after_flood": round(rss_after_flood / 2**20, 1),
             "after": round(rss_after / 2**20, 1),
             "after_vs_before": round(rss_after / rss_before, 3),
         },

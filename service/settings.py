@@ -152,6 +152,13 @@ class Settings(BaseSettings):
         description="threads that split, tokenise and reassemble the texts of requests of more than 4 kB, off "
         "the event loop (service/engine/work.py)",
     )
+    text_processes: int = Field(
+        1,
+        ge=0,
+        le=64,
+        description="worker processes, at nice 19, that split and tokenise the texts of Translate requests of more "
+        "than 4 kB (service/engine/plan_processes.py); 0: the text threads do it",
+    )
     max_beam_size: int = Field(8, ge=1)
     default_beam_size: int = Field(4, ge=1)
     max_receive_message_bytes: int = Field(4 * 1024 * 1024, ge=1024)

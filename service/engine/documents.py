@@ -292,6 +292,23 @@ def plan_text(text: str, name: str, rules: Rules, tokenizer: TextTokenizer, poin
     return plan
 
 
+def plan_texts(
+    texts: list[str], field: str, rules: Rules, tokenizer: TextTokenizer, point: Checkpoint = NO_CHECK
+) -> list[Plan]:
+    """Each text's plan (`plan_text`, named `field[i]`, or `field` when it is not "texts");
+    `point` checked between texts. INVALID_ARGUMENT for texts of more rows together than
+    max_rows: such a request could never be queued."""
+    plans, rows = [], 0
+    for i, t in enumerate(texts):
+        point.check()
+        name = f"{field}[{i}]" if field == "texts" else field
+        plans.append(plan_text(t, name, rules, tokenizer, point))
+        rows += plans[-1].row_count
+        if rows > rules.max_rows:
+            raise InvalidArgument(name, f"{field} up to here make {rows} sentences, over {rules.rows_bound}")
+    return plans
+
+
 # Segments tokenised between two checks of the request's deadline and cancellation.
 CHECK_EVERY = 256
 

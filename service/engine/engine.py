@@ -13,12 +13,12 @@ import time
 
 import numpy as np
 
-from contract.manifest import Manifest
+from contract.manifest import Manifest, resolve_onnx_dir
 from service import tracing
 from service.batching.jobs import EncodeJob, Sentence, new_request
 from service.decoding.output_rules import max_output_len
 from service.decoding.results import Finished
-from service.engine import documents, model_info, work
+from service.engine import documents, model_info, plan_processes, work
 from service.engine.backend import Backend
 from service.engine.inference import Inference
 from service.engine.languages import LanguagePair, ModelLanguages, Prefixes
@@ -134,6 +134,23 @@ class Engine:
 
     # -- texts as documents (service.engine.documents) ----------------------------------
 
+    def rules(self, opts: TranslateOptions, pair: LanguagePair, prefixes: Prefixes) -> documents.Rules:
+        """What planning a request's texts needs (INVALID_ARGUMENT for an unknown split mode)."""
+        if opts.split not in documents.SPLIT_MODES:
+            raise InvalidArgument(
+                "options.split", f"{quote(opts.split)} is not one of {', '.join(documents.SPLIT_MODES)}"
+            )
+        return documents.Rules(
+            split=opts.split,
+            language=pair.source or self.manifest.src_lang,
+            lead=tuple(prefixes.source),
+            eos_id=self.eos_id,
+            limit=min(self.settings.max_input_tokens, self.manifest.dims.max_positions - 1),
+            max_text_bytes=self.settings.max_text_bytes,
+            max_rows=self.search.max_request_rows,
+            rows_bound=self.search.rows_bound,
+        )
+
     def plans(
         self,
         texts: list[str],
@@ -146,47 +163,25 @@ class Engine:
         """Each text's segments and source rows, as `opts.split` asks; `point` checked between
         texts and segments. INVALID_ARGUMENT for a text, or texts, of more rows than the queue
         holds (max_queue_size): such a request could never be queued."""
-        if opts.split not in documents.SPLIT_MODES:
-            raise InvalidArgument(
-                "options.split", f"{quote(opts.split)} is not one of {', '.join(documents.SPLIT_MODES)}"
-            )
-        rules = documents.Rules(
-            split=opts.split,
-            language=pair.source or self.manifest.src_lang,
-            lead=tuple(prefixes.source),
-            eos_id=self.eos_id,
-            limit=min(self.settings.max_input_tokens, self.manifest.dims.max_positions - 1),
-            max_text_bytes=self.settings.max_text_bytes,
-            max_rows=self.max_request_rows,
-            rows_bound=self.rows_bound,
-        )
-        plans, rows = [], 0
-        for i, t in enumerate(texts):
-            point.check()
-            name = f"{field}[{i}]" if field == "texts" else field
-            plans.append(documents.plan_text(t, name, rules, self.tokenizer, point))
-            rows += plans[-1].row_count
-            if rows > rules.max_rows:
-                raise InvalidArgument(name, f"{field} up to here make {rows} sentences, over {rules.rows_bound}")
-        return plans
+        return documents.plan_texts(texts, field, self.rules(opts, pair, prefixes), self.tokenizer, point)
 
-    @property
-    def max_request_rows(self) -> int:
-        """The most rows one request can queue: max_queue_size, or with engine processes the
-        queue of one (each request goes to one, which has 1/N of max_queue_size)."""
-        st = self.settings
-        return -(-st.max_queue_size // st.decode_workers) if st.engine_process else st.max_queue_size
-
-    @property
-    def rows_bound(self) -> str:
-        """max_request_rows as a status message names it."""
-        st, rows = self.settings, self.max_request_rows
-        if rows == st.max_queue_size:
-            return f"max_queue_size ({rows}), the most one request can queue"
-        return (
-            f"the {rows} one request can queue (max_queue_size {st.max_queue_size} over {st.decode_workers} "
-            "engine processes, a request in one)"
-        )
+    async def far_plans(
+        self,
+        texts: list[str],
+        opts: TranslateOptions,
+        pair: LanguagePair,
+        prefixes: Prefixes,
+        size: int,
+        timeout: float | None,
+    ) -> list[documents.Plan] | None:
+        """The plans of a request of more than work.INLINE_BYTES of text, made in the plan
+        processes (service.engine.plan_processes) when the server has them (text_processes);
+        None: the request is planned on the text threads."""
+        if self.settings.text_processes == 0 or size <= work.INLINE_BYTES:
+            return None
+        rules = self.rules(opts, pair, prefixes)
+        processes = plan_processes.shared(self.settings.text_processes)
+        return await processes.plans(resolve_onnx_dir(self.settings.graphs_dir), texts, "texts", rules, timeout)
 
     def row_options(
         self, opts: TranslateOptions, plans: list[documents.Plan], prefixes: Prefixes, field_prefix: str
@@ -329,8 +324,12 @@ class Engine:
                 prefixes=opts.target_prefixes or [opts.target_prefix],
                 prefix_field=f"{field_prefix}target_prefix{'es' if opts.target_prefixes else ''}",
             )
+            deadline = None if timeout is None else time.monotonic() + timeout
+            planned = await self.far_plans(texts, opts, pair, prefixes, size, timeout)
             plans, src, sentences = await self.work.run(
-                lambda point: self.prepare(texts, opts, pair, prefixes, field_prefix, point), size, timeout
+                lambda point: self.prepare(texts, opts, pair, prefixes, field_prefix, point, planned=planned),
+                size,
+                None if deadline is None else deadline - time.monotonic(),
             )
             self.trace(self.translation_model, sentences)
             inference.submit()
@@ -363,10 +362,11 @@ class Engine:
         field_prefix: str,
         point: Checkpoint,
         field: str = "texts",
+        planned: list[documents.Plan] | None = None,
     ) -> tuple[list[documents.Plan], list[list[int]], list[Sentence]]:
         """The CPU work before a request is queued (on the text pool, service.engine.work): the
-        texts' plans, their rows' source ids and the sentences to queue."""
-        plans = self.plans(texts, opts, pair, prefixes, field, point)
+        texts' plans (unless `planned`), their rows' source ids and the sentences to queue."""
+        plans = planned if planned is not None else self.plans(texts, opts, pair, prefixes, field, point)
         src = [row for p in plans for segment in p.rows for row in segment]
         row_opts = self.row_options(opts, plans, prefixes, field_prefix)
         point.check()

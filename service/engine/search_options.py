@@ -1,7 +1,8 @@
 """How a request's decoding options become a search, for one model version: the beam and length
 penalty (`mode`), the n-best and sampling options checked against them (`check`), the requested
 target prefixes as token ids (`output_prefixes`), each text's sampling generator (`sampling`) and
-the cap on generated tokens (`cap`). Every refusal is INVALID_ARGUMENT naming the option."""
+the cap on generated tokens (`cap`), and how many rows one request may queue (`max_request_rows`).
+Every refusal is INVALID_ARGUMENT naming the option."""
 
 from __future__ import annotations
 
@@ -122,3 +123,21 @@ class SearchOptions:
         max_output_tokens, else the server's, within the position table."""
         cap = opts.max_output_tokens or self.settings.max_output_tokens
         return min(cap, self.manifest.dims.max_positions - 1)
+
+    @property
+    def max_request_rows(self) -> int:
+        """The most rows one request can queue: max_queue_size, or with engine processes the
+        queue of one (each request goes to one, which has 1/N of max_queue_size)."""
+        st = self.settings
+        return -(-st.max_queue_size // st.decode_workers) if st.engine_process else st.max_queue_size
+
+    @property
+    def rows_bound(self) -> str:
+        """max_request_rows as a status message names it."""
+        st, rows = self.settings, self.max_request_rows
+        if rows == st.max_queue_size:
+            return f"max_queue_size ({rows}), the most one request can queue"
+        return (
+            f"the {rows} one request can queue (max_queue_size {st.max_queue_size} over {st.decode_workers} "
+            "engine processes, a request in one)"
+        )

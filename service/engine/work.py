@@ -2,7 +2,9 @@
 translations back together) off the event loop: on a bounded pool of threads (`text_threads`), so
 that Health, GetModelInfo and small requests are served while a large request is being split.
 A request small enough (INLINE_BYTES of text at most) runs on the loop: well under a
-millisecond, less than handing it to a thread.
+millisecond, less than handing it to a thread. The threads run at nice 19, so that the event loop
+and the decode workers win the cores; with `text_processes`, a Translate request's splitting and
+tokenising runs in worker processes instead (service.engine.plan_processes).
 
 The work checks its request's `Checkpoint` before it starts and between texts and segments: a
 request whose deadline passed or whose client went away stops there (DEADLINE_EXCEEDED,
@@ -17,6 +19,8 @@ import ctypes
 import ctypes.util
 import functools
 import gc
+import os
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -32,6 +36,8 @@ INLINE_BYTES = 4096
 RELEASE_BYTES = 256 * 1024
 RELEASE_DELAY_S = 0.5
 RELEASE_EVERY_S = 5.0
+# The text threads' nice value: the lowest priority.
+NICE = 19
 
 
 class Checkpoint:
@@ -69,7 +75,7 @@ class TextWork:
 
     def __init__(self, threads: int):
         self.threads = threads
-        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="mtserve-text")
+        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="mtserve-text", initializer=_lower_priority)
         self._release: asyncio.Task[None] | None = None
         self._asked = 0.0  # when a large request last asked for its memory to be given back
 
@@ -110,6 +116,15 @@ class TextWork:
             await loop.run_in_executor(self._pool, release_memory)
             if self._asked == asked:  # no large request since: done
                 return
+
+
+def _lower_priority() -> None:
+    """The calling thread at the lowest CPU priority (Linux: a thread's own nice value), so that
+    the event loop and the decode workers win the cores."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), NICE)
+    except (AttributeError, OSError):  # not Linux: the thread keeps the process's priority
+        pass
 
 
 @functools.cache
