@@ -460,7 +460,7 @@ def _report_headline(res: Results, plot_name: str) -> list[str]:
         "The first two columns are the medians of the interleaved pairs above (for results without pairs, the "
         "best samples). The textbook-loop ratios divide the pairs' median service throughput (or the best sample) "
         'by the PyTorch loop without a cache, run over length-sorted batches of 64 ("batched") and one sentence '
-        'at a time as the Annotated Transformer does (the issue\'s ~20 sent/s reference). "best samples": the best '
+        'at a time as the Annotated Transformer does (about 20 sent/s). "best samples": the best '
         "service figure over the online levels and the sweep, against CTranslate2's figures from the offline part "
         '(minutes apart: on a drifting machine they read high or low). "TranslateMany" sends the same sentences '
         "as items of one stream. The last four columns are the medians of the pairs' second table: the ORT engine "
