@@ -60,10 +60,10 @@ def _normalized(scores: dict[str, float]) -> tuple[str, float]:
     return best, scores.get(best, 0.0) / total if total > 0 else 1 / len(LANGS)
 
 
-def _py3langid() -> Loaded:
-    import py3langid.langid as lid
-
-    restricted = lid.LanguageIdentifier.from_model_file(lid.MODEL_FILE, norm_probs=True)
+def _identifier(make: Callable[[bool], Any]) -> Loaded:
+    """A langid-style detector (langid, and py3langid, its fork): `make(norm_probs)` builds its
+    `LanguageIdentifier`; restricted to LANGS with normalised probabilities, and unrestricted."""
+    restricted = make(True)
     restricted.set_languages(list(LANGS))
 
     def best(text: str) -> tuple[str, float]:
@@ -71,27 +71,22 @@ def _py3langid() -> Loaded:
         return str(lang), float(p)
 
     def every() -> Unrestricted:
-        full = lid.LanguageIdentifier.from_model_file(lid.MODEL_FILE, norm_probs=False)
+        full = make(False)
         return lambda text: str(full.classify(text)[0])
 
     return best, every
+
+
+def _py3langid() -> Loaded:
+    import py3langid.langid as lid
+
+    return _identifier(lambda norm: lid.LanguageIdentifier.from_model_file(lid.MODEL_FILE, norm_probs=norm))
 
 
 def _langid() -> Loaded:
     import langid.langid as lid
 
-    restricted = lid.LanguageIdentifier.from_modelstring(lid.model, norm_probs=True)
-    restricted.set_languages(list(LANGS))
-
-    def best(text: str) -> tuple[str, float]:
-        lang, p = restricted.classify(text)
-        return str(lang), float(p)
-
-    def every() -> Unrestricted:
-        full = lid.LanguageIdentifier.from_modelstring(lid.model, norm_probs=False)
-        return lambda text: str(full.classify(text)[0])
-
-    return best, every
+    return _identifier(lambda norm: lid.LanguageIdentifier.from_modelstring(lid.model, norm_probs=norm))
 
 
 def _fasttext_lite() -> Loaded:

@@ -95,10 +95,7 @@ class Shortlist:
         """A batch's vocab_ids: its `batch_candidates` and `fill`, padded to a multiple of
         PAD_MULTIPLE with repeats of `fill` (each right after its first place: non-decreasing).
         `fill` must not be </s>, whose place the steps look up."""
-        used = np.zeros(self.vocab_size, dtype=bool)
-        used[self.batch_candidates(sentences)] = True
-        used[fill] = True
-        ids = np.flatnonzero(used)
+        ids = np.union1d(self.batch_candidates(sentences), [fill])
         short = -len(ids) % PAD_MULTIPLE
         if short:
             ids = np.sort(np.concatenate([ids, np.full(short, fill, dtype=ids.dtype)]), kind="stable")
