@@ -9,6 +9,17 @@ import numpy as np
 
 from service.engine.languages import LanguagePair
 
+TEXT_TYPES = ("text", "html", "xml")  # TranslateOptions.text_type
+
+
+@dataclass(frozen=True)
+class GlossaryEntry:
+    """A request's glossary term: `source` (or one of its `forms`) is translated as `target`."""
+
+    source: str
+    target: str
+    forms: tuple[str, ...] = ()
+
 
 @dataclass
 class TranslateOptions:
@@ -30,6 +41,15 @@ class TranslateOptions:
     target_prefixes: list[str] = field(default_factory=list)
     # How each text is cut into rows (service.engine.documents): "sentences", "newlines" or "none".
     split: str = "sentences"
+    # What the texts are (service.engine.markup): "text", "html" or "xml".
+    text_type: str = "text"
+    # Terms forced by the search (service.engine.terms, service.decoding.terms), and the named
+    # glossary of the model version whose terms come first.
+    glossary: list[GlossaryEntry] = field(default_factory=list)
+    do_not_translate: list[str] = field(default_factory=list)
+    glossary_id: str = ""
+    # source_language "auto": detect (and route) each segment instead of each text.
+    detect_per_segment: bool = False
 
 
 @dataclass
@@ -50,6 +70,22 @@ class Alternative:
 
 
 @dataclass
+class AppliedTerm:
+    """A glossary term or do-not-translate phrase matched in a text: the matched source text and
+    its span in the text as sent, what the translation carries for it and where it landed in the
+    translation's text (code points; -1, -1: it did not), and where the term came from
+    ("glossary", "do_not_translate", "markup" or a named glossary's id)."""
+
+    source: str
+    target: str
+    source_start: int
+    source_end: int
+    start: int
+    end: int
+    origin: str
+
+
+@dataclass
 class TranslationResult:
     text: str
     score: float | None  # None unless return_scores (greedy search then skips the log-softmax)
@@ -60,6 +96,11 @@ class TranslationResult:
     alignment: Alignment | None = None
     hypotheses: list[Alternative] = field(default_factory=list)  # num_hypotheses > 1: best first
     segments: list[Segment] = field(default_factory=list)  # the text's segments, in order
+    applied_terms: list[AppliedTerm] = field(default_factory=list)  # in source order
+    # source_language "auto": the detected language and its probability; the model that translated.
+    detected_language: str = ""
+    detected_confidence: float | None = None
+    model: str = ""
 
 
 @dataclass

@@ -55,6 +55,11 @@ class TextTokenizer(Protocol):
     def encode_target(self, text: str) -> list[int]:
         """The ids of `text`'s tokens as a translation (a forced target prefix), nothing added."""
 
+    def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+        """`encode(text)` and each token's span of `text` in code points, end exclusive (a token
+        that stands for no character of the text, as SentencePiece's lone "▁", has an empty span
+        where it stands)."""
+
     def decode(self, ids: Iterable[int]) -> str:
         """The text of `ids` without special or language tokens, not stripped."""
 
@@ -90,6 +95,10 @@ class BpeTokenizer:
 
     def encode_target(self, text: str) -> list[int]:
         return self.encode(text)  # one vocabulary for both sides
+
+    def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+        found = self.tokenizer.encode(text, add_special_tokens=False)
+        return list(found.ids), [_trimmed(text, int(a), int(b)) for a, b in found.offsets]
 
     def decode(self, ids: Iterable[int]) -> str:
         return str(self.tokenizer.decode(list(ids), skip_special_tokens=True))
@@ -165,6 +174,14 @@ class SentencePieceTokenizer:
         vocab, unk = self.target_ids, self.unk_id
         return [vocab.get(p, unk) for p in self.target.encode(text, out_type=str)]
 
+    def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+        vocab, unk = self.source_vocab, self.unk_id
+        pieces = self.source.encode(text, return_type="proto").pieces
+        chars = _code_points(text)  # SentencePiece's spans are UTF-8 byte offsets into `text`
+        last = len(chars) - 1
+        spans = [_trimmed(text, chars[min(p.begin, last)], chars[min(p.end, last)]) for p in pieces]
+        return [vocab.get(p.piece, unk) for p in pieces], spans
+
     def decode(self, ids: Iterable[int]) -> str:
         """The pieces' text; an id without a piece is `<unk>` between the texts of the pieces
         around it, each decoded on its own (as M2M100Tokenizer's convert_tokens_to_string)."""
@@ -194,6 +211,23 @@ class SentencePieceTokenizer:
 
     def token_to_id(self, token: str) -> int | None:
         return self.ids.get(token)
+
+
+def _trimmed(text: str, start: int, end: int) -> tuple[int, int]:
+    """A token's span without the whitespace it opens with (its word boundary), unless it is
+    only whitespace."""
+    while start < end - 1 and text[start].isspace():
+        start += 1
+    return start, end
+
+
+def _code_points(text: str) -> list[int]:
+    """For each UTF-8 byte offset of `text` (and its end), the code point it falls in."""
+    table: list[int] = []
+    for i, ch in enumerate(text):
+        table += [i] * len(ch.encode("utf-8"))
+    table.append(len(text))
+    return table
 
 
 def load_tokenizer(export_dir: Path, manifest: Manifest) -> TextTokenizer:

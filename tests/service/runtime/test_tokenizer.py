@@ -80,6 +80,38 @@ def test_bpe_tokenizer(tiny_model_dir):
     assert tok.decode([tok.token_to_id("</s>"), *ids]).strip() == "Ein Hund läuft."
 
 
+TEXTS = ["Ein Hund läuft über die Straße.", "Zwei   Männer (ACME) spielen.", "  Café \ufb01 x 😀 ", ""]
+
+
+def _check_offsets(tok, text: str) -> None:
+    ids, spans = tok.encode_with_offsets(text)
+    assert ids == tok.encode(text) and len(spans) == len(ids)
+    at = 0
+    for start, end in spans:  # in order, within the text, none opening with whitespace unless all is
+        assert at <= start <= end <= len(text)
+        assert not text[start:end][:1].isspace() or not text[start:end].strip()
+        at = start
+    for word in text.split():  # every word's characters lie in the spans of some tokens
+        w = text.index(word)
+        assert any(s <= w < e for s, e in spans) or not tok.encode(word)
+
+
+@pytest.mark.parametrize("text", TEXTS)
+def test_sentencepiece_offsets(sp_files, text):
+    tok = make(sp_files)
+    _check_offsets(tok, text)
+    ids, spans = tok.encode_with_offsets("Zwei Kinder spielen im Schnee.")
+    assert [tok.decode([i]).strip() for i in ids] == ["Zwei Kinder spielen im Schnee."[s:e] for s, e in spans]
+
+
+@pytest.mark.parametrize("text", TEXTS)
+def test_bpe_offsets(tiny_model_dir, text):
+    tok = BpeTokenizer(tiny_model_dir / "tokenizer.json")
+    _check_offsets(tok, text)
+    ids, spans = tok.encode_with_offsets("Ein Hund läuft.")
+    assert [tok.decode([i]).strip() for i in ids] == ["Ein Hund läuft."[s:e] for s, e in spans]
+
+
 # ----------------------------------------------------------------------------- ids without an entry
 # M2M100's made-up words: the embedding rows after the language codes that vocab.json does not name
 # (tests/service/conftest.py's `padded_repository`).
