@@ -23,8 +23,8 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoRe
 from service.api.inference import grpc_service_pb2 as pb
 from service.api.inference import grpc_service_pb2_grpc as pb_grpc
 from service.api.inference import model_config_pb2 as mc
-from service.errors import InvalidArgument
 from service.engine.requests import GlossaryEntry
+from service.errors import InvalidArgument
 from service.kserve.codec import (
     deserialize_bytes,
     glossary_entries,
