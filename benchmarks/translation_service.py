@@ -70,8 +70,8 @@ TARGETS = {
     "glossary.do_not_translate.verbatim": 1.0,
     "glossary.unmatched.identical": 1.0,
     "glossary.bleu.delta": 0.0,
-    "glossary.cost.median_of_ratios": "<= 1.5",
-    "detection.accuracy.all": ">= 0.99",
+    "glossary.matched.cost.median_of_ratios": "<= 1.5",
+    "detection.accuracy.all.right": ">= 0.99",
 }
 
 
@@ -617,15 +617,13 @@ def _applied(t: Any) -> list[tuple[str, int, int]]:
     return [(a.target, a.start, a.end) for a in t.applied_terms]
 
 
-def run_glossary(client: Client, data_dir: Path, n: int, bleu_n: int, rounds: int) -> dict[str, Any]:
-    pb = client.pb
-    langs = ("de", "fr")
-    per_lang = n // len(langs)
-    # The matched set: candidates whose plain translation has the usual word once (checked here).
+def matched_set(client: Client, data_dir: Path, per_lang: int) -> tuple[list[GlossaryCase], dict[str, str], dict]:
+    """Up to `per_lang` glossary candidates per language whose plain translation has the usual
+    word once and not the target (`usable`), their plain translations, and the candidates' count."""
     matched: list[GlossaryCase] = []
     plain: dict[str, str] = {}
     pool: dict[str, int] = {}
-    for lang in langs:
+    for lang in ("de", "fr"):
         candidates = glossary_candidates(corpus(data_dir, lang), lang)
         pool[lang] = len(candidates)
         taken = 0
@@ -637,12 +635,15 @@ def run_glossary(client: Client, data_dir: Path, n: int, bleu_n: int, rounds: in
                 matched.append(case)
                 plain[case.text] = out
                 taken += 1
+    return matched, plain, pool
 
-    def entry(case: GlossaryCase) -> Any:
-        return pb.GlossaryEntry(source=case.term, target=case.target)
 
+def glossary_matched(client: Client, matched: list[GlossaryCase], plain: dict[str, str], rounds: int) -> dict:
+    """Each matched sentence with its one-entry glossary and without, interleaved: where the
+    target landed, and the cost."""
+    pb = client.pb
     cost, outputs, again = interleaved(
-        lambda c: client.one(c.text, c.lang, glossary=[entry(c)]),
+        lambda c: client.one(c.text, c.lang, glossary=[pb.GlossaryEntry(source=c.term, target=c.target)]),
         lambda c: client.one(c.text, c.lang).text,
         matched,
         rounds,
@@ -659,45 +660,59 @@ def run_glossary(client: Client, data_dir: Path, n: int, bleu_n: int, rounds: in
         for c, t, s in zip(matched, outputs, scored)
         if not s.in_place
     ]
-    # Do-not-translate: the same sentences, the noun as the text spells it kept verbatim.
-    verbatim, dnt_landed, dnt_misses = [], [], []
+    return {
+        "n": len(matched),
+        "terms": dict(Counter(f"{c.lang}:{c.term}" for c in matched)),
+        "target_present": share([s.target_present for s in scored]),
+        "replaced": share([s.replaced for s in scored]),
+        "in_place": share([s.in_place for s in scored]),
+        "landed": share([s.landed for s in scored]),
+        "plain_stable": share([plain[c.text] == a for c, a in zip(matched, again)]),  # the same text twice
+        "examples_not_in_place": misses[:5],
+        "cost": {**cost, "a": f"glossary of one entry, beam {client.beam}", "b": "no glossary"},
+    }
+
+
+def do_not_translate(client: Client, matched: list[GlossaryCase]) -> dict[str, Any]:
+    """The matched sentences with their noun, as the text spells it, as a do-not-translate phrase."""
+    verbatim, landed, misses = [], [], []
     for case in matched:
         t = client.one(case.text, case.lang, do_not_translate=[case.surface])
         verbatim.append(case.surface in t.text)
-        dnt_landed.append(any(s >= 0 and t.text[s:e] == case.surface for _, s, e in _applied(t)))
+        landed.append(any(0 <= s and t.text[s:e] == case.surface for _, s, e in _applied(t)))
         if not verbatim[-1]:
-            dnt_misses.append({"text": case.text, "phrase": case.surface, "output": t.text})
-    # Sentences no term matches: the language's whole glossary changes nothing.
+            misses.append({"text": case.text, "phrase": case.surface, "output": t.text})
+    return {
+        "n": len(verbatim),
+        "verbatim": share(verbatim),
+        "landed": share(landed),
+        "examples_not_verbatim": misses[:5],
+    }
+
+
+def unmatched_identical(client: Client, data_dir: Path, per_lang: int) -> dict[str, Any]:
+    """Sentences no term matches, with the language's whole glossary and without."""
     identical, differing = [], []
-    for lang in langs:
-        glossary = [pb.GlossaryEntry(source=s, target=t) for s, (_, t) in TERMS[lang].items()]
+    for lang in ("de", "fr"):
+        glossary = [client.pb.GlossaryEntry(source=s, target=t) for s, (_, t) in TERMS[lang].items()]
         for text in unmatched(corpus(data_dir, lang), lang, per_lang):
             with_glossary = client.one(text, lang, glossary=glossary).text
             without = client.one(text, lang).text
             identical.append(with_glossary == without)
             if with_glossary != without:
                 differing.append({"text": text, "glossary": with_glossary, "none": without})
+    return {"n": len(identical), "identical": share(identical), "examples_differing": differing[:5]}
+
+
+def run_glossary(client: Client, data_dir: Path, n: int, bleu_n: int, rounds: int) -> dict[str, Any]:
+    per_lang = n // 2
+    matched, plain, pool = matched_set(client, data_dir, per_lang)
     return {
-        "matched": {
-            "n": len(matched),
-            "candidates": pool,
-            "terms": dict(Counter(f"{c.lang}:{c.term}" for c in matched)),
-            "target_present": share([s.target_present for s in scored]),
-            "replaced": share([s.replaced for s in scored]),
-            "in_place": share([s.in_place for s in scored]),
-            "landed": share([s.landed for s in scored]),
-            "plain_stable": share([plain[c.text] == a for c, a in zip(matched, again)]),
-            "examples_not_in_place": misses[:5],
-        },
-        "do_not_translate": {
-            "n": len(verbatim),
-            "verbatim": share(verbatim),
-            "landed": share(dnt_landed),
-            "examples_not_verbatim": dnt_misses[:5],
-        },
-        "unmatched": {"n": len(identical), "identical": share(identical), "examples_differing": differing[:5]},
-        "bleu": bleu_with_unrelated(client, data_dir, bleu_n),
-        "cost": {**cost, "a": f"glossary of one entry, beam {client.beam}", "b": "no glossary"},
+        "candidates": pool,
+        "matched": part(lambda: glossary_matched(client, matched, plain, rounds)),
+        "do_not_translate": part(lambda: do_not_translate(client, matched)),
+        "unmatched": part(lambda: unmatched_identical(client, data_dir, per_lang)),
+        "bleu": part(lambda: bleu_with_unrelated(client, data_dir, bleu_n)),
     }
 
 
@@ -757,15 +772,14 @@ def _language_at(start: int, end: int, spans: Sequence[tuple[int, int, str]]) ->
     return max(spans, key=lambda s: min(end, s[1]) - max(start, s[0]))[2]
 
 
-def run_detection(client: Client, data_dir: Path, limit: int, batch: int = 50) -> dict[str, Any]:
-    from benchmarks.language_detection import measure_in_child
-
-    models = client.served()
-    sentences = detection_sentences(data_dir, limit)
+def detection_accuracy(
+    client: Client, sentences: dict[str, list[str]], models: dict[str, str], batch: int = 50
+) -> dict[str, Any]:
+    """source_language "auto" on each language's sentences, in batches: detected right, sent to
+    the model that serves the language."""
     accuracy: dict[str, Any] = {}
     right_all: list[bool] = []
     model_all: list[bool] = []
-    routed: dict[str, dict[str, str]] = {}  # lang -> text -> translation with the language named
     wrong = []
     for lang, texts in sentences.items():
         right, model_right, confidences = [], [], []
@@ -776,9 +790,7 @@ def run_detection(client: Client, data_dir: Path, limit: int, batch: int = 50) -
                 model_right.append(t.model == models.get(lang))
                 confidences.append(t.detected_confidence)
                 if t.detected_language != lang:
-                    wrong.append(
-                        {"text": text, "expected": lang, "detected": t.detected_language, "p": t.detected_confidence}
-                    )
+                    wrong.append({"text": text, "expected": lang, "detected": t.detected_language})
         accuracy[lang] = {
             "n": len(texts),
             "right": share(right),
@@ -788,16 +800,22 @@ def run_detection(client: Client, data_dir: Path, limit: int, batch: int = 50) -
         right_all += right
         model_all += model_right
     accuracy["all"] = {"n": len(right_all), "right": share(right_all), "model_right": share(model_all)}
+    accuracy["examples_wrong"] = wrong[:10]
+    return accuracy
 
-    # Mixed batch: each text routed alone, its translation as when its language is named.
-    mixed = [
-        (t, lang) for pair in zip(sentences["de"][:50], sentences["fr"][:50]) for t, lang in zip(pair, ("de", "fr"))
-    ]
-    for lang in ("de", "fr"):
-        texts = [t for t, lng in mixed if lng == lang]
-        routed[lang] = dict(zip(texts, (t.text for t in client.translate(texts, lang).translations)))
+
+def _named(client: Client, texts: Sequence[str], lang: str) -> dict[str, str]:
+    """Each text's translation with its language named."""
+    return dict(zip(texts, (t.text for t in client.translate(texts, lang).translations)))
+
+
+def mixed_batch(client: Client, sentences: dict[str, list[str]], models: dict[str, str], n: int = 50) -> dict[str, Any]:
+    """One request of German and French sentences by turns with source_language "auto": each
+    text's language, model, and translation as when its language is named."""
+    mixed = [(t, lang) for pair in zip(sentences["de"][:n], sentences["fr"][:n]) for t, lang in zip(pair, ("de", "fr"))]
+    routed = {lang: _named(client, [t for t, lng in mixed if lng == lang], lang) for lang in ("de", "fr")}
     answers = client.translate([t for t, _ in mixed], "auto").translations
-    batch_figures = {
+    return {
         "n": len(mixed),
         "language_right": share([a.detected_language == lang for a, (_, lang) in zip(answers, mixed)]),
         "model_right": share([a.model == models.get(lang) for a, (_, lang) in zip(answers, mixed)]),
@@ -805,55 +823,70 @@ def run_detection(client: Client, data_dir: Path, limit: int, batch: int = 50) -
         "models_seen": dict(Counter(a.model for a in answers)),
     }
 
-    # detect_per_segment: texts of a German and a French sentence.
-    two = mixed_texts(sentences["de"], sentences["fr"], 50)
-    single: dict[str, dict[str, str]] = {}  # lang -> sentence -> its translation with the language named
-    for lang in ("de", "fr"):
-        texts = [text[a:b] for text, spans in two for a, b, lng in spans if lng == lang]
-        single[lang] = dict(zip(texts, (t.text for t in client.translate(texts, lang).translations)))
-    per_segment = client.translate(
-        [t for t, _ in two], "auto", split=client.pb.SPLIT_SENTENCES, detect_per_segment=True
-    )
-    two_segments, seg_right, seg_as_routed, text_lang_right = [], [], [], []
-    for (text, spans), t in zip(two, per_segment.translations):
-        segs = list(t.segments)
-        two_segments.append([(s.start, s.end) for s in segs] == [(a, b) for a, b, _ in spans])
-        for s in segs:
-            lang = _language_at(s.start, s.end, spans)
-            seg_right.append(s.detected_language == lang)
-            seg_as_routed.append(s.text == single[lang].get(text[s.start : s.end]))
-        majority = max(spans, key=lambda s: s[1] - s[0])[2]
-        text_lang_right.append(t.detected_language == majority)
-    segment_figures = {
-        "n": len(two),
-        "split_as_sent": share(two_segments),
-        "segments": len(seg_right),
-        "segment_language_right": share(seg_right),
-        "segment_text_as_routed": share(seg_as_routed),
-        "text_language_right": share(text_lang_right),
-        "models_seen": dict(Counter(t.model for t in per_segment.translations)),
+
+def per_segment(client: Client, sentences: dict[str, list[str]], n: int = 50) -> dict[str, Any]:
+    """Texts of a German and a French sentence with detect_per_segment: the segments as the
+    sentences were joined, each segment's language, its translation as when its language is
+    named, and the text's language (that of most of its characters)."""
+    two = mixed_texts(sentences["de"], sentences["fr"], n)
+    single = {
+        lang: _named(client, [text[a:b] for text, spans in two for a, b, lng in spans if lng == lang], lang)
+        for lang in ("de", "fr")
     }
+    answers = client.translate([t for t, _ in two], "auto", split=client.pb.SPLIT_SENTENCES, detect_per_segment=True)
+    as_sent, right, as_routed, text_right = [], [], [], []
+    for (text, spans), t in zip(two, answers.translations):
+        segments = list(t.segments)
+        as_sent.append([(s.start, s.end) for s in segments] == [(a, b) for a, b, _ in spans])
+        for s in segments:
+            lang = _language_at(s.start, s.end, spans)
+            right.append(s.detected_language == lang)
+            as_routed.append(s.text == single[lang].get(text[s.start : s.end]))
+        text_right.append(t.detected_language == max(spans, key=lambda s: s[1] - s[0])[2])
+    return {
+        "n": len(two),
+        "split_as_sent": share(as_sent),
+        "segments": len(right),
+        "segment_language_right": share(right),
+        "segment_text_as_routed": share(as_routed),
+        "text_language_right": share(text_right),
+        "models_seen": dict(Counter(t.model for t in answers.translations)),
+    }
+
+
+def detector_alone(data_dir: Path, limit: int) -> dict[str, Any]:
+    """The serving path's detector without the server: benchmarks/language_detection.py's harness
+    (its long sentences; candidates de, en and fr), in a child process."""
+    from benchmarks.language_detection import measure_in_child
+
     harness = measure_in_child("mtserve (service.runtime.language_id)", data_dir, limit)
-    detector: dict[str, Any] = {k: harness[k] for k in ("load_s", "rss_added_mib") if k in harness}
-    if "long" in harness:
-        long = harness["long"]
-        detector.update({k: long[k] for k in ("median_us", "mean_us", "p99_us")})
-        detector["accuracy_restricted"] = {lang: long["accuracy"][lang]["restricted"] for lang in ("de", "fr")}
-        detector["candidates"] = "de, en, fr (benchmarks/language_detection.py)"
-    else:
-        detector["error"] = harness.get("error")
+    if "long" not in harness:
+        return {"error": harness.get("error")}
+    long = harness["long"]
+    return {
+        "load_s": harness["load_s"],
+        "rss_added_mib": harness["rss_added_mib"],
+        **{k: long[k] for k in ("median_us", "mean_us", "p99_us")},
+        "accuracy_restricted": {lang: long["accuracy"][lang]["restricted"] for lang in ("de", "fr")},
+        "candidates": "de, en, fr",
+    }
+
+
+def run_detection(client: Client, data_dir: Path, limit: int) -> dict[str, Any]:
+    models = client.served()
+    sentences = detection_sentences(data_dir, limit)
     return {
         "served": models,
-        "accuracy": accuracy,
-        "examples_wrong": wrong[:10],
-        "mixed_batch": batch_figures,
-        "per_segment": segment_figures,
-        "detector_alone": detector,
+        "accuracy": part(lambda: detection_accuracy(client, sentences, models)),
+        "mixed_batch": part(lambda: mixed_batch(client, sentences, models)),
+        "per_segment": part(lambda: per_segment(client, sentences)),
+        "detector_alone": part(lambda: detector_alone(data_dir, limit)),
     }
 
 
-def part(name: str, run: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-    """One part's figures and its seconds; {"error": ...} when it fails (the others still run)."""
+def part(run: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """The figures of one part (or piece of one) and its seconds; {"error": ...} when it fails
+    with an error status or a field the server does not fill (the others still run)."""
     start = time.perf_counter()
     try:
         out = run()
@@ -912,7 +945,7 @@ def main(argv: list[str] | None = None) -> None:
             "detection": lambda: run_detection(client, args.data, args.detection_limit),
         }
         for name in parts:
-            result[name] = part(name, runs[name])
+            result[name] = part(runs[name])
         client.close()
         if any("error" in result[name] for name in parts):
             result["server_log_tail"] = server.tail()
