@@ -25,8 +25,9 @@ that a text's translation never depends on its batch mates. Parts (`--only`):
   in the output, in place of the usual word (same word index) and landed per applied_terms; the
   same sentences with the noun as a do-not-translate phrase: kept verbatim; 200 sentences matching
   no term of the language's whole glossary: byte-identical to no glossary; BLEU (sacreBLEU) on
-  500 German test sentences (batches of 50) with an unrelated glossary vs none; cost of the
-  glossary on the matched sentences (interleaved pairs, as for html).
+  500 German test sentences (batches of 50) with an unrelated glossary vs none (and none vs none
+  again: how much batching alone moves int8 translations); cost of the glossary on the matched
+  sentences (interleaved pairs, as for html).
 - detection: source_language "auto" on German and French test sentences of at least 20 characters
   (batches of 50): the share detected right and sent to the right model; the detector alone per
   sentence (benchmarks/language_detection.py's harness, in a child process: its candidates are
@@ -35,7 +36,8 @@ that a text's translation never depends on its batch mates. Parts (`--only`):
   with detect_per_segment (each segment's language, and its translation as routed alone).
 
 A part that fails (an error status, a field the server does not fill) reports {"error": ...}
-and the others still run."""
+and the others still run. `--html-sentences`, `--glossary-sentences`, `--bleu-sentences` and
+`--detection-limit` size the sets; the whole run takes about 80 s on two busy cores (int8)."""
 
 from __future__ import annotations
 
@@ -718,7 +720,8 @@ def run_glossary(client: Client, data_dir: Path, n: int, bleu_n: int, rounds: in
 
 def bleu_with_unrelated(client: Client, data_dir: Path, n: int, batch: int = 50) -> dict[str, Any]:
     """BLEU of the first `n` German test sentences with the unrelated glossary and without, in the
-    same batches."""
+    same batches; and without it a second time: the noise floor of "identical" (int8 rows may
+    decode differently beside other batch mates, which the server's scheduling varies)."""
     import sacrebleu
 
     from export.data import read_lines, split_path
@@ -729,10 +732,12 @@ def bleu_with_unrelated(client: Client, data_dir: Path, n: int, batch: int = 50)
     entries = [client.pb.GlossaryEntry(source=s, target=t) for s, t in glossary.items()]
     with_glossary: list[str] = []
     without: list[str] = []
+    again: list[str] = []
     for i in range(0, len(sources), batch):
         texts = sources[i : i + batch]
         with_glossary += [t.text for t in client.translate(texts, "de", glossary=entries).translations]
         without += [t.text for t in client.translate(texts, "de").translations]
+        again += [t.text for t in client.translate(texts, "de").translations]
     none_bleu = sacrebleu.corpus_bleu(without, [refs]).score
     glossary_bleu = sacrebleu.corpus_bleu(with_glossary, [refs]).score
     return {
@@ -742,6 +747,8 @@ def bleu_with_unrelated(client: Client, data_dir: Path, n: int, batch: int = 50)
         "glossary": round(glossary_bleu, 2),
         "delta": round(glossary_bleu - none_bleu, 2),
         "identical": share([a == b for a, b in zip(with_glossary, without)]),
+        "none_again_delta": round(sacrebleu.corpus_bleu(again, [refs]).score - none_bleu, 2),
+        "none_again_identical": share([a == b for a, b in zip(again, without)]),
     }
 
 
