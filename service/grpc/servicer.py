@@ -209,6 +209,7 @@ class TranslationServicer(pb_grpc.TranslationServiceServicer):
                     source_languages=langs.spec.source if listed else [],
                     target_languages=langs.spec.target if listed else [],
                     decoder_graph=s.engine.graph,
+                    glossaries=sorted(s.engine.glossaries),
                 )
             )
         return pb.ModelInfo(**info, limits=pb.Limits(**limits), files_sha256=files, tool_versions=tools, models=models)
