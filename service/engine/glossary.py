@@ -27,6 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from contract.glossary import GLOSSARY_DIR, GLOSSARY_SUFFIX
 from service.decoding.results import Finished
 from service.decoding.terms import MAX_TERMS, SourceTerm
 from service.engine import documents
@@ -39,7 +40,6 @@ from service.metrics import ModelMetrics
 from service.runtime.tokenizer import TextTokenizer
 
 GLOSSARY, DO_NOT_TRANSLATE, MARKUP = "glossary", "do_not_translate", "markup"  # origins besides a glossary's id
-GLOSSARY_DIR = "glossaries"  # in a version's directory: ID.tsv each
 _ID = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}")
 
 
@@ -59,7 +59,7 @@ def load_glossaries(version_dir: Path) -> dict[str, NamedGlossary]:
     if not folder.is_dir():
         return {}
     found: dict[str, NamedGlossary] = {}
-    for path in sorted(p for p in folder.iterdir() if p.suffix == ".tsv" and p.is_file()):
+    for path in sorted(p for p in folder.iterdir() if p.suffix == GLOSSARY_SUFFIX and p.is_file()):
         if not _ID.fullmatch(path.stem):
             raise ModelLoadError(f"{path}: a glossary's id (its file name) is 1 to 128 of A-Z a-z 0-9 . _ -")
         data = path.read_bytes()
