@@ -131,6 +131,12 @@ class Metrics:
             "mtserve_sentences_total", "sentences finished, by outcome", [*MODEL_LABELS, "outcome"], registry=r
         )
         self.texts = Counter("mtserve_texts_total", "texts accepted for translation", MODEL_LABELS, registry=r)
+        self.text_types = Counter(
+            "mtserve_text_types_total",
+            "texts accepted for translation, by text_type (text, html, xml)",
+            [*MODEL_LABELS, "text_type"],
+            registry=r,
+        )
         self.text_segments = Histogram(
             "mtserve_text_segments",
             "segments (sentences, or lines) of each text accepted for translation",
@@ -304,6 +310,7 @@ class ModelMetrics:
         self.padding_ratio = metrics.padding_ratio.labels(*v)
         self.sentences = _Partial(metrics.sentences, v)
         self.texts = metrics.texts.labels(*v)
+        self.text_types = _Partial(metrics.text_types, v)
         self.text_segments = metrics.text_segments.labels(*v)
         self.split_rows = metrics.split_rows.labels(*v)
         self.glossary_terms_applied = _Partial(metrics.glossary_terms_applied, v)

@@ -352,7 +352,7 @@ def _merge(parts: list[TranslationResult]) -> TranslationResult:
         return parts[0]
     return TranslationResult(
         text=" ".join(p.text for p in parts),
-        score=_mean_score(parts),
+        score=mean_score(parts),
         tokens=[t for p in parts for t in p.tokens],
         token_ids=[t for p in parts for t in p.token_ids],
         input_tokens=sum(p.input_tokens for p in parts),
@@ -360,7 +360,8 @@ def _merge(parts: list[TranslationResult]) -> TranslationResult:
     )
 
 
-def _mean_score(results: list[TranslationResult]) -> float | None:
+def mean_score(results: list[TranslationResult]) -> float | None:
+    """The results' scores averaged, weighted by their output tokens (None if one has none)."""
     if any(r.score is None for r in results):
         return None
     weight = sum(r.output_tokens for r in results)
@@ -385,7 +386,7 @@ def assemble(plan: Plan, rows: list[TranslationResult], split: str) -> Translati
         return result
     return TranslationResult(
         text=join(plan.text, plan.spans, [t.text for t in done]),
-        score=_mean_score(done),
+        score=mean_score(done),
         tokens=[t for r in done for t in r.tokens],
         token_ids=[t for r in done for t in r.token_ids],
         input_tokens=sum(r.input_tokens for r in done),

@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 import numpy as np
 
@@ -18,11 +20,12 @@ from service import tracing
 from service.batching.jobs import EncodeJob, Sentence, new_request
 from service.decoding.output_rules import max_output_len
 from service.decoding.results import Finished
-from service.engine import documents, glossary, model_info, plan_processes, work
+from service.engine import documents, glossary, markup_text, model_info, plan_processes, work
 from service.engine.backend import Backend
 from service.engine.inference import Inference
 from service.engine.languages import LanguagePair, ModelLanguages, Prefixes
 from service.engine.requests import (
+    TEXT,
     Alignment,
     Alternative,
     EncodingResult,
@@ -37,6 +40,8 @@ from service.errors import Cancelled, DeadlineExceeded, Internal, InvalidArgumen
 from service.metrics import ModelMetrics
 from service.runtime.tokenizer import TextTokenizer
 from service.settings import Settings
+
+T = TypeVar("T")
 
 
 def model_names(name: str) -> tuple[str, str]:
@@ -72,7 +77,7 @@ class Engine:
 
     # -- validation and tokenisation --------------------------------------------------
 
-    def _check_texts(self, texts: list[str]) -> None:
+    def check_texts(self, texts: list[str]) -> None:
         if not texts:
             raise InvalidArgument("texts", "at least one text is required")
         if len(texts) > self.settings.max_texts_per_request:
@@ -198,11 +203,30 @@ class Engine:
         wanted = opts.target_prefixes or [opts.target_prefix] * len(plans)
         return dataclasses.replace(opts, target_prefix="", target_prefixes=documents.first_row_prefixes(wanted, plans))
 
-    def count_texts(self, plans: list[documents.Plan]) -> None:
-        self.metrics.texts.inc(len(plans))
-        for p in plans:
-            self.metrics.text_segments.observe(len(p.spans))
-        self.metrics.split_rows.inc(sum(p.row_count - 1 for p in plans))
+    def count_texts(
+        self, plans: list[documents.Plan], groups: Sequence[int] | None = None, text_type: str = TEXT
+    ) -> None:
+        """The texts accepted, their segments and the rows their splitting added: one text per
+        plan, or (`groups`) per run of that many plans (a marked-up text's blocks; 0: a text
+        without any, which queues no row and counts in mtserve_text_types_total alone)."""
+        m = self.metrics
+        if groups is None:
+            m.texts.inc(len(plans))
+            m.text_types.labels(text_type).inc(len(plans))
+            for p in plans:
+                m.text_segments.observe(len(p.spans))
+            m.split_rows.inc(sum(p.row_count - 1 for p in plans))
+            return
+        m.text_types.labels(text_type).inc(len(groups))
+        at = 0
+        for n in groups:
+            if not n:
+                continue
+            mine = plans[at : at + n]
+            at += n
+            m.texts.inc()
+            m.text_segments.observe(sum(len(p.spans) for p in mine))
+            m.split_rows.inc(sum(p.row_count for p in mine) - 1)
 
     def _assemble(
         self, plans: list[documents.Plan], rows: list[TranslationResult], split: str
@@ -318,12 +342,48 @@ class Engine:
     ) -> list[TranslationResult]:
         """`pair`: the request's languages (a multilingual model needs them; `field_prefix` + the
         field names the one missing, "request." for a TranslateMany item). `terms`: per text, spans
-        of the text as sent that the caller wants kept (markup's translate="no"), forced as
-        do-not-translate phrases before the glossary's (service.engine.glossary)."""
+        of the text as sent that the caller wants kept, forced as do-not-translate phrases before
+        the glossary's (service.engine.glossary). Texts of `opts.text_type` "html" or "xml" go to
+        service.engine.markup_text (which passes their translate="no" spans as `terms`)."""
+        if opts.text_type != TEXT:
+            return await markup_text.translate_markup(self, texts, opts, timeout, pair, field_prefix)
         inference = Inference(self.metrics, self.translation_model)
+        try:
+            self.check_texts(texts)
+        except BaseException:
+            inference.failed()
+            raise
+        return await self.translate_rows(
+            texts,
+            opts,
+            timeout,
+            pair,
+            field_prefix,
+            inference,
+            lambda plans, src, finished, found: self._results(plans, src, finished, opts, found),
+            terms=terms,
+        )
+
+    async def translate_rows(
+        self,
+        texts: list[str],
+        opts: TranslateOptions,
+        timeout: float | None,
+        pair: LanguagePair,
+        field_prefix: str,
+        inference: Inference,
+        finish: Callable[[list[documents.Plan], list[list[int]], list[Finished], glossary.TermPlan | None], list[T]],
+        groups: Sequence[int] | None = None,
+        text_type: str = TEXT,
+        terms: list[tuple[Match, ...]] | None = None,
+    ) -> list[T]:
+        """`texts` (checked by the caller: how many, and none empty) planned, queued together
+        and decoded; `finish(plans, source rows, finished rows, the glossary's matches)` makes the
+        results, on the text pool. `groups`: how many of `texts` stand for each text of the
+        request (a marked-up text's blocks), which the metrics count; None: each is one. `terms`:
+        as `translate`'s, per one of `texts`."""
         size = 0
         try:
-            self._check_texts(texts)
             wanted = self.request_terms(opts, field_prefix, terms, len(texts))
             prefixes = self.languages.prefixes(pair, field_prefix)
             size = self.check_sizes(
@@ -343,7 +403,7 @@ class Engine:
             self.trace(self.translation_model, sentences)
             inference.submit()
             self.scheduler.submit(sentences)  # all the rows of all the texts, or none
-            self.count_texts(plans)
+            self.count_texts(plans, groups, text_type)
             futures = [asyncio.wrap_future(s.future) for s in sentences]
             try:
                 finished = await asyncio.gather(*futures)
@@ -352,14 +412,14 @@ class Engine:
                     f.cancel()
                 raise
             inference.compute_done(sentences)
-            results = await self.work.run(lambda _: self._results(plans, src, finished, opts, found), size)
+            results = await self.work.run(lambda _: finish(plans, src, finished, found), size)
         except BaseException:
             inference.failed()
             raise
         finally:
             if size > work.RELEASE_BYTES:  # what the request's work took, given back
                 self.work.release_soon()
-        inference.succeeded(len(texts))
+        inference.succeeded(len(texts) if groups is None else len(groups))
         return results
 
     def prepare(
@@ -448,7 +508,7 @@ class Engine:
         (the target language plays no part in encoding)."""
         inference = Inference(self.metrics, self.encoder_model)
         try:
-            self._check_texts(texts)
+            self.check_texts(texts)
             lead = self.languages.prefixes(pair, need_target=False)
             size = self.check_sizes(texts)
             started = time.monotonic()

@@ -9,7 +9,8 @@ import numpy as np
 
 from service.engine.languages import LanguagePair
 
-TEXT_TYPES = ("text", "html", "xml")  # TranslateOptions.text_type
+TEXT = "text"  # TranslateOptions.text_type of plain text
+TEXT_TYPES = (TEXT, "html", "xml")  # TranslateOptions.text_type
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,8 @@
 """TranslateStream: one text, its translation sent as chunks of text as the decoder emits tokens,
 then the full result. The engine validates, splits the text into segments (options.split) and
 tokenises; all the rows run at once, and this module follows them in document order: the text
-between segments as it was sent, then each sentence's chunks as its decoder steps come."""
+between segments as it was sent, then each sentence's chunks as its decoder steps come. Markup
+(options.text_type html, xml) comes as one chunk once translated (service.engine.markup_text)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from typing import TYPE_CHECKING
 
 from service.batching.jobs import Sentence
-from service.engine import documents, glossary
+from service.engine import documents, glossary, markup_text
 from service.engine.inference import Inference
 from service.engine.languages import LanguagePair
 from service.engine.requests import Chunk, TranslateOptions, TranslationResult
@@ -26,7 +27,16 @@ async def translate_stream(
 ) -> AsyncIterator[Chunk | TranslationResult]:
     """Chunks of the translation of `text` as they are decoded, then its TranslationResult. The
     chunks' texts add up to the result's: the whitespace between sentences (SPLIT_NONE: none)
-    and each sentence's translation (its parts, for one cut for length, joined by a space)."""
+    and each sentence's translation (its parts, for one cut for length, joined by a space).
+    Markup (options.text_type "html" or "xml"), whose tags are placed once a block's words are
+    all there, comes as one chunk, the whole translation, when it is done."""
+    if markup_text.markup_kind(opts) is not None:
+        start = time.perf_counter()
+        (result,) = await markup_text.translate_markup(engine, [text], opts, timeout, pair, field="text")
+        engine.metrics.time_to_first_chunk.observe(time.perf_counter() - start)
+        yield Chunk(text=result.text, token_ids=list(result.token_ids))
+        yield result
+        return
     inference = Inference(engine.metrics, engine.translation_model)
     plan, src, rows, start, found = await _submit(engine, text, opts, timeout, inference, pair)
     keep_gaps = opts.split != documents.SPLIT_NONE

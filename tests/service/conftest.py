@@ -37,16 +37,33 @@ def imported_models(tmp_path_factory, hf_folders) -> Path:
 
 
 @pytest.fixture(scope="session")
-def imported_repository(imported_models, shipped_int8_export) -> Path:
-    """`imported_models` with the shipped models beside them: de-en/1 (the shipped int8 export)
-    and fr-en/1 (the shipped fr-en, exported in int8)."""
+def shipped_fr_en_int8_export(tmp_path_factory) -> Path:
+    """The shipped fr-en checkpoint's int8 export, made once per session."""
     from export.to_onnx import export_model
 
-    repo = imported_models
-    (repo / "de-en" / "1").mkdir(parents=True)
-    (repo / "de-en" / "1" / "onnx").symlink_to(shipped_int8_export, target_is_directory=True)
-    export_model(SHIPPED_FR_EN, repo / "fr-en" / "1" / "onnx", ["int8"])
+    out = tmp_path_factory.mktemp("fr-en-int8") / "onnx"
+    export_model(SHIPPED_FR_EN, out, ["int8"])
+    return out
+
+
+def _link_shipped(repo: Path, de_en: Path, fr_en: Path) -> Path:
+    for name, export in (("de-en", de_en), ("fr-en", fr_en)):
+        (repo / name / "1").mkdir(parents=True)
+        (repo / name / "1" / "onnx").symlink_to(export, target_is_directory=True)
     return repo
+
+
+@pytest.fixture(scope="session")
+def imported_repository(imported_models, shipped_int8_export, shipped_fr_en_int8_export) -> Path:
+    """`imported_models` with the shipped models beside them: de-en/1 (the shipped int8 export)
+    and fr-en/1 (the shipped fr-en, exported in int8)."""
+    return _link_shipped(imported_models, shipped_int8_export, shipped_fr_en_int8_export)
+
+
+@pytest.fixture(scope="session")
+def shipped_repository(tmp_path_factory, shipped_int8_export, shipped_fr_en_int8_export) -> Path:
+    """A model repository of the shipped models alone: de-en/1 and fr-en/1, int8 exports."""
+    return _link_shipped(tmp_path_factory.mktemp("shipped-repository"), shipped_int8_export, shipped_fr_en_int8_export)
 
 
 @pytest.fixture(scope="session")
