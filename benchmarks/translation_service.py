@@ -22,7 +22,8 @@ that a text's translation never depends on its batch mates. Parts (`--only`):
 - glossary: 200 test sentences (German and French, half each) holding one common noun of `TERMS`
   whose plain translation has that noun's usual English word exactly once, and a one-entry glossary
   mapping it to a word the model does not write (Hund -> "canine"). Figures: the glossary's target
-  in the output, in place of the usual word (same word index) and landed per applied_terms; the
+  in the output, in place of the usual word (same word index, or same place in a word alignment
+  with the same word before it: `aligned`) and landed per applied_terms; the
   same sentences with the noun as a do-not-translate phrase: kept verbatim; 200 sentences matching
   no term of the language's whole glossary: byte-identical to no glossary; BLEU (sacreBLEU) on
   500 German test sentences (batches of 50) with an unrelated glossary vs none (and none vs none
@@ -42,6 +43,7 @@ and the others still run. `--html-sentences`, `--glossary-sentences`, `--bleu-se
 from __future__ import annotations
 
 import argparse
+import difflib
 import html
 import os
 import random
@@ -441,6 +443,25 @@ def word_index(text: str, word: str) -> int | None:
     return at[0] if len(at) == 1 else None
 
 
+def aligned(plain: str, usual: str, output: str, target: str) -> bool:
+    """Whether `target` stands in `output` where `usual` stood in `plain` (each once), the words
+    around allowed to differ: in a word alignment (difflib) of `plain`, `usual` replaced by
+    `target`, with `output`, the target is matched to itself together with the word before it
+    (or both texts start with it). A word lost or added right before the target (an article) is
+    a misplacement; one changed earlier in the sentence ("are jumping" for "jump") is not."""
+    i, j = word_index(plain, usual), word_index(output, target)
+    if i is None or j is None:
+        return False
+    words = [w.casefold() for w in re.findall(r"\w+", plain)]
+    n = len(re.findall(r"\w+", usual))
+    a_words = words[:i] + [w.casefold() for w in re.findall(r"\w+", target)] + words[i + n :]
+    b_words = [w.casefold() for w in re.findall(r"\w+", output)]
+    for a, b, size in difflib.SequenceMatcher(None, a_words, b_words, autojunk=False).get_matching_blocks():
+        if a <= i < a + size and j == b + (i - a):
+            return i > a or (i == 0 and j == 0)
+    return False
+
+
 def usable(case: GlossaryCase, plain: str) -> bool:
     """The plain translation has the usual word exactly once and not the glossary's target."""
     return occurrences(plain, case.usual) == 1 and occurrences(plain, case.target) == 0
@@ -450,7 +471,7 @@ def usable(case: GlossaryCase, plain: str) -> bool:
 class GlossaryOutcome:
     target_present: bool  # the target occurs as a whole word
     replaced: bool  # the target occurs once and the usual word no more
-    in_place: bool  # replaced, and at the usual word's word index in the plain translation
+    in_place: bool  # replaced, and where the usual word stood in the plain translation (`aligned`)
     landed: bool  # an applied term of the entry whose span in the text holds the target
 
 
@@ -461,7 +482,8 @@ def score_glossary(
     present = occurrences(output, case.target) > 0
     replaced = occurrences(output, case.target) == 1 and occurrences(output, case.usual) == 0
     position = word_index(plain, case.usual)
-    in_place = replaced and position is not None and word_index(output, case.target) == position
+    same_index = position is not None and word_index(output, case.target) == position
+    in_place = replaced and (same_index or aligned(plain, case.usual, output, case.target))
     landed = any(t == case.target and 0 <= s < e and output[s:e] == case.target for t, s, e in applied)
     return GlossaryOutcome(present, replaced, in_place, landed)
 

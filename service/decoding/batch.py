@@ -129,6 +129,8 @@ class DecodeBatch(Search):
     term_at: np.ndarray = per("row", zeros(0, dtype=np.int64))  # the term it is emitting (-1: none)
     term_pos: np.ndarray = per("row", zeros(0, dtype=np.int64))  # that term's next token
     terms_placed: np.ndarray = per("row", zeros(0, dtype=np.int64))  # the terms it placed (bits)
+    term_ban: np.ndarray = per("row", zeros(0, dtype=np.int64))  # the token it wanted where its last term started
+    term_ban_left: np.ndarray = per("row", zeros(0, dtype=np.int64))  # the steps that token stays banned
 
     # -- construction ---------------------------------------------------------
 
@@ -300,6 +302,8 @@ class DecodeBatch(Search):
         # Greedy rows that may not end yet need the second best too, should the best be </s>,
         # unless the step bans it (no_eos).
         k_row = (2 if rules.binding and no_eos is None else 1) if K == 1 else min(2 * K, model.vocab_size)
+        if K == 1 and self._terms_ban():  # a banned token, and </s> too, may be a row's best
+            k_row = 3
         if sampling:  # the candidates of the sentences that sample
             live = [x for x, d in zip(self.sampling, self.done) if x is not None and not d]
             k_row = max(k_row, *(x.candidates(model.vocab_size) for x in live))

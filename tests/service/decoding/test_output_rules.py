@@ -8,6 +8,7 @@ import numpy as np
 
 from service.decoding.output_rules import NEG_INF, OutputRules, max_output_len
 from service.decoding.sampling import Sampling
+from service.decoding.terms import TermStep
 
 EOS, PAD = 2, 0
 
@@ -69,6 +70,29 @@ def test_beam_search_drops_the_eos_candidates_of_a_sentence_under_its_minimum() 
         [True, False, False, False],
         [False, True, False, False],
     ]
+
+
+def term_step(forced: list[int], no_eos: list[bool], banned: list[int]) -> TermStep:
+    return TermStep(np.array(forced), np.array(no_eos), np.array(banned))
+
+
+def test_greedy_takes_the_best_candidate_neither_banned_nor_a_forbidden_eos() -> None:
+    rules = rules_at(1, [1, 1, 1], [3, 3, 0], [[], [], []]).with_terms(  # rows 0 and 1 under their minimum
+        term_step([-1, -1, -1], [False] * 3, [7, -1, 5])
+    )
+    assert rules.binding
+    ids = np.array([[7, EOS, 8], [7, EOS, 8], [6, 5, 8]])
+    lp = np.array([[-0.1, -0.5, -1.5], [-0.1, -0.5, -1.5], [-0.1, -0.5, -1.5]], dtype=np.float32)
+    got_ids, got_lp = rules.apply(ids, lp)
+    assert got_ids[:, 0].tolist() == [8, 7, 6]  # 7 banned and </s> forbidden; nothing banned; 5 not first
+    assert got_lp is not None and got_lp[:, 0].tolist() == [np.float32(-1.5), np.float32(-0.1), np.float32(-0.1)]
+
+
+def test_beam_search_drops_a_rows_banned_candidate() -> None:
+    rules = rules_at(2, [1, 1], [0], [[]]).with_terms(term_step([-1, -1], [False, False], [7, -1]))
+    ids = np.array([[7, 5, 6, 8], [7, 5, 6, 8]])
+    _, got_lp = rules.apply(ids, np.full((2, 4), -1.0, dtype=np.float32))
+    assert got_lp is not None and (got_lp == NEG_INF).tolist() == [[True, False, False, False], [False] * 4]
 
 
 def test_the_last_allowed_step_leaves_only_eos_at_its_own_log_prob() -> None:

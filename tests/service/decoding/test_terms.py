@@ -9,7 +9,7 @@ import pytest
 from service.decoding import terms as terms_module
 from service.decoding.batch import DecodeBatch
 from service.decoding.results import Finished
-from service.decoding.terms import SourceTerm, advance, decide, landed
+from service.decoding.terms import SourceTerm, TermState, advance, decide, landed
 from service.runtime.onnx_model import OnnxSeq2Seq
 
 EOS = 2
@@ -17,67 +17,90 @@ EOS = 2
 
 def test_a_row_starts_the_term_its_attention_is_on_and_is_given_its_tokens():
     terms = [(SourceTerm(3, 5, (40, 41)), SourceTerm(7, 8, (50,)))]
-    at, pos, placed = np.array([-1]), np.array([0]), np.array([0])
+    s = TermState.new(1)
     att = np.zeros((1, 10))
     att[0, 4] = 1.0  # on the first term's span
-    step, at = decide(terms, at, pos, placed, att, np.array([9]), np.array([True]), np.array([50]), EOS)
-    assert step.forced.tolist() == [40] and at.tolist() == [0] and step.no_eos.tolist() == [True]
-    at, pos, placed = advance(terms, at, pos, placed, step.forced)
-    assert (at.tolist(), pos.tolist(), placed.tolist()) == ([0], [1], [0])
-    step, at = decide(terms, at, pos, placed, np.zeros((1, 10)), np.array([9]), np.array([True]), np.array([50]), EOS)
+    step, s = decide(terms, s, att, np.array([9]), np.array([True]), np.array([50]), EOS)
+    assert step.forced.tolist() == [40] and s.at.tolist() == [0] and step.no_eos.tolist() == [True]
+    s = advance(terms, s, step.forced)
+    assert (s.at.tolist(), s.pos.tolist(), s.placed.tolist()) == ([0], [1], [0])
+    step, s = decide(terms, s, np.zeros((1, 10)), np.array([9]), np.array([True]), np.array([50]), EOS)
     assert step.forced.tolist() == [41]
-    at, pos, placed = advance(terms, at, pos, placed, step.forced)
-    assert (at.tolist(), pos.tolist(), placed.tolist()) == ([-1], [0], [1])  # placed: free again
+    s = advance(terms, s, step.forced)
+    assert (s.at.tolist(), s.pos.tolist(), s.placed.tolist()) == ([-1], [0], [1])  # placed: free again
+
+
+def test_after_a_term_the_row_may_not_write_the_token_it_wanted_where_the_term_started():
+    terms = [(SourceTerm(3, 4, (40,)),)]
+    att = np.zeros((1, 10))
+    att[0, 3] = 1.0
+    s = TermState.new(1)
+    step, s = decide(terms, s, att, np.array([9]), np.array([True]), np.array([50]), EOS)  # wants 9 there
+    assert step.forced.tolist() == [40] and step.banned.tolist() == [-1]
+    s = advance(terms, s, step.forced)
+    banned = []
+    for _ in range(terms_module.BAN_STEPS + 1):
+        step, s = decide(terms, s, np.zeros((1, 10)), np.array([9]), np.array([True]), np.array([50]), EOS)
+        banned += step.banned.tolist()
+        s = advance(terms, s, step.forced)
+    assert banned == [9] * terms_module.BAN_STEPS + [-1]
+
+
+def test_no_ban_where_the_row_wanted_the_terms_own_token_or_to_end():
+    terms = [(SourceTerm(3, 4, (40,)),)]
+    att = np.zeros((1, 10))
+    att[0, 3] = 1.0
+    for wanted in (40, EOS):
+        step, s = decide(terms, TermState.new(1), att, np.array([wanted]), np.array([True]), np.array([50]), EOS)
+        s = advance(terms, s, step.forced)
+        step, s = decide(terms, s, np.zeros((1, 10)), np.array([9]), np.array([True]), np.array([50]), EOS)
+        assert step.banned.tolist() == [-1]
+
+
+def placed(bits: int) -> TermState:
+    """One row's state: the terms of `bits` placed, none under way."""
+    s = TermState.new(1)
+    s.placed[0] = bits
+    return s
 
 
 def test_a_row_about_to_end_places_its_missing_term_first():
     terms = [(SourceTerm(3, 5, (40,)), SourceTerm(7, 8, (50,)))]
     att = np.zeros((1, 10))
     att[0, 0] = 1.0  # on no term
-    step, at = decide(
-        terms, np.array([-1]), np.array([0]), np.array([1]), att, np.array([EOS]), np.array([True]), np.array([50]), EOS
-    )
-    assert step.forced.tolist() == [50] and at.tolist() == [1]
-    step, _ = decide(
-        terms, np.array([-1]), np.array([0]), np.array([1]), att, np.array([9]), np.array([True]), np.array([50]), EOS
-    )
+    step, state = decide(terms, placed(1), att, np.array([EOS]), np.array([True]), np.array([50]), EOS)
+    assert step.forced.tolist() == [50] and state.at.tolist() == [1]
+    step, _ = decide(terms, placed(1), att, np.array([9]), np.array([True]), np.array([50]), EOS)
     assert step.forced.tolist() == [-1] and step.no_eos.tolist() == [True]  # it may not end yet
-    step, _ = decide(
-        terms, np.array([-1]), np.array([0]), np.array([3]), att, np.array([EOS]), np.array([True]), np.array([50]), EOS
-    )
+    step, _ = decide(terms, placed(3), att, np.array([EOS]), np.array([True]), np.array([50]), EOS)
     assert step.forced.tolist() == [-1] and step.no_eos.tolist() == [False]  # all placed
-    step, _ = decide(
-        terms, np.array([-1]), np.array([0]), np.array([1]), att, np.array([9]), np.array([True]), np.array([1]), EOS
-    )
+    step, _ = decide(terms, placed(1), att, np.array([9]), np.array([True]), np.array([1]), EOS)
     assert step.forced.tolist() == [50]  # only just room for it before the length limit
 
 
 def test_attention_shared_with_a_word_outside_the_span_starts_no_term():
     terms = [(SourceTerm(1, 2, (40,)),)]
-    state = np.array([-1]), np.array([0]), np.array([0])
     shared = np.array([[0.45, 0.5, 0.05, 0.0]])  # an article: on itself and the noun alike
-    step, at = decide(terms, *state, shared, np.array([9]), np.array([True]), np.array([50]), EOS)
-    assert step.forced.tolist() == [-1] and at.tolist() == [-1]
+    step, s = decide(terms, placed(0), shared, np.array([9]), np.array([True]), np.array([50]), EOS)
+    assert step.forced.tolist() == [-1] and s.at.tolist() == [-1]
     on_it = np.array([[0.05, 0.9, 0.05, 0.0]])
-    step, at = decide(terms, *state, on_it, np.array([9]), np.array([True]), np.array([50]), EOS)
-    assert step.forced.tolist() == [40] and at.tolist() == [0]
+    step, s = decide(terms, placed(0), on_it, np.array([9]), np.array([True]), np.array([50]), EOS)
+    assert step.forced.tolist() == [40] and s.at.tolist() == [0]
 
 
 def test_rows_without_terms_or_done_are_left_alone():
     terms = [(), (SourceTerm(0, 1, (40,)),)]
     att = np.ones((2, 4))
-    step, at = decide(
+    step, s = decide(
         terms,
-        np.array([-1, -1]),
-        np.zeros(2, np.int64),
-        np.zeros(2, np.int64),
+        TermState.new(2),
         att,
         np.array([EOS, EOS]),
         np.array([True, False]),
         np.array([50, 50]),
         EOS,
     )
-    assert step.forced.tolist() == [-1, -1] and step.no_eos.tolist() == [False, False] and at.tolist() == [-1, -1]
+    assert step.forced.tolist() == [-1, -1] and step.no_eos.tolist() == [False, False] and s.at.tolist() == [-1, -1]
 
 
 def test_landed_finds_each_terms_tokens_once_in_order():
