@@ -69,7 +69,8 @@ class Engine:
 
     # -- validation and tokenisation --------------------------------------------------
 
-    def _check_texts(self, texts: list[str]) -> None:
+    def check_texts(self, texts: list[str]) -> None:
+        """INVALID_ARGUMENT for no texts, or more than max_texts_per_request."""
         if not texts:
             raise InvalidArgument("texts", "at least one text is required")
         if len(texts) > self.settings.max_texts_per_request:
@@ -317,7 +318,7 @@ class Engine:
         inference = Inference(self.metrics, self.translation_model)
         size = 0
         try:
-            self._check_texts(texts)
+            self.check_texts(texts)
             prefixes = self.languages.prefixes(pair, field_prefix)
             size = self.check_sizes(
                 texts,
@@ -377,7 +378,10 @@ class Engine:
         self, plans: list[documents.Plan], src: list[list[int]], finished: list[Finished], opts: TranslateOptions
     ) -> list[TranslationResult]:
         rows = [self.result(s, f, opts) for s, f in zip(src, finished)]
-        return self._assemble(plans, rows, opts.split)
+        results = self._assemble(plans, rows, opts.split)
+        for r in results:
+            r.model = self.model_name
+        return results
 
     def trace(self, model: str, sentences: list[Sentence] | None = None, texts: int = 0) -> None:
         """The model on the current (RPC) span, and the sentences' spans under it, when traced."""
@@ -397,7 +401,7 @@ class Engine:
         (the target language plays no part in encoding)."""
         inference = Inference(self.metrics, self.encoder_model)
         try:
-            self._check_texts(texts)
+            self.check_texts(texts)
             lead = self.languages.prefixes(pair, need_target=False)
             size = self.check_sizes(texts)
             started = time.monotonic()

@@ -54,6 +54,7 @@ def describe(
             "max_queue_size": st.max_queue_size,
             "max_text_bytes": st.max_text_bytes,
             "max_request_bytes": st.max_request_bytes,
+            "detection_threshold": st.detection_threshold,
             "zero_means": zero_means(st, m),
         },
     }

@@ -55,6 +55,7 @@ async def translate_stream(
             yield Chunk(text=text[at:], token_ids=[])
         inference.compute_done([sentence for sentence, _ in rows])
         result = documents.assemble(plan, results, opts.split)
+        result.model = engine.model_name
         inference.succeeded(1)
         yield result
     except BaseException:
