@@ -316,7 +316,8 @@ def _mtserve_requires() -> list[str]:
     return list(tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"])
 
 
-def _child(name: str, data_dir: Path, limit: int) -> dict[str, Any]:
+def measure_in_child(name: str, data_dir: Path, limit: int) -> dict[str, Any]:
+    """`measure_one` of candidate `name` in a child process of its own; {"error": ...} when it fails."""
     cmd = [sys.executable, "-m", "benchmarks.language_detection", "--one", name, "--data", str(data_dir)]
     cmd += ["--limit", str(limit)]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
@@ -354,7 +355,7 @@ def main(argv: list[str] | None = None) -> None:
             continue
         if weights:
             facts["licence"] += f"; {weights}"
-        rows[name] = {**facts, **_child(name, args.data, args.limit)}
+        rows[name] = {**facts, **measure_in_child(name, args.data, args.limit)}
         print(f"{name}: done", file=sys.stderr)
     result = {
         "machine": machine(),

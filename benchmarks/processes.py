@@ -33,7 +33,8 @@ BACKENDS = {
 class Server:
     """`mtserve serve` (backend "ort") or the same server decoding with CTranslate2
     (benchmarks/ct2_server.py, backend "ct2") in a subprocess on 127.0.0.1:<free port>, metrics off,
-    warnings only (flags in `args` come last, so they override those)."""
+    warnings only (flags in `args` come last, so they override those). `model_dir` is the one model
+    dir it serves, or with `models` (NAME or NAME:VERSION) the model repository they are loaded from."""
 
     def __init__(
         self,
@@ -42,6 +43,7 @@ class Server:
         env: dict | None = None,
         log_prefix: str = "mtserve-bench-",
         backend: str = "ort",
+        models: Sequence[str] = (),
     ):
         self.address = f"127.0.0.1:{free_port()}"
         self.log = tempfile.NamedTemporaryFile("w+", prefix=log_prefix, suffix=".log", delete=False)
@@ -52,8 +54,11 @@ class Server:
             self.address,
             "--metrics-port",
             "0",
-            "--model-dir",
-            str(model_dir),
+            *(
+                ["--model-repository", str(model_dir), "--models", ",".join(models)]
+                if models
+                else ["--model-dir", str(model_dir)]
+            ),
             "--log-level",
             "warning",
             *args,

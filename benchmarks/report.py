@@ -148,6 +148,16 @@ def report_elsewhere() -> list[str]:
         "`benchmarks/fairness.py`) and hot swap under load (`benchmarks/hot_swap.py`): how they run is in "
         "[repository.md](repository.md), the figures in [performance.md](performance.md#several-models).",
         "",
+        "## Translation service",
+        "",
+        "Markup (HTML), tag placement, glossaries and do-not-translate, and language detection, measured "
+        "through the gRPC API on `mtserve serve` serving models/de-en and models/fr-en "
+        "(`benchmarks/translation_service.py`, not part of this run): `python -m benchmarks.translation_service "
+        "--models models --json FILE` prints one JSON line of figures beside their targets; `--only "
+        "html,placement,glossary,detection` picks the parts, `--server-arg` passes flags to the server. "
+        "The module's docstring says what each part sends and counts; the hand-made tag placement cases "
+        "are `benchmarks/data/tag_placement.tsv`.",
+        "",
         "## GPU",
         "",
         "The CUDA comparison (the fp16 graphs on CUDA against CTranslate2 float16) has not been run: "

@@ -145,6 +145,13 @@ class Metrics:
             MODEL_LABELS,
             registry=r,
         )
+        self.glossary_terms_applied = Counter(
+            "mtserve_glossary_terms_applied_total",
+            "glossary terms and do-not-translate phrases placed in translations, by origin "
+            "(glossary, do_not_translate, markup or the named glossary's id)",
+            [*MODEL_LABELS, "origin"],
+            registry=r,
+        )
         self.model_info = Info("mtserve_model", "each model version being served", MODEL_LABELS, registry=r)
         self.default_model = Gauge(
             "mtserve_default_model",
@@ -311,4 +318,5 @@ class ModelMetrics:
         self.texts = metrics.texts.labels(*v)
         self.text_segments = metrics.text_segments.labels(*v)
         self.split_rows = metrics.split_rows.labels(*v)
+        self.glossary_terms_applied = _Partial(metrics.glossary_terms_applied, v)
         self.model_info = metrics.model_info.labels(*v)

@@ -145,6 +145,12 @@ class Settings(BaseSettings):
         ge=1,
         description="UTF-8 bytes of all the texts and target prefixes of one request (a TranslateMany item)",
     )
+    max_glossary_terms: int = Field(
+        256,
+        ge=0,
+        description="options.glossary entries and options.do_not_translate phrases of one request together "
+        "(a named glossary's terms not counted); more: INVALID_ARGUMENT",
+    )
     text_threads: int = Field(
         2,
         ge=1,

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from service.decoding.sampling import Sampling
+from service.decoding.terms import SourceTerm
 
 _keys = itertools.count()
 _requests = itertools.count()
@@ -37,6 +38,8 @@ class Sentence:
     output_prefix: list[int] = field(default_factory=list)
     num_hypotheses: int = 1  # beam search's n-best list when > 1
     sampling: Sampling | None = None  # greedy search draws its tokens (service.decoding.sampling)
+    # Glossary terms forced on its output (service.decoding.terms); none: it decodes as without.
+    terms: tuple[SourceTerm, ...] = ()
     want_alignment: bool = False
     want_scores: bool = True  # False: greedy search may skip the log-probabilities (score None)
     deadline: float | None = None  # time.monotonic() after which it is dropped if still queued

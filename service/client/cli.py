@@ -13,6 +13,7 @@ from typing import TypedDict
 
 import grpc
 
+from contract.glossary import GlossaryFormatError, parse_tsv
 from service.api.mtserve.v1 import translation_pb2 as pb
 from service.client import DEFAULT_SERVER, Client, to_json
 from service.client.alignment_plot import save_alignment
@@ -86,10 +87,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--min-output-tokens", type=int, default=0, help="at least this many tokens before </s> (0 = no minimum)"
     )
     p.add_argument(
-        "--source-language", default="", help="language of the texts (with --target-language, picks the model)"
+        "--source-language",
+        default="",
+        help="language of the texts (with --target-language, picks the model); auto: detect it (docs/language_detection.md)",
+    )
+    p.add_argument(
+        "--detect-per-segment",
+        action="store_true",
+        help="with --source-language auto, detect and route each sentence instead of each text",
     )
     p.add_argument("--target-language", default="", help="language to translate into (required by multilingual models)")
     add_decoding_arguments(p)
+    add_service_arguments(p)
     p.add_argument("--stream", action="store_true", help="print tokens as they are decoded")
     p.add_argument("--json", action="store_true", help="print each result as JSON (scores, tokens)")
     p.add_argument(
@@ -99,6 +108,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "several texts: PICTURE-1.png, ...); needs the plot extra (matplotlib)",
     )
     p.add_argument("--timeout", type=float, default=60.0)
+
+
+def add_service_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("markup and terminology (docs/markup.md, docs/terminology.md)")
+    kind = g.add_mutually_exclusive_group()
+    kind.add_argument("--html", action="store_true", help="the texts are HTML: tags kept around the translated words")
+    kind.add_argument("--xml", action="store_true", help="the texts are XML")
+    g.add_argument(
+        "--glossary",
+        metavar="FILE",
+        help="terms translated one fixed way: a TSV file of source<TAB>target[<TAB>forms separated by |]",
+    )
+    g.add_argument(
+        "--dnt", metavar="PHRASE", action="append", default=[], help="a phrase kept verbatim (repeat for more)"
+    )
+    g.add_argument("--glossary-id", default="", help="a glossary the model ships (GetModelInfo lists them)")
 
 
 def add_decoding_arguments(p: argparse.ArgumentParser) -> None:
@@ -118,6 +143,7 @@ def _fail(e: grpc.RpcError) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
+    args.glossary_terms = _glossary(args.glossary)  # read once, for every request
     try:
         with connect(args) as client:
             if args.alignment and (args.input or args.stream):
@@ -147,6 +173,25 @@ class _RequestFields(TypedDict):
     sampling_temperature: float | None
     seed: int
     split: str
+    text_type: str
+    glossary: list[tuple[str, str, tuple[str, ...]]]
+    do_not_translate: list[str]
+    glossary_id: str
+    detect_per_segment: bool
+
+
+def _glossary(path: str | None) -> list[tuple[str, str, tuple[str, ...]]]:
+    """--glossary FILE's terms (contract.glossary's format)."""
+    if not path:
+        return []
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise argparse.ArgumentTypeError(f"--glossary: cannot read {path}: {e}") from None
+    try:
+        return [(source, target, forms) for _, source, target, forms in parse_tsv(text, path)]
+    except GlossaryFormatError as e:
+        raise argparse.ArgumentTypeError(f"--glossary: {e}") from None
 
 
 def _request_fields(args: argparse.Namespace) -> _RequestFields:
@@ -164,6 +209,11 @@ def _request_fields(args: argparse.Namespace) -> _RequestFields:
         sampling_temperature=args.sampling_temperature,
         seed=args.seed,
         split=args.split,
+        text_type="html" if args.html else "xml" if args.xml else "",
+        glossary=args.glossary_terms,
+        do_not_translate=args.dnt,
+        glossary_id=args.glossary_id,
+        detect_per_segment=args.detect_per_segment,
     )
 
 

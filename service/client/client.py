@@ -24,7 +24,7 @@ TLS and authentication (docs/security.md):
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TypedDict, Unpack
 
@@ -80,6 +80,22 @@ class OptionFields(TypedDict, total=False):
     sampling_temperature: float | None
     seed: int
     split: str
+    text_type: str
+    glossary: Mapping[str, str] | Sequence[tuple[str, str] | tuple[str, str, Sequence[str]]]
+    do_not_translate: Sequence[str]
+    glossary_id: str
+    detect_per_segment: bool
+
+
+TEXT_TYPES = {"": pb.TEXT_TYPE_TEXT, "text": pb.TEXT_TYPE_TEXT, "html": pb.TEXT_TYPE_HTML, "xml": pb.TEXT_TYPE_XML}
+
+
+def glossary_entries(
+    glossary: Mapping[str, str] | Sequence[tuple[str, str] | tuple[str, str, Sequence[str]]],
+) -> list[pb.GlossaryEntry]:
+    """GlossaryEntry messages from {source: target} or (source, target[, forms]) tuples."""
+    items = list(glossary.items()) if isinstance(glossary, Mapping) else list(glossary)
+    return [pb.GlossaryEntry(source=e[0], target=e[1], forms=list(e[2]) if len(e) > 2 else []) for e in items]
 
 
 def options(
@@ -96,9 +112,17 @@ def options(
     sampling_temperature: float | None = None,
     seed: int = 0,
     split: str = "",
+    text_type: str = "",
+    glossary: Mapping[str, str] | Sequence[tuple[str, str] | tuple[str, str, Sequence[str]]] = (),
+    do_not_translate: Sequence[str] = (),
+    glossary_id: str = "",
+    detect_per_segment: bool = False,
 ) -> pb.TranslationOptions:
     """The TranslationOptions message; None leaves an optional field unset (the server's default).
-    `split`: "sentences", "newlines", "none" (SPLITS), or "" for the default (sentences)."""
+    `split`: "sentences", "newlines", "none" (SPLITS), or "" for the default (sentences).
+    `text_type`: "text" (or ""), "html" or "xml". `glossary`: {source: target}, or (source, target)
+    and (source, target, forms) tuples; `do_not_translate`: phrases kept verbatim; `glossary_id`: a
+    glossary the model ships; `detect_per_segment`: with source_language "auto", per segment."""
     opts = pb.TranslationOptions(
         beam_size=beam_size,
         max_output_tokens=max_output_tokens,
@@ -110,6 +134,11 @@ def options(
         sampling_topk=sampling_topk,
         seed=seed,
         split=SPLITS[split],
+        text_type=TEXT_TYPES[text_type],
+        glossary=glossary_entries(glossary),
+        do_not_translate=list(do_not_translate),
+        glossary_id=glossary_id,
+        detect_per_segment=detect_per_segment,
     )
     if length_penalty is not None:
         opts.length_penalty = length_penalty

@@ -8,8 +8,8 @@ is emitting and how far (`at`, `pos`), and which terms it has placed (`placed`, 
 
 At each step, before the search chooses, a row that is not emitting a term starts one
 - where the step's cross-attention puts its weight (its argmax) on the source span of a term it
-  has not placed yet: the model is about to translate that term, and the term's target takes the
-  place of what it would write; or
+  has not placed yet, DOMINANCE times more than on any source token outside the span: the model
+  is about to translate that term, and the term's target takes the place of what it would write; or
 - where its best token is </s> while a term is still missing, or where the missing terms' tokens
   only just fit before the sentence's length limit: the term goes before the end.
 A row emitting a term is given the term's next token alone (as a forced prefix token is), until
@@ -29,6 +29,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 MAX_TERMS = 62  # per sentence: one bit each in `placed` (int64)
+# A row starts a term where its attention on the term's span is at least this many times its
+# attention on any one source token outside it: an article before the term's noun, which attends
+# to the article and the noun alike, does not start it (on the shipped de-en model, the share of
+# terms placed where the model's own translation of them stood went from about 1/3 to about 4/9).
+DOMINANCE = 2.0
 
 
 @dataclass(frozen=True)
@@ -78,20 +83,25 @@ def decide(
         if at[r] < 0:
             missing = sum(len(t.target) for j, t in enumerate(row_terms) if not done >> j & 1)
             ending = int(best[r]) == eos_id or int(room[r]) <= missing
-            at[r] = _start(row_terms, done, int(np.argmax(attention[r])), ending)
+            at[r] = _start(row_terms, done, attention[r], ending)
         if at[r] >= 0:
             forced[r] = row_terms[int(at[r])].target[int(pos[r])]
         no_eos[r] = done != all_placed(len(row_terms))
     return TermStep(forced, no_eos), at
 
 
-def _start(row_terms: Sequence[SourceTerm], done: int, attended: int, ending: bool) -> int:
+def _start(row_terms: Sequence[SourceTerm], done: int, att: np.ndarray, ending: bool) -> int:
     """The term a row starts now (-1: none): the unplaced one whose span holds the attended source
-    token, else, where the row would end, the first unplaced one."""
+    token (`att`'s argmax) and DOMINANCE times the weight of any token outside it, else, where the
+    row would end, the first unplaced one."""
     left = [j for j in range(len(row_terms)) if not done >> j & 1]
+    attended = int(np.argmax(att))
     for j in left:
-        if row_terms[j].start <= attended < row_terms[j].end:
-            return j
+        t = row_terms[j]
+        if t.start <= attended < t.end:
+            outside = max(float(att[: t.start].max(initial=0.0)), float(att[t.end :].max(initial=0.0)))
+            if float(att[t.start : t.end].sum()) >= DOMINANCE * outside:
+                return j
     return left[0] if ending and left else -1
 
 

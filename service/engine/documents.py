@@ -216,6 +216,20 @@ def join(text: str, spans: list[tuple[int, int]], translations: list[str]) -> st
     return "".join(out)
 
 
+def starts(text: str, spans: list[tuple[int, int]], translations: list[str], split: str) -> list[int]:
+    """Where each translation starts in the text `assemble` makes of them (code points): after
+    what `join` keeps before it; with SPLIT_NONE a text of one segment is its translation alone."""
+    if split == SPLIT_NONE and len(spans) == 1:
+        return [0]
+    out, at, prev = [], 0, 0
+    for (a, b), t in zip(spans, translations):
+        at += a - prev
+        out.append(at)
+        at += len(t)
+        prev = b
+    return out
+
+
 def split_ids(ids: list[int], limit: int, breaks_before: list[bool]) -> list[list[int]]:
     """`ids` cut into parts of at most `limit` tokens. Each cut is at the last position in the
     second half of the window where `breaks_before` is true (a word starts, or punctuation came

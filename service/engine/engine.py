@@ -18,7 +18,7 @@ from service import tracing
 from service.batching.jobs import EncodeJob, Sentence, new_request
 from service.decoding.output_rules import max_output_len
 from service.decoding.results import Finished
-from service.engine import documents, model_info, plan_processes, work
+from service.engine import documents, glossary, model_info, plan_processes, work
 from service.engine.backend import Backend
 from service.engine.inference import Inference
 from service.engine.languages import LanguagePair, ModelLanguages, Prefixes
@@ -30,6 +30,7 @@ from service.engine.requests import (
     TranslationResult,
 )
 from service.engine.search_options import SearchOptions
+from service.engine.terms import Match
 from service.engine.text import normalize_text, utf8_bytes
 from service.engine.work import NO_CHECK, Checkpoint
 from service.errors import Cancelled, DeadlineExceeded, Internal, InvalidArgument, quote
@@ -66,6 +67,8 @@ class Engine:
         self.translation_model, self.encoder_model = model_names(self.name)
         self.work = work.shared(settings.text_threads)
         self.search = SearchOptions(settings, manifest, tokenizer)
+        # The named glossaries this version ships (service.engine.glossary), set by its loader.
+        self.glossaries: dict[str, glossary.NamedGlossary] = {}
 
     # -- validation and tokenisation --------------------------------------------------
 
@@ -312,13 +315,17 @@ class Engine:
         timeout: float | None = None,
         pair: LanguagePair = LanguagePair(),
         field_prefix: str = "",
+        terms: list[tuple[Match, ...]] | None = None,
     ) -> list[TranslationResult]:
         """`pair`: the request's languages (a multilingual model needs them; `field_prefix` + the
-        field names the one missing, "request." for a TranslateMany item)."""
+        field names the one missing, "request." for a TranslateMany item). `terms`: per text, spans
+        of the text as sent that the caller wants kept (markup's translate="no"), forced as
+        do-not-translate phrases before the glossary's (service.engine.glossary)."""
         inference = Inference(self.metrics, self.translation_model)
         size = 0
         try:
             self.check_texts(texts)
+            wanted = self.request_terms(opts, field_prefix, terms, len(texts))
             prefixes = self.languages.prefixes(pair, field_prefix)
             size = self.check_sizes(
                 texts,
@@ -327,8 +334,10 @@ class Engine:
             )
             deadline = None if timeout is None else time.monotonic() + timeout
             planned = await self.far_plans(texts, opts, pair, prefixes, size, timeout)
-            plans, src, sentences = await self.work.run(
-                lambda point: self.prepare(texts, opts, pair, prefixes, field_prefix, point, planned=planned),
+            plans, src, sentences, found = await self.work.run(
+                lambda point: self.prepare(
+                    texts, opts, pair, prefixes, field_prefix, point, planned=planned, terms=wanted
+                ),
                 size,
                 None if deadline is None else deadline - time.monotonic(),
             )
@@ -344,7 +353,7 @@ class Engine:
                     f.cancel()
                 raise
             inference.compute_done(sentences)
-            results = await self.work.run(lambda _: self._results(plans, src, finished, opts), size)
+            results = await self.work.run(lambda _: self._results(plans, src, finished, opts, found), size)
         except BaseException:
             inference.failed()
             raise
@@ -364,21 +373,62 @@ class Engine:
         point: Checkpoint,
         field: str = "texts",
         planned: list[documents.Plan] | None = None,
-    ) -> tuple[list[documents.Plan], list[list[int]], list[Sentence]]:
+        terms: glossary.RequestTerms | None = None,
+    ) -> tuple[list[documents.Plan], list[list[int]], list[Sentence], glossary.TermPlan | None]:
         """The CPU work before a request is queued (on the text pool, service.engine.work): the
-        texts' plans (unless `planned`), their rows' source ids and the sentences to queue."""
+        texts' plans (unless `planned`), their rows' source ids, the sentences to queue, and the
+        matches of `terms` (request_terms) in the texts, forced on their sentences."""
         plans = planned if planned is not None else self.plans(texts, opts, pair, prefixes, field, point)
         src = [row for p in plans for segment in p.rows for row in segment]
+        found = None
+        if terms is not None:
+            unk = self.manifest.special_ids.unk_id
+            found = glossary.place(terms, plans, self.tokenizer, len(prefixes.source), unk, field, point)
         row_opts = self.row_options(opts, plans, prefixes, field_prefix)
         point.check()
         sentences = self.sentences(src, row_opts, point.remaining(), prefixes, field_prefix, point)
-        return plans, src, sentences
+        if found is not None:
+            for s, row_terms in zip(sentences, found.rows):
+                s.terms = row_terms
+        return plans, src, sentences, found
+
+    def request_terms(
+        self,
+        opts: TranslateOptions,
+        field_prefix: str = "",
+        markup: list[tuple[Match, ...]] | None = None,
+        texts: int = 1,
+    ) -> glossary.RequestTerms | None:
+        """The request's glossary terms, do-not-translate phrases and named glossary, checked
+        (service.engine.glossary.request_terms); None: it has none."""
+        limit = self.settings.max_glossary_terms
+        return glossary.request_terms(opts, self.glossaries, limit, self.model_name, field_prefix, markup, texts)
+
+    def applied_terms(
+        self,
+        found: glossary.TermPlan | None,
+        plans: list[documents.Plan],
+        rows: list[TranslationResult],
+        finished: list[Finished],
+        results: list[TranslationResult],
+        split: str,
+    ) -> None:
+        """Each result's `applied_terms` (where its matches landed), counted in the metrics."""
+        if found is not None:
+            glossary.applied(found, plans, rows, finished, results, self.tokenizer, split)
+            glossary.count(results, self.metrics)
 
     def _results(
-        self, plans: list[documents.Plan], src: list[list[int]], finished: list[Finished], opts: TranslateOptions
+        self,
+        plans: list[documents.Plan],
+        src: list[list[int]],
+        finished: list[Finished],
+        opts: TranslateOptions,
+        found: glossary.TermPlan | None = None,
     ) -> list[TranslationResult]:
         rows = [self.result(s, f, opts) for s, f in zip(src, finished)]
         results = self._assemble(plans, rows, opts.split)
+        self.applied_terms(found, plans, rows, finished, results, opts.split)
         for r in results:
             r.model = self.model_name
         return results
@@ -447,4 +497,5 @@ class Engine:
             self.provider,
             self.graph,
             self.notes,
+            sorted(self.glossaries),
         )

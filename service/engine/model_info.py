@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from contract.manifest import Manifest
 from service.engine import documents
+from service.engine.terms import MAX_TERM_CHARS, MAX_TERM_WORDS
 from service.settings import Settings
 
 
@@ -17,6 +18,7 @@ def describe(
     provider: str,
     graph: str,
     notes: list[str],
+    glossaries: list[str] | None = None,
 ) -> dict:
     """GetModelInfo's fields of a version served as `name`:`version` with `provider` and `graph`
     (`default_pair`: whether requests may leave the languages out; a multilingual model shows none)."""
@@ -31,6 +33,7 @@ def describe(
         "execution_provider": provider,
         "decoder_graph": graph,
         "notes": list(notes),
+        "glossaries": list(glossaries or []),
         "vocab_size": d.vocab_size,
         "d_model": d.d_model,
         "n_heads": d.n_heads,
@@ -54,6 +57,9 @@ def describe(
             "max_queue_size": st.max_queue_size,
             "max_text_bytes": st.max_text_bytes,
             "max_request_bytes": st.max_request_bytes,
+            "max_glossary_terms": st.max_glossary_terms,
+            "max_term_chars": MAX_TERM_CHARS,
+            "max_term_words": MAX_TERM_WORDS,
             "detection_threshold": st.detection_threshold,
             "zero_means": zero_means(st, m),
         },

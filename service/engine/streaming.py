@@ -12,7 +12,7 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from typing import TYPE_CHECKING
 
 from service.batching.jobs import Sentence
-from service.engine import documents
+from service.engine import documents, glossary
 from service.engine.inference import Inference
 from service.engine.languages import LanguagePair
 from service.engine.requests import Chunk, TranslateOptions, TranslationResult
@@ -28,7 +28,7 @@ async def translate_stream(
     chunks' texts add up to the result's: the whitespace between sentences (SPLIT_NONE: none)
     and each sentence's translation (its parts, for one cut for length, joined by a space)."""
     inference = Inference(engine.metrics, engine.translation_model)
-    plan, src, rows, start = await _submit(engine, text, opts, timeout, inference, pair)
+    plan, src, rows, start, found = await _submit(engine, text, opts, timeout, inference, pair)
     keep_gaps = opts.split != documents.SPLIT_NONE
     results: list[TranslationResult] = []
     first = True
@@ -55,6 +55,8 @@ async def translate_stream(
             yield Chunk(text=text[at:], token_ids=[])
         inference.compute_done([sentence for sentence, _ in rows])
         result = documents.assemble(plan, results, opts.split)
+        finished = [sentence.future.result() for sentence, _ in rows]
+        engine.applied_terms(found, [plan], results, finished, [result], opts.split)
         result.model = engine.model_name
         inference.succeeded(1)
         yield result
@@ -114,16 +116,21 @@ async def _submit(
     timeout: float | None,
     inference: Inference,
     pair: LanguagePair,
-) -> tuple[documents.Plan, list[list[int]], list[tuple[Sentence, asyncio.Queue[list[int]]]], float]:
+) -> tuple[
+    documents.Plan, list[list[int]], list[tuple[Sentence, asyncio.Queue[list[int]]]], float, glossary.TermPlan | None
+]:
     """Validate, split and queue the text's rows, each with a callback that puts the tokens of each
     of its decoder steps on a queue of its own; (the plan, the rows' source ids, each row's
     sentence and queue, the time.perf_counter() at submission, from which the time to the first
-    chunk counts)."""
+    chunk counts, and the glossary's matches, forced on the rows as on Translate's)."""
     try:
+        terms = engine.request_terms(opts)
         prefixes = engine.languages.prefixes(pair)
         size = engine.check_sizes([text], "text", [opts.target_prefix], "target_prefix")
-        (plan,), src, sentences = await engine.work.run(
-            lambda point: engine.prepare([text], opts, pair, prefixes, "", point, field="text"), size, timeout
+        (plan,), src, sentences, found = await engine.work.run(
+            lambda point: engine.prepare([text], opts, pair, prefixes, "", point, field="text", terms=terms),
+            size,
+            timeout,
         )
         engine.trace(engine.translation_model, sentences)
     except BaseException:
@@ -147,4 +154,4 @@ async def _submit(
         inference.failed()
         raise
     engine.count_texts([plan])
-    return plan, src, rows, start
+    return plan, src, rows, start, found

@@ -11,9 +11,9 @@ cloud", never "acmecloud" or "ACME Clouds". Where matches overlap, the longest w
 earliest. A term of n words costs one walk of a trie per text word (`TermIndex.find`): linear in
 the text for a bounded term length.
 
-Named glossaries ship with a model version as `glossaries/ID.tsv` (`read_tsv`): one term a line,
-`source<TAB>target`, and optionally a third column of forms separated by `|`; blank lines and lines
-starting with `#` are skipped.
+Named glossaries ship with a model version as `glossaries/ID.tsv` (`read_tsv`, in
+contract.glossary's format): one term a line, `source<TAB>target`, and optionally a third column of
+forms separated by `|`; blank lines and lines starting with `#` are skipped.
 """
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+
+from contract.glossary import GlossaryFormatError, parse_tsv
 
 WORD = re.compile(r"\w+")
 # Limits that every glossary (a request's own or a named one) is held to; GetModelInfo shows them.
@@ -135,19 +137,14 @@ class TermIndex:
 
 
 def read_tsv(text: str, where: str) -> list[Term]:
-    """A named glossary's terms from its TSV text (module docstring); TermError names `where`
-    and the line at fault."""
+    """A named glossary's terms from its TSV text (contract.glossary's format); TermError names
+    `where` and the line at fault."""
     terms: list[Term] = []
-    for no, line in enumerate(text.splitlines(), 1):
-        if not line.strip() or line.startswith("#"):
-            continue
-        cols = line.split("\t")
-        if len(cols) not in (2, 3):
-            raise TermError(f"{where}:{no}: {len(cols)} columns, want source<TAB>target[<TAB>forms]")
-        source, target = cols[0].strip(), cols[1].strip()
-        forms = tuple(f.strip() for f in cols[2].split("|") if f.strip()) if len(cols) == 3 else ()
-        if not target:
-            raise TermError(f"{where}:{no}: the target is empty")
+    try:
+        lines = parse_tsv(text, where)
+    except GlossaryFormatError as e:
+        raise TermError(str(e)) from None
+    for no, source, target, forms in lines:
         check_term(source, target, forms, where=f"{where}:{no}")
         terms.append(Term(source, target, forms))
     return terms

@@ -55,3 +55,64 @@ def normalize_text(text: str) -> str:
 def utf8_bytes(text: str) -> int:
     """UTF-8 bytes of `text` (lone surrogates as 3 bytes each), as a size limit counts them."""
     return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+
+
+def normalize_with_offsets(text: str) -> tuple[str, list[int], list[int]]:
+    """`normalize_text(text)` and, for each of its characters, the span [start, end) of `text` it
+    comes from (code points): a character that NFC composed from several stands for all of them."""
+    removed = _ASCII_REMOVED if text.isascii() else _removed()
+    kept: list[str] = []
+    where: list[int] = []  # each kept character's index in `text`
+    at = 0
+    for m in [*removed.finditer(text), None]:
+        stop = len(text) if m is None else m.start()
+        kept.append(text[at:stop])
+        where.extend(range(at, stop))
+        if m is not None:
+            at = m.end()
+    body = "".join(kept)
+    if text.isascii() or unicodedata.is_normalized("NFC", body):
+        out, starts, ends = body, where, [i + 1 for i in where]
+    else:
+        out, starts, ends = _composed(body, where)
+    lead = len(out) - len(out.lstrip())
+    stop = len(out.rstrip())
+    if stop <= lead:
+        return "", [], []
+    return out[lead:stop], starts[lead:stop], ends[lead:stop]
+
+
+def _composed(body: str, where: list[int]) -> tuple[str, list[int], list[int]]:
+    """NFC of `body` with each output character's source span: `body` in runs that compose on
+    their own (a starter and the characters that follow it, merged with the run before where
+    NFC joins them, as Hangul jamo), a run's characters mapped one to one where NFC kept its
+    length, else each to the whole run."""
+    runs: list[tuple[int, int]] = []  # [start, end) in body
+    for i, ch in enumerate(body):
+        if runs and unicodedata.combining(ch):
+            runs[-1] = (runs[-1][0], i + 1)
+            continue
+        if runs:
+            a, b = runs[-1]
+            both = unicodedata.normalize("NFC", body[a : i + 1])
+            if both != unicodedata.normalize("NFC", body[a:b]) + unicodedata.normalize("NFC", ch):
+                runs[-1] = (a, i + 1)
+                continue
+        runs.append((i, i + 1))
+    out: list[str] = []
+    starts: list[int] = []
+    ends: list[int] = []
+    for a, b in runs:
+        composed = unicodedata.normalize("NFC", body[a:b])
+        out.append(composed)
+        if len(composed) == b - a:
+            starts += where[a:b]
+            ends += [i + 1 for i in where[a:b]]
+        else:
+            starts += [where[a]] * len(composed)
+            ends += [where[b - 1] + 1] * len(composed)
+    text = "".join(out)
+    if text != unicodedata.normalize("NFC", body):  # composition across runs the merge missed
+        whole = unicodedata.normalize("NFC", body)
+        return whole, [where[0]] * len(whole), [where[-1] + 1] * len(whole)
+    return text, starts, ends

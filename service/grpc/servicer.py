@@ -12,7 +12,7 @@ from service.api.mtserve.v1 import translation_pb2 as pb
 from service.api.mtserve.v1 import translation_pb2_grpc as pb_grpc
 from service.engine.languages import LanguagePair, pair_page
 from service.engine.many import translate_many
-from service.engine.requests import StreamItem, TranslateOptions, TranslationResult
+from service.engine.requests import GlossaryEntry, StreamItem, TranslateOptions, TranslationResult
 from service.engine.streaming import translate_stream
 from service.errors import quote
 from service.grpc.context import deadline, request_id
@@ -42,6 +42,10 @@ def _options(
         target_prefix=target_prefix,
         target_prefixes=list(target_prefixes),
         split=SPLITS.get(msg.split, str(msg.split)),  # an unknown number: INVALID_ARGUMENT from the engine
+        text_type=TEXT_TYPES.get(msg.text_type, str(msg.text_type)),
+        glossary=[GlossaryEntry(e.source, e.target, tuple(e.forms)) for e in msg.glossary],
+        do_not_translate=list(msg.do_not_translate),
+        glossary_id=msg.glossary_id,
         detect_per_segment=msg.detect_per_segment,
     )
 
@@ -52,6 +56,9 @@ SPLITS = {
     pb.SPLIT_NEWLINES: "newlines",
     pb.SPLIT_NONE: "none",
 }
+
+
+TEXT_TYPES = {pb.TEXT_TYPE_TEXT: "text", pb.TEXT_TYPE_HTML: "html", pb.TEXT_TYPE_XML: "xml"}
 
 
 def _pair(msg: pb.TranslateRequest | pb.TranslateStreamRequest) -> LanguagePair:
@@ -73,6 +80,16 @@ def translation_pb(r: TranslationResult, opts: TranslateOptions) -> pb.Translati
         msg.alignment.weights.extend(r.alignment.weights.ravel().tolist())
     for h in r.hypotheses:  # num_hypotheses > 1
         msg.hypotheses.add(text=h.text, score=h.score, tokens=h.tokens, token_ids=h.token_ids)
+    for t in r.applied_terms:
+        msg.applied_terms.add(
+            source=t.source,
+            target=t.target,
+            source_start=t.source_start,
+            source_end=t.source_end,
+            start=t.start,
+            end=t.end,
+            origin=t.origin,
+        )
     for seg in r.segments:
         part = translation_pb(seg.translation, opts)
         msg.segments.add(
@@ -232,6 +249,7 @@ class TranslationServicer(pb_grpc.TranslationServiceServicer):
                     source_languages=langs.spec.source if listed else [],
                     target_languages=langs.spec.target if listed else [],
                     decoder_graph=s.engine.graph,
+                    glossaries=sorted(s.engine.glossaries),
                 )
             )
         return pb.ModelInfo(**info, limits=pb.Limits(**limits), files_sha256=files, tool_versions=tools, models=models)

@@ -11,7 +11,15 @@ Two models, named after the export's manifest (`de-en` for the shipped one):
                   decoding options of mtserve.v1's TranslationOptions: num_hypotheses,
                   sampling_topk, seed (int), sampling_topp, sampling_temperature (double), and
                   target_prefix (string: the same forced prefix for every text of the request),
-                  split (string: "sentences", the default, "newlines" or "none"; docs/documents.md).
+                  split (string: "sentences", the default, "newlines" or "none"; docs/documents.md);
+                  text_type (string: "text", the default, "html" or "xml"; docs/markup.md),
+                  glossary (string: JSON, an object {"source": "target", ...} or a list of
+                  {"source", "target", "forms"} objects), do_not_translate (string: a JSON list
+                  of phrases), glossary_id (string), detect_per_segment (bool; docs/terminology.md,
+                  docs/language_detection.md). The response's parameters carry "applied_terms" (a
+                  JSON list per text of mtserve.v1's AppliedTerm fields) when the request had terms,
+                  and "detected_languages" (a JSON list per text of [language, probability]) with
+                  source_language "auto".
                   TRANSLATION holds each text's best hypothesis: n-best lists
                   (num_hypotheses, validated here) come back on mtserve.v1 only.
     NAME-encoder  input TEXT BYTES [N]  ->  output EMBEDDING FP32 [N, d_model] (mean-pooled encoder states)
@@ -30,6 +38,7 @@ positive integer, else "1" (`served_version`). The export's own version string (
 
 from __future__ import annotations
 
+import json
 import struct
 from dataclasses import dataclass
 from typing import Any
@@ -40,6 +49,7 @@ from contract.manifest import Manifest
 from service.api.inference import grpc_service_pb2 as pb
 from service.api.inference import model_config_pb2 as mc
 from service.engine.engine import model_names
+from service.engine.requests import GlossaryEntry, TranslationResult
 from service.errors import InvalidArgument, quote
 from service.settings import Settings
 
@@ -93,6 +103,11 @@ def model_specs(name: str, manifest: Manifest) -> dict[str, ModelSpec]:
                 "seed": int,
                 "target_prefix": str,
                 "split": str,
+                "text_type": str,
+                "glossary": str,
+                "do_not_translate": str,
+                "glossary_id": str,
+                "detect_per_segment": bool,
             },
         ),
         encoder: ModelSpec(
@@ -270,8 +285,12 @@ def check_outputs(request: pb.ModelInferRequest, spec: ModelSpec) -> None:
             )
 
 
-def parameter_value(value: pb.InferParameter, field: str, kind: type) -> int | float | str:
+def parameter_value(value: pb.InferParameter, field: str, kind: type) -> int | float | str | bool:
     choice = value.WhichOneof("parameter_choice")
+    if kind is bool:
+        if choice != "bool_param":
+            raise InvalidArgument(field, f"expected a boolean (bool_param), got {choice or 'no value'}")
+        return bool(value.bool_param)
     if kind is str:
         if choice != "string_param":
             raise InvalidArgument(field, f"expected a string (string_param), got {choice or 'no value'}")
@@ -295,7 +314,52 @@ def request_parameters(request: pb.ModelInferRequest, spec: ModelSpec) -> dict[s
         elif key not in STANDARD_PARAMETERS:
             accepted = ", ".join(spec.parameters) or "none"
             raise InvalidArgument(field, f"not a parameter of model {spec.name!r} (accepted: {accepted})")
+    if "glossary" in out:
+        out["glossary"] = glossary_entries(out["glossary"], "parameters.glossary")
+    if "do_not_translate" in out:
+        out["do_not_translate"] = phrases(out["do_not_translate"], "parameters.do_not_translate")
     return out
+
+
+def _json(text: str, field: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError as e:
+        raise InvalidArgument(field, f"not JSON: {e}") from None
+
+
+def glossary_entries(text: str, field: str) -> list[GlossaryEntry]:
+    """The `glossary` parameter: a JSON object {source: target} or a list of objects with "source",
+    "target" and optionally "forms" (a list of strings)."""
+    value = _json(text, field)
+    if isinstance(value, dict):
+        value = [{"source": k, "target": v} for k, v in value.items()]
+    if not isinstance(value, list):
+        raise InvalidArgument(field, "a JSON object {source: target} or a list of {source, target, forms} objects")
+    entries = []
+    for i, e in enumerate(value):
+        forms = e.get("forms", []) if isinstance(e, dict) else None
+        if (
+            not isinstance(e, dict)
+            or not isinstance(e.get("source"), str)
+            or not isinstance(e.get("target"), str)
+            or not isinstance(forms, list)
+            or not all(isinstance(f, str) for f in forms)
+            or set(e) - {"source", "target", "forms"}
+        ):
+            raise InvalidArgument(
+                f"{field}[{i}]", 'an entry is {"source": string, "target": string, "forms": [string]}'
+            )
+        entries.append(GlossaryEntry(e["source"], e["target"], tuple(forms)))
+    return entries
+
+
+def phrases(text: str, field: str) -> list[str]:
+    """The `do_not_translate` parameter: a JSON list of strings."""
+    value = _json(text, field)
+    if not isinstance(value, list) or not all(isinstance(p, str) for p in value):
+        raise InvalidArgument(field, "a JSON list of strings")
+    return value
 
 
 def v2_argument_error(exc: InvalidArgument, input_index: int) -> InvalidArgument:
@@ -316,12 +380,48 @@ def v2_argument_error(exc: InvalidArgument, input_index: int) -> InvalidArgument
 # -- responses ------------------------------------------------------------------------------
 
 
+def result_parameters(results: list[TranslationResult], terms: bool, detected: bool) -> dict[str, str]:
+    """The response parameters of translations (module doc): "applied_terms" when the request had
+    terms, "detected_languages" when it asked for detection; each a JSON list, a text an item."""
+    out = {}
+    if terms:
+        out["applied_terms"] = json.dumps(
+            [
+                [
+                    {
+                        "source": t.source,
+                        "target": t.target,
+                        "source_start": t.source_start,
+                        "source_end": t.source_end,
+                        "start": t.start,
+                        "end": t.end,
+                        "origin": t.origin,
+                    }
+                    for t in r.applied_terms
+                ]
+                for r in results
+            ],
+            ensure_ascii=False,
+        )
+    if detected:
+        out["detected_languages"] = json.dumps(
+            [[r.detected_language, r.detected_confidence] for r in results], ensure_ascii=False
+        )
+    return out
+
+
 def infer_response(
-    request: pb.ModelInferRequest, spec: ModelSpec, version: str, output: list[bytes] | np.ndarray
+    request: pb.ModelInferRequest,
+    spec: ModelSpec,
+    version: str,
+    output: list[bytes] | np.ndarray,
+    parameters: dict[str, str] | None = None,
 ) -> pb.ModelInferResponse:
     """The response carrying `output` (BYTES elements, or an FP32 array) as the model's output,
-    raw when the request's input was raw."""
+    raw when the request's input was raw; `parameters`: string parameters of the response."""
     out = pb.ModelInferResponse(model_name=spec.name, model_version=version, id=request.id)
+    for key, value in (parameters or {}).items():
+        out.parameters[key].string_param = value
     raw = bool(request.raw_input_contents)
     if isinstance(output, np.ndarray):
         tensor = out.outputs.add(name=spec.output, datatype=spec.output_datatype, shape=list(output.shape))

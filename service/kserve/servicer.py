@@ -35,6 +35,7 @@ from service.kserve.codec import (
     model_config,
     model_specs,
     request_parameters,
+    result_parameters,
     v2_argument_error,
 )
 from service.metrics import ModelStatistics as ModelStats
@@ -269,6 +270,7 @@ class KServeServicer(pb_grpc.GRPCInferenceServiceServicer):
             params.pop("source_language", ""), params.pop("target_language", ""), encoding=spec.kind == "encode"
         )
         output: list[bytes] | np.ndarray
+        parameters: dict[str, str] = {}
         with self.models.lease(served.ref, "model_name", pair):
             engine = served.engine
             try:
@@ -276,12 +278,14 @@ class KServeServicer(pb_grpc.GRPCInferenceServiceServicer):
                     opts = TranslateOptions(**params)
                     results = await engine.translate(texts, opts, timeout=deadline(context), pair=pair)
                     output = [r.text.encode("utf-8") for r in results]
+                    terms = bool(opts.glossary or opts.do_not_translate or opts.glossary_id)
+                    parameters = result_parameters(results, terms, detected=False)
                 else:
                     encodings = await engine.encode(texts, False, deadline(context), pair)
                     output = np.stack([e.pooled for e in encodings]).astype("<f4")
             except InvalidArgument as e:
                 raise v2_argument_error(e, index) from None
-        return infer_response(request, spec, served.version, output)
+        return infer_response(request, spec, served.version, output, parameters)
 
 
 def _one_repository(repository_name: str) -> None:

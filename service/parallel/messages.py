@@ -26,6 +26,7 @@ from prometheus_client.metrics_core import Metric
 from service.batching.jobs import Sentence
 from service.decoding.results import Finished
 from service.decoding.sampling import Sampling
+from service.decoding.terms import SourceTerm
 from service.errors import ServiceError
 
 # ----------------------------------------------------------------------------- parent -> child
@@ -50,6 +51,7 @@ class SentenceSpec:
     num_hypotheses: int = 1
     sampling: Sampling | None = None  # its generator crosses with its state
     request: int | None = None  # the request whose row it is (Sentence.request): one parent's tags
+    terms: tuple[SourceTerm, ...] = ()  # glossary terms forced on its output
 
     @classmethod
     def of(cls, sentence: Sentence) -> SentenceSpec:
@@ -70,6 +72,7 @@ class SentenceSpec:
             num_hypotheses=sentence.num_hypotheses,
             sampling=sentence.sampling,
             request=sentence.request,
+            terms=tuple(sentence.terms),
         )
 
     def sentence(self, on_tokens: Callable[[list[int]], None] | None = None) -> Sentence:
@@ -91,6 +94,7 @@ class SentenceSpec:
             on_tokens=on_tokens,
             key=self.key,
             request=self.request,
+            terms=self.terms,
         )
 
 

@@ -45,6 +45,7 @@ PER_MODEL = frozenset(
         "max_input_tokens",
         "max_output_tokens",
         "max_text_bytes",
+        "max_glossary_terms",
         "max_beam_size",
         "default_beam_size",
     }

@@ -13,6 +13,7 @@ from contract.manifest import Manifest, load_manifest, resolve_onnx_dir
 from service.batching.scheduler import Scheduler
 from service.engine.backend import Backend
 from service.engine.engine import Engine
+from service.engine.glossary import NamedGlossary, load_glossaries
 from service.engine.languages import LanguagePair
 from service.engine.requests import TranslateOptions
 from service.errors import ModelLoadError, StartupError
@@ -72,9 +73,11 @@ class ModelLoader:
     async def load(self, source: VersionDir) -> ServedModel:
         """Load, start and warm up one model version (the registry's loader)."""
         st = self._version_settings(source)
+        # The version's named glossaries first: a file at fault fails the load before any session.
+        glossaries = await asyncio.get_running_loop().run_in_executor(None, load_glossaries, source.path)
         metrics = self.metrics.for_model(source.name, source.version)
         with mapped_allocations():  # the model's memory leaves the process when it is unloaded
-            return await self._load_mapped(source, st, metrics)
+            return await self._load_mapped(source, st, metrics, glossaries)
 
     def _version_settings(self, source: VersionDir) -> Settings:
         """The server's settings with the version's directories and the model's own values
@@ -90,7 +93,9 @@ class ModelLoader:
         except ValueError as e:  # pydantic's ValidationError
             raise ModelLoadError(f"{source.path.parent / SERVING_FILE}: {e}") from None
 
-    async def _load_mapped(self, source: VersionDir, st: Settings, metrics: ModelMetrics) -> ServedModel:
+    async def _load_mapped(
+        self, source: VersionDir, st: Settings, metrics: ModelMetrics, glossaries: dict[str, NamedGlossary]
+    ) -> ServedModel:
         loop = asyncio.get_running_loop()
         if self.backend_factory is not None:
             loaded = _load_with_factory(st, metrics, self.backend_factory)
@@ -99,6 +104,7 @@ class ModelLoader:
         else:  # the sessions load off the event loop: other models keep serving meanwhile
             loaded = await loop.run_in_executor(None, _load_in_process, st, metrics)
         engine = Engine(st, loaded.manifest, loaded.tokenizer, loaded.backend, metrics, loaded.provider, loaded.graph)
+        engine.glossaries = glossaries
         engine.notes = graph_notes(loaded.manifest, st, loaded.provider, loaded.graph)
         engine.notes += shortlist_notes(loaded.manifest, st, loaded.graph)
         for note in engine.notes:

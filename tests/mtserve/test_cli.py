@@ -30,14 +30,20 @@ BAD = {
     "serve bad setting": (["serve", "--decode-workers", "0"], "decode_workers", 2),
     "serve setting not a number": (["serve", "--max-batch-sentences", "many"], "max_batch_sentences", 2),
     "encode without texts": (["encode"], "texts", 2),
+    "translate glossary missing": (["translate", "--glossary", "/nonexistent.tsv", "x"], "--glossary", 2),
+    "translate glossary one column": (["translate", "--glossary", "GLOSSARY", "x"], "GLOSSARY:2: 1 columns", 2),
+    "translate html and xml": (["translate", "--html", "--xml", "x"], "--xml", 2),
 }
 
 
 @pytest.mark.parametrize("case", list(BAD))
 def test_bad_input_ends_in_one_line(case, tmp_path, capsys):
     argv, names, status = BAD[case]
+    glossary = tmp_path / "glossary.tsv"
+    glossary.write_text("# terms\nHund only one column\n", encoding="utf-8")
+    names = names.replace("GLOSSARY", str(glossary))
     with pytest.raises(SystemExit) as e:
-        main([str(tmp_path / "run") if a == "OUT" else a for a in argv])
+        main([str(tmp_path / "run") if a == "OUT" else str(glossary) if a == "GLOSSARY" else a for a in argv])
     out, err = capsys.readouterr()
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("mtserve"), err

@@ -23,8 +23,16 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoRe
 from service.api.inference import grpc_service_pb2 as pb
 from service.api.inference import grpc_service_pb2_grpc as pb_grpc
 from service.api.inference import model_config_pb2 as mc
+from service.engine.requests import GlossaryEntry
 from service.errors import InvalidArgument
-from service.kserve.codec import deserialize_bytes, serialize_bytes, served_version, v2_argument_error
+from service.kserve.codec import (
+    deserialize_bytes,
+    glossary_entries,
+    phrases,
+    serialize_bytes,
+    served_version,
+    v2_argument_error,
+)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the child process imports kserve_calls by name
 import kserve_calls  # imports no tritonclient here
@@ -508,3 +516,26 @@ def test_parameters_are_quoted_at_64_characters_and_encode_names_its_own_fields(
     code, details = stub_code(server, req)
     assert code == grpc.StatusCode.NOT_FOUND and details.startswith("parameters.source_language: "), details
     assert "target_language" not in details
+
+
+def test_glossary_and_phrase_parameters_parse_or_name_the_entry():
+    assert glossary_entries('{"Hund": "canine"}', "parameters.glossary") == [GlossaryEntry("Hund", "canine")]
+    assert glossary_entries(
+        '[{"source": "Hund", "target": "canine", "forms": ["Hunde", "Hundes"]}]', "parameters.glossary"
+    ) == [GlossaryEntry("Hund", "canine", ("Hunde", "Hundes"))]
+    assert phrases('["ACME Cloud", "Bank"]', "parameters.do_not_translate") == ["ACME Cloud", "Bank"]
+    for bad, field in [
+        ("{", "parameters.glossary"),
+        ('"Hund"', "parameters.glossary"),
+        ('[{"source": "Hund"}]', "parameters.glossary[0]"),
+        ('[{"source": "a", "target": "b"}, {"source": 1, "target": "b"}]', "parameters.glossary[1]"),
+        ('[{"source": "a", "target": "b", "forms": "x"}]', "parameters.glossary[0]"),
+        ('[{"source": "a", "target": "b", "extra": 1}]', "parameters.glossary[0]"),
+    ]:
+        with pytest.raises(InvalidArgument) as e:
+            glossary_entries(bad, "parameters.glossary")
+        assert e.value.field == field, bad
+    for bad in ["[1]", '{"a": "b"}', "nope"]:
+        with pytest.raises(InvalidArgument) as e:
+            phrases(bad, "parameters.do_not_translate")
+        assert e.value.field == "parameters.do_not_translate"
