@@ -43,6 +43,7 @@ class Metrics:
         self._add_queue_metrics(r)
         self._add_decoding_metrics(r)
         self._add_inference_metrics(r)
+        self._add_detection_metrics(r)
 
     def _add_rpc_metrics(self, r: CollectorRegistry) -> None:
         """Per RPC method: calls, their latency and those in flight."""
@@ -187,6 +188,17 @@ class Metrics:
             "mtserve_last_inference_timestamp_seconds",
             "Unix time of the last inference request's end, by model",
             MODEL_LABELS,
+            registry=r,
+        )
+
+    def _add_detection_metrics(self, r: CollectorRegistry) -> None:
+        """source_language "auto" (service/repository/routing.py): each text's (or segment's)
+        detected language, and "undecided" for each one below the detection threshold."""
+        self.language_detections = Counter(
+            "mtserve_language_detections_total",
+            'texts (and segments, with detect_per_segment) of source_language "auto" requests by detected '
+            'language; "undecided": below the detection threshold',
+            ["language"],
             registry=r,
         )
 

@@ -78,6 +78,7 @@ class Engine:
     # -- validation and tokenisation --------------------------------------------------
 
     def check_texts(self, texts: list[str]) -> None:
+        """INVALID_ARGUMENT for no texts, or more than max_texts_per_request."""
         if not texts:
             raise InvalidArgument("texts", "at least one text is required")
         if len(texts) > self.settings.max_texts_per_request:
@@ -488,6 +489,8 @@ class Engine:
         rows = [self.result(s, f, opts) for s, f in zip(src, finished)]
         results = self._assemble(plans, rows, opts.split)
         self.applied_terms(found, plans, rows, finished, results, opts.split)
+        for r in results:
+            r.model = self.model_name
         return results
 
     def trace(self, model: str, sentences: list[Sentence] | None = None, texts: int = 0) -> None:

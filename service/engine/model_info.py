@@ -60,6 +60,7 @@ def describe(
             "max_glossary_terms": st.max_glossary_terms,
             "max_term_chars": MAX_TERM_CHARS,
             "max_term_words": MAX_TERM_WORDS,
+            "detection_threshold": st.detection_threshold,
             "zero_means": zero_means(st, m),
         },
     }

@@ -67,6 +67,7 @@ async def translate_stream(
         result = documents.assemble(plan, results, opts.split)
         finished = [sentence.future.result() for sentence, _ in rows]
         engine.applied_terms(found, [plan], results, finished, [result], opts.split)
+        result.model = engine.model_name
         inference.succeeded(1)
         yield result
     except BaseException:

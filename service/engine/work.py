@@ -79,13 +79,15 @@ class TextWork:
         self._release: asyncio.Task[None] | None = None
         self._asked = 0.0  # when a large request last asked for its memory to be given back
 
-    async def run(self, fn: Callable[[Checkpoint], T], size: int, timeout: float | None = None) -> T:
+    async def run(
+        self, fn: Callable[[Checkpoint], T], size: int, timeout: float | None = None, inline_bytes: int = INLINE_BYTES
+    ) -> T:
         """`fn(checkpoint)` for a request of `size` bytes of text and `timeout` seconds left:
-        on the loop when small, else on the pool. DEADLINE_EXCEEDED when the timeout passes
-        first; a cancelled caller stops the work at its next check."""
+        on the loop when small (`inline_bytes` at most), else on the pool. DEADLINE_EXCEEDED when
+        the timeout passes first; a cancelled caller stops the work at its next check."""
         point = Checkpoint(None if timeout is None else time.monotonic() + timeout)
         point.check()
-        if size <= INLINE_BYTES:
+        if size <= inline_bytes:
             return fn(point)
         loop = asyncio.get_running_loop()
         future = loop.run_in_executor(self._pool, fn, point)

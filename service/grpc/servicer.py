@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import AsyncIterator, Iterable
 
@@ -18,6 +19,7 @@ from service.grpc.context import deadline, request_id
 from service.grpc.interceptors import error_status
 from service.metrics import Metrics
 from service.repository.registry import ModelRegistry
+from service.repository.routing import AUTO, stream_detected, translate_detected
 from service.settings import Settings
 
 
@@ -64,7 +66,9 @@ def _pair(msg: pb.TranslateRequest | pb.TranslateStreamRequest) -> LanguagePair:
 
 
 def translation_pb(r: TranslationResult, opts: TranslateOptions) -> pb.Translation:
-    msg = pb.Translation(text=r.text, input_tokens=r.input_tokens, output_tokens=r.output_tokens)
+    msg = pb.Translation(text=r.text, input_tokens=r.input_tokens, output_tokens=r.output_tokens, model=r.model)
+    if r.detected_language:  # source_language "auto"
+        msg.detected_language, msg.detected_confidence = r.detected_language, r.detected_confidence or 0.0
     if opts.return_scores and r.score is not None:  # asked for, the search computed it
         msg.score = r.score
     if opts.return_tokens:
@@ -98,6 +102,8 @@ def translation_pb(r: TranslationResult, opts: TranslateOptions) -> pb.Translati
             alignment=part.alignment if part.HasField("alignment") else None,
             input_tokens=part.input_tokens,
             output_tokens=part.output_tokens,
+            detected_language=part.detected_language,
+            detected_confidence=part.detected_confidence,
         )
     return msg
 
@@ -113,6 +119,12 @@ class TranslationServicer(pb_grpc.TranslationServiceServicer):
 
     async def Translate(self, request: pb.TranslateRequest, context: grpc.aio.ServicerContext) -> pb.TranslateResponse:
         opts, pair = _options(request.options, request.target_prefixes), _pair(request)
+        if pair.source == AUTO:
+            threshold, timeout = self.settings.detection_threshold, deadline(context)
+            found = await translate_detected(
+                self.models, list(request.texts), opts, timeout, pair, threshold, "", request.model
+            )
+            return pb.TranslateResponse(translations=[translation_pb(r, opts) for r in found], model=found[0].model)
         with self.models.lease(request.model, pair=pair) as served:
             results = await served.engine.translate(list(request.texts), opts, timeout=deadline(context), pair=pair)
             return pb.TranslateResponse(
@@ -123,8 +135,21 @@ class TranslationServicer(pb_grpc.TranslationServiceServicer):
         self, request: pb.TranslateStreamRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.TranslateStreamResponse]:
         opts, pair = _options(request.options, target_prefix=request.target_prefix), _pair(request)
-        with self.models.lease(request.model, pair=pair) as served:
-            async for event in translate_stream(served.engine, request.text, opts, deadline(context), pair):
+        with contextlib.ExitStack() as lease:
+            if pair.source == AUTO:
+                events = stream_detected(
+                    self.models,
+                    request.text,
+                    opts,
+                    deadline(context),
+                    pair,
+                    self.settings.detection_threshold,
+                    request.model,
+                )
+            else:
+                served = lease.enter_context(self.models.lease(request.model, pair=pair))
+                events = translate_stream(served.engine, request.text, opts, deadline(context), pair)
+            async for event in events:
                 if isinstance(event, TranslationResult):
                     yield pb.TranslateStreamResponse(final=translation_pb(event, opts))
                 else:
@@ -149,6 +174,21 @@ class TranslationServicer(pb_grpc.TranslationServiceServicer):
         names: dict[str, str] = {}  # item id -> the model:version that answered it
 
         async def translate(item: StreamItem, limit: float | None) -> list[TranslationResult]:
+            if item.pair.source == AUTO:
+                threshold = self.settings.detection_threshold
+                found = await translate_detected(
+                    self.models,
+                    item.texts,
+                    item.options,
+                    limit,
+                    item.pair,
+                    threshold,
+                    "request.",
+                    item.model,
+                    "request.model",
+                )
+                names[item.id] = found[0].model
+                return found
             with self.models.lease(item.model, "request.model", item.pair) as served:
                 names[item.id] = served.engine.model_name
                 return await served.engine.translate(item.texts, item.options, limit, item.pair, "request.")

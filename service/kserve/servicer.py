@@ -41,6 +41,7 @@ from service.kserve.codec import (
 from service.metrics import ModelStatistics as ModelStats
 from service.repository.layout import check_name, check_version
 from service.repository.registry import ModelRegistry, ServedModel
+from service.repository.routing import AUTO, translate_detected
 from service.settings import Settings
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
@@ -271,6 +272,26 @@ class KServeServicer(pb_grpc.GRPCInferenceServiceServicer):
         )
         output: list[bytes] | np.ndarray
         parameters: dict[str, str] = {}
+        if spec.kind == "translate" and pair.source == AUTO:  # routed within the named model's languages
+            opts = TranslateOptions(**params)
+            try:
+                results = await translate_detected(
+                    self.models,
+                    texts,
+                    opts,
+                    deadline(context),
+                    pair,
+                    self.settings.detection_threshold,
+                    model=served.ref,
+                    model_field="model_name",
+                )
+            except InvalidArgument as e:
+                raise v2_argument_error(e, index) from None
+            output = [r.text.encode("utf-8") for r in results]
+            terms = bool(opts.glossary or opts.do_not_translate or opts.glossary_id)
+            return infer_response(
+                request, spec, served.version, output, result_parameters(results, terms, detected=True)
+            )
         with self.models.lease(served.ref, "model_name", pair):
             engine = served.engine
             try:

@@ -130,11 +130,16 @@ class ModelRegistry:
             return f"{prefix}source_language"
         return f"{prefix}source_language/{prefix}target_language"
 
-    def _by_pair(self, pair: LanguagePair, field: str) -> ServedModel:
-        default = self.served.get((self.default_name, self.default_versions.get(self.default_name, "")))
-        candidates = ([default] if default is not None else []) + [
+    def routable(self) -> list[ServedModel]:
+        """The versions a request that names no model is routed to by its language pair, in the
+        order they are tried: the default model, then each other name's default version."""
+        default = self.default_or_none()
+        return ([default] if default is not None else []) + [
             s for s in self.all() if s is not default and self.default_versions.get(s.name) == s.version
         ]
+
+    def _by_pair(self, pair: LanguagePair, field: str) -> ServedModel:
+        candidates = self.routable()
         for served in candidates:
             if served.engine.languages.serves(pair):
                 return served

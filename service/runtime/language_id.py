@@ -115,9 +115,10 @@ class Undecided:
             f"(best: {shown}); name the source language"
         )
 
-    def error(self, prefix: str = "") -> InvalidArgument:
-        """The INVALID_ARGUMENT naming `prefix` + source_language."""
-        return InvalidArgument(f"{prefix}source_language", self.problem())
+    def error(self, prefix: str = "", where: str = "") -> InvalidArgument:
+        """The INVALID_ARGUMENT naming `prefix` + source_language; `where`: the text it is about
+        ("texts[2]"), said first."""
+        return InvalidArgument(f"{prefix}source_language", f"{where}: {self.problem()}" if where else self.problem())
 
 
 def decide(
@@ -148,6 +149,11 @@ class LanguageDetector:
         self._labels = frozenset(self.languages)
         self._by_set: dict[frozenset[str], Any] = {}
         self._lock = threading.Lock()
+
+    @classmethod
+    def loaded(cls) -> LanguageDetector | None:
+        """The process's detector when `shared` has loaded it, else None (nothing is loaded)."""
+        return cls._shared
 
     @classmethod
     def shared(cls) -> LanguageDetector:
