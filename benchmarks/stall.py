@@ -9,6 +9,11 @@
    short sentences (`"Ja. " * 25000`, 4 MB: past max_request_bytes) and one message of 5 MB
    (past max_receive_message_bytes), while the probe goes on calling Health and the small
    Translate. Each request's status is counted. `--flood openers,short,huge` picks the clients.
+   The flooding clients run in a process of their own (`--clients process`, the default), so that
+   the probe's latencies are the server's and not waits for its own process's GIL; on a machine
+   whose cores the clients share with the server, `--clients-nice 19` gives the server the cores
+   as clients on other machines would. `--clients threads` runs them as threads of the probe's
+   process.
 3. A request the server accepts and cannot finish in time (two texts of 97 and 48 kB of prose,
    1,650 sentences) with a 2 s deadline: when it is answered, and how long the server's CPU
    takes to fall idle (under 10% of a core over 100 ms) after.
