@@ -9,6 +9,11 @@
    short sentences (`"Ja. " * 25000`, 4 MB: past max_request_bytes) and one message of 5 MB
    (past max_receive_message_bytes), while the probe goes on calling Health and the small
    Translate. Each request's status is counted. `--flood openers,short,huge` picks the clients.
+   The flooding clients run in a process of their own (`--clients process`, the default), so that
+   the probe's latencies are the server's and not waits for its own process's GIL; on a machine
+   whose cores the clients share with the server, `--clients-nice 19` gives the server the cores
+   as clients on other machines would. `--clients threads` runs them as threads of the probe's
+   process.
 3. A request the server accepts and cannot finish in time (two texts of 97 and 48 kB of prose,
    1,650 sentences) with a 2 s deadline: when it is answered, and how long the server's CPU
    takes to fall idle (under 10% of a core over 100 ms) after.
@@ -22,6 +27,8 @@ contacted; every loop ends by itself."""
 from __future__ import annotations
 
 import argparse
+import multiprocessing
+import os
 import threading
 import time
 from collections import Counter
@@ -76,6 +83,30 @@ def flood(address: str, request: bytes, stop: threading.Event, codes: Counter[st
                 codes[f"{e.code().name}: {(e.details() or '')[:80]}"] += 1
 
 
+def flood_clients(address: str, kinds: list[str], seconds: float, nice: int, ready, done) -> None:
+    """In a process of its own (`--clients process`): one `flood` thread per kind for `seconds`,
+    at `nice`; `ready` set once the requests are built, the status counts put on `done`."""
+    if nice:
+        os.nice(nice)
+    worst = [worst_request(k) for k in kinds]
+    stop, codes = threading.Event(), Counter[str]()
+    clients = [threading.Thread(target=flood, args=(address, r, stop, codes)) for r in worst]
+    ready.set()
+    for c in clients:
+        c.start()
+    time.sleep(seconds)
+    stop.set()
+    for c in clients:
+        c.join()
+    done.put(dict(codes))
+
+
+def worst_request(kind: str) -> bytes:
+    """The serialised request of a flooding client: openers (1 MB), short (4 MB), huge (5 MB)."""
+    texts = {"openers": [OPENERS] * 10, "short": [SHORT] * 40, "huge": ["Ja. " * 1_250_000]}[kind]
+    return pb.TranslateRequest(texts=texts).SerializeToString()
+
+
 def deadline_call(address: str, pid: int) -> dict:
     """Two texts of prose with a 2 s deadline: the status, when it came, and the time from then
     to a server CPU under 10% of a core (sampled every 100 ms)."""
@@ -110,6 +141,15 @@ def main() -> None:
         default="openers,short,huge",
         help="the flooding clients, one per name: openers (1 MB), short (4 MB), huge (5 MB message)",
     )
+    parser.add_argument(
+        "--clients",
+        choices=["process", "threads"],
+        default="process",
+        help="the flooding clients in a process of their own (default), or as threads of the probe's",
+    )
+    parser.add_argument(
+        "--clients-nice", type=int, default=0, help="the nice value of the flooding clients' process (0 to 19)"
+    )
     parser.add_argument("--server-arg", action="append", default=[], help="a flag for mtserve serve (repeatable)")
     parser.add_argument(
         "--server-env", action="append", default=[], help="KEY=VALUE in the server's environment (repeatable)"
@@ -122,23 +162,32 @@ def main() -> None:
         idle_health, idle_small = probe(server.address, 200)
         rss_before = rss_bytes(server.pid)
         stop, codes = threading.Event(), Counter[str]()
-        kinds = {
-            "openers": pb.TranslateRequest(texts=[OPENERS] * 10),
-            "short": pb.TranslateRequest(texts=[SHORT] * 40),
-            "huge": pb.TranslateRequest(texts=["Ja. " * 1_250_000]),
-        }
-        worst = [kinds[k].SerializeToString() for k in args.flood.split(",")]
-        clients = [threading.Thread(target=flood, args=(server.address, r, stop, codes)) for r in worst]
-        for c in clients:
-            c.start()
-        timer = threading.Timer(args.seconds, stop.set)
-        timer.start()
+        kinds = args.flood.split(",")
+        if args.clients == "threads":
+            worst = [worst_request(k) for k in kinds]
+            clients = [threading.Thread(target=flood, args=(server.address, r, stop, codes)) for r in worst]
+            for c in clients:
+                c.start()
+            threading.Timer(args.seconds, stop.set).start()
+        else:
+            ctx = multiprocessing.get_context("spawn")  # no gRPC state forked from the probe's
+            ready, done = ctx.Event(), ctx.Queue()
+            flooder = ctx.Process(
+                target=flood_clients, args=(server.address, kinds, args.seconds, args.clients_nice, ready, done)
+            )
+            flooder.start()
+            ready.wait(60)
+            threading.Timer(args.seconds, stop.set).start()
         peak = [rss_before]
         sampler = threading.Thread(target=sample_rss, args=(server.pid, stop, peak))
         sampler.start()
         flood_health, flood_small = probe(server.address, stop)
-        for c in clients:
-            c.join()
+        if args.clients == "threads":
+            for c in clients:
+                c.join()
+        else:
+            codes.update(done.get(timeout=180))
+            flooder.join()
         sampler.join()
         time.sleep(3.0)
         rss_after_flood = rss_bytes(server.pid)
@@ -153,6 +202,7 @@ def main() -> None:
         "server_env": env,
         "flood_seconds": args.seconds,
         "flood_clients": args.flood.split(","),
+        "clients": args.clients if args.clients == "threads" else f"process, nice {args.clients_nice}",
         "idle": {"health": percentiles(idle_health), "small_translate": percentiles(idle_small)},
         "flood": {"health": percentiles(flood_health), "small_translate": percentiles(flood_small)},
         "flood_statuses": dict(codes),

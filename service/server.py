@@ -57,7 +57,7 @@ class Server:
         self.metrics = Metrics()
         self.health = health.aio.HealthServicer() if hasattr(health, "aio") else health.HealthServicer()
         self.server: grpc.aio.Server | None = None
-        self.rpcs = ErrorAndMetricsInterceptor(self.metrics)
+        self.rpcs = ErrorAndMetricsInterceptor(self.metrics, settings.max_request_bytes)
         self.port: int | None = None
         self.metrics_port: int | None = None
         self._metrics_http: WSGIServer | None = None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import inspect
 import logging
 import time
@@ -18,11 +19,13 @@ from grpc.aio import AbortError
 from service import tracing
 from service.errors import InvalidArgument, ServiceError
 from service.grpc.context import request_id
+from service.grpc.oversize import cut_texts
 from service.metrics import Metrics
 
 log = logging.getLogger("mtserve.rpc")
 
 Deserializer = Callable[[bytes], object]
+TRANSLATE = "/mtserve.v1.TranslationService/Translate"
 Handler = Callable[[Any, grpc.aio.ServicerContext], Any]
 """A method handler's behaviour: (request or request iterator, context) -> a response's
 awaitable, or an async iterator of responses."""
@@ -41,13 +44,15 @@ class MalformedRequest:
         self.reason = reason
 
 
-def _tolerant(deserializer: Deserializer | None) -> Deserializer | None:
+def _tolerant(deserializer: Deserializer | None, cut: Callable[[bytes], bytes] | None = None) -> Deserializer | None:
+    """`deserializer`, answering MalformedRequest instead of raising; `cut` first, when given (a
+    Translate request's texts past max_request_bytes are not parsed: service.grpc.oversize)."""
     if deserializer is None:
         return None
 
     def parse(raw: bytes) -> object:
         try:
-            return deserializer(raw)
+            return deserializer(raw if cut is None else cut(raw))
         except Exception as e:  # noqa: BLE001 - protobuf's DecodeError, or anything else a parser raises
             return MalformedRequest(str(e) or type(e).__name__)
 
@@ -198,9 +203,13 @@ class ErrorAndMetricsInterceptor(grpc.aio.ServerInterceptor):
     """Maps ServiceError subclasses to their status code with their message; anything unexpected
     becomes INTERNAL with a request id that is logged with the traceback. Counts and times RPCs."""
 
-    def __init__(self, metrics: Metrics):
+    def __init__(self, metrics: Metrics, max_request_bytes: int | None = None):
         self.metrics = metrics
         self.activity = RpcActivity()
+        # Translate's texts past the bound are not parsed (service.grpc.oversize); None: every request is parsed whole.
+        self.cut = (
+            None if max_request_bytes is None else functools.partial(cut_texts, max_request_bytes=max_request_bytes)
+        )
 
     async def intercept_service(
         self,
@@ -214,7 +223,7 @@ class ErrorAndMetricsInterceptor(grpc.aio.ServerInterceptor):
         if handler.unary_unary:
             return grpc.unary_unary_rpc_method_handler(
                 self._wrap_unary(method, handler.unary_unary),
-                request_deserializer=_tolerant(handler.request_deserializer),
+                request_deserializer=_tolerant(handler.request_deserializer, self.cut if method == TRANSLATE else None),
                 response_serializer=handler.response_serializer,
             )
         if handler.unary_stream:
