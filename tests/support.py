@@ -36,7 +36,9 @@ def wait_serving(address: str, proc: subprocess.Popen, timeout: float = 90) -> l
         raise AssertionError(proc.stdout.read()) from None
 
 
-def kserve_infer(address: str, model: str, texts: list[str], **params: str | float | int) -> kpb.ModelInferResponse:
+def kserve_infer(
+    address: str, model: str, texts: list[str], **params: str | float | int | bool
+) -> kpb.ModelInferResponse:
     """One KServe ModelInfer of `texts` (the TEXT input) with `params` as request parameters."""
     req = kpb.ModelInferRequest(model_name=model)
     req.inputs.add(
@@ -46,7 +48,9 @@ def kserve_infer(address: str, model: str, texts: list[str], **params: str | flo
         contents=kpb.InferTensorContents(bytes_contents=[t.encode() for t in texts]),
     )
     for k, v in params.items():
-        if isinstance(v, str):
+        if isinstance(v, bool):
+            req.parameters[k].bool_param = v
+        elif isinstance(v, str):
             req.parameters[k].string_param = v
         elif isinstance(v, float):
             req.parameters[k].double_param = v

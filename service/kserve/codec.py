@@ -50,7 +50,7 @@ from service.api.inference import grpc_service_pb2 as pb
 from service.api.inference import model_config_pb2 as mc
 from service.engine.engine import model_names
 from service.engine.requests import GlossaryEntry, TranslationResult
-from service.errors import InvalidArgument, quote
+from service.errors import InvalidArgument, NotFound, quote
 from service.settings import Settings
 
 PLATFORM = "onnxruntime_onnx"
@@ -375,6 +375,12 @@ def v2_argument_error(exc: InvalidArgument, input_index: int) -> InvalidArgument
     if f in ("source_language", "target_language", "target_prefix"):
         return InvalidArgument("parameters." + f, problem)
     return exc
+
+
+def v2_not_found(exc: NotFound) -> NotFound:
+    """A NOT_FOUND that names an mtserve.v1 option (`options.glossary_id`) names its parameter."""
+    text = str(exc)
+    return NotFound("parameters." + text[len("options.") :]) if text.startswith("options.") else exc
 
 
 # -- responses ------------------------------------------------------------------------------

@@ -37,6 +37,7 @@ from service.kserve.codec import (
     request_parameters,
     result_parameters,
     v2_argument_error,
+    v2_not_found,
 )
 from service.metrics import ModelStatistics as ModelStats
 from service.repository.layout import check_name, check_version
@@ -287,6 +288,8 @@ class KServeServicer(pb_grpc.GRPCInferenceServiceServicer):
                 )
             except InvalidArgument as e:
                 raise v2_argument_error(e, index) from None
+            except NotFound as e:
+                raise v2_not_found(e) from None
             output = [r.text.encode("utf-8") for r in results]
             terms = bool(opts.glossary or opts.do_not_translate or opts.glossary_id)
             return infer_response(
@@ -306,6 +309,8 @@ class KServeServicer(pb_grpc.GRPCInferenceServiceServicer):
                     output = np.stack([e.pooled for e in encodings]).astype("<f4")
             except InvalidArgument as e:
                 raise v2_argument_error(e, index) from None
+            except NotFound as e:
+                raise v2_not_found(e) from None
         return infer_response(request, spec, served.version, output, parameters)
 
 

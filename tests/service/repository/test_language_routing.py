@@ -11,6 +11,7 @@ import pytest
 
 from service.client import pb
 from tests.service.imported import M2M100
+from tests.support import kserve_infer
 
 DE = ["Ein Mann mit einem orangefarbenen Hut, der etwas anstarrt.", "Zwei Kinder spielen am Strand."]
 FR = [
@@ -169,37 +170,21 @@ def test_the_server_is_healthy_after_the_refusals_and_shows_the_threshold(client
     assert client.model_info().limits.detection_threshold == pytest.approx(0.9)
 
 
-def kserve_infer(server, model: str, texts: list[str], **parameters):
-    from service.api.inference import grpc_service_pb2 as kpb
-    from service.api.inference import grpc_service_pb2_grpc as kpb_grpc
-
-    params = {
-        k: kpb.InferParameter(string_param=v) if isinstance(v, str) else kpb.InferParameter(int64_param=v)
-        for k, v in parameters.items()
-    }
-    req = kpb.ModelInferRequest(model_name=model, parameters=params)
-    req.inputs.add(name="TEXT", datatype="BYTES", shape=[len(texts)]).contents.bytes_contents.extend(
-        [t.encode() for t in texts]
-    )
-    with grpc.insecure_channel(server.address) as ch:
-        return kpb_grpc.GRPCInferenceServiceStub(ch).ModelInfer(req, timeout=60)
-
-
 def test_kserve_auto_detects_within_the_named_model(server, client):
     import json
 
     # A multilingual model: the detected language becomes each text's source token.
-    resp = kserve_infer(server, M2M100, DE, source_language="auto", target_language="en", beam_size=1)
+    resp = kserve_infer(server.address, M2M100, DE, source_language="auto", target_language="en", beam_size=1)
     detected = json.loads(resp.parameters["detected_languages"].string_param)
     assert [d[0] for d in detected] == ["de", "de"] and all(d[1] >= 0.9 for d in detected)
     named = client.translate(DE, model=M2M100, source_language="de", target_language="en", beam_size=1)
     assert [b.decode() for b in resp.outputs[0].contents.bytes_contents] == [t.text for t in named]
     # A one-pair model that reads the detected language.
-    resp = kserve_infer(server, "fr-en", FR[:1], source_language="auto", beam_size=1)
+    resp = kserve_infer(server.address, "fr-en", FR[:1], source_language="auto", beam_size=1)
     assert json.loads(resp.parameters["detected_languages"].string_param)[0][0] == "fr"
     (plain,) = client.translate(FR[:1], model="fr-en", beam_size=1)
     assert resp.outputs[0].contents.bytes_contents[0].decode() == plain.text
     # A one-pair model that does not read the detected language: its field, in KServe's words.
-    code, details = status_of(lambda: kserve_infer(server, "fr-en", [DE[1]], source_language="auto"))
+    code, details = status_of(lambda: kserve_infer(server.address, "fr-en", [DE[1]], source_language="auto"))
     assert code == grpc.StatusCode.INVALID_ARGUMENT and details.startswith("parameters.source_language"), details
     assert "fr-en" in details
