@@ -597,6 +597,14 @@ def run_html(client: Client, data_dir: Path, n: int, rounds: int, seed: int) -> 
         "kinds": dict(kinds),
         "tags_preserved": share([s.tags_preserved for s in scored]),
         "text_as_plain": share([s.text_as_plain for s in scored]),
+        # The invariant holds for markup without translate="no" content; a <br> is a
+        # segment boundary (docs/markup.md), so its sentence is two rows and reads differently.
+        "text_as_plain_applicable": share(
+            [s.text_as_plain for c, s in zip(cases, scored) if "no_translate" not in c.kinds and "<br" not in c.markup]
+        ),
+        "text_as_plain_by_kind": {
+            k: share([s.text_as_plain for c, s in zip(cases, scored) if k in c.kinds]) for k in sorted(kinds)
+        },
         "no_translate_spans": spans,
         "no_translate_verbatim": round(sum(s.no_translate_kept for s in scored) / spans, 4) if spans else None,
         "cost_html_vs_plain": cost,

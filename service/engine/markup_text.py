@@ -393,15 +393,42 @@ def _target_spans(
 
 
 def _links(matrix: np.ndarray | None, targets: int, lead: int, sources: int) -> tuple[int, ...]:
-    """Each target token's source token: its attention row's argmax over the source's own tokens
-    (after the `lead` language tokens, before </s>); -1 without an alignment."""
+    """Each target token's source token, from its attention over the source's own tokens (after
+    the `lead` language tokens, before </s>); -1: none. Attention rows alone link an article to the
+    noun it precedes (the step that writes "a" already looks at "Gitarre"), so the links are one
+    to one, strongest first (competitive linking, as word aligners do): a token links to the
+    source token it holds the largest remaining weight on, once that token is not taken. A token
+    left over keeps its row's argmax where the token before it took that source token (the rest
+    of a word's translation: "ice" "cream" for "Eis"), else it links to none (a word with no
+    counterpart in the source, which the projection places by its neighbours)."""
     if matrix is None or not sources or not targets:
         return (-1,) * targets
     weights = np.zeros((targets, sources), dtype=np.float32)
     given = np.asarray(matrix, dtype=np.float32)[:targets, lead : lead + sources]
     weights[: given.shape[0], : given.shape[1]] = given
-    best = weights.argmax(axis=1)
-    return tuple(int(b) if weights[i, b] > 0 else -1 for i, b in enumerate(best.tolist()))
+    row = weights.argmax(axis=1).tolist()
+    # One to one, strongest first (competitive linking).
+    order = np.argsort(-weights, axis=None, kind="stable").tolist()
+    won: dict[int, int] = {}  # source -> target
+    link = [-1] * targets
+    for flat in order:
+        t, s = divmod(flat, sources)
+        if weights[t, s] <= 0:
+            break
+        if link[t] < 0 and s not in won:
+            link[t], won[s] = s, t
+        if len(won) == sources or all(x >= 0 for x in link):
+            break
+    links = []
+    for t in range(targets):
+        s = row[t]
+        if link[t] >= 0:
+            links.append(link[t])
+        elif weights[t, s] > 0 and won.get(s) == t - 1:
+            links.append(s)  # the rest of the translation of a word the token before it won
+        else:
+            links.append(-1)
+    return tuple(links)
 
 
 def _block_translation(

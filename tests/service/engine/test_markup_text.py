@@ -15,6 +15,7 @@ import re
 import xml.etree.ElementTree as ET
 
 import html5lib
+import numpy as np
 import pytest
 
 from service.engine import markup_text
@@ -361,3 +362,21 @@ def test_target_spans_cover_the_decoded_text_token_by_token(shipped_int8_export)
     assert "".join(words).replace(" ", "") == text.replace(" ", "")
     assert all(a == 0 or text[a - 1] == " " for (a, b), first in zip(spans, starts) if first and b > a)
     assert [text[a:b] for (a, b), first in zip(spans, starts) if first and b > a] == ["A", "dog", "über", "3", "n"]
+
+
+# -- the alignment's links ---------------------------------------------------------------------
+
+
+def test_links_are_one_to_one_strongest_first():
+    from service.engine.markup_text import _links
+
+    # "A red ball" for "Ein roter Ball": the article looks at the adjective too, the adjective wins it.
+    weights = [[0.5, 0.45, 0.05], [0.1, 0.8, 0.1], [0.05, 0.15, 0.8]]
+    assert _links(np.array(weights), 3, 0, 3) == (0, 1, 2)
+    # "a guitar" for "Gitarre": the article has no counterpart, whatever its row says.
+    assert _links(np.array([[0.6], [0.9]]), 2, 0, 1) == (-1, 0)
+    # "ice cream" for "Eis": the token after the winner keeps it.
+    assert _links(np.array([[0.9], [0.5]]), 2, 0, 1) == (0, 0)
+    # A language token leads the source and </s> ends it: neither is linked; no alignment, no links.
+    assert _links(np.array([[0.9, 0.05, 0.05], [0.1, 0.8, 0.1]]), 2, 1, 1) == (-1, 0)
+    assert _links(None, 2, 0, 3) == (-1, -1)
