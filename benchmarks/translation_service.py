@@ -846,7 +846,7 @@ def _named(client: Client, texts: Sequence[str], lang: str) -> dict[str, str]:
     return dict(zip(texts, (t.text for t in client.translate(texts, lang).translations)))
 
 
-def mixed_batch(client: Client, sentences: dict[str, list[str]], models: dict[str, str], n: int = 50) -> dict[str, Any]:
+def mixed_batch(client: Client, sentences: dict[str, list[str]], models: dict[str, str], n: int = 32) -> dict[str, Any]:
     """One request of German and French sentences by turns with source_language "auto": each
     text's language, model, and translation as when its language is named."""
     mixed = [(t, lang) for pair in zip(sentences["de"][:n], sentences["fr"][:n]) for t, lang in zip(pair, ("de", "fr"))]
