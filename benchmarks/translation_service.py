@@ -447,8 +447,10 @@ def aligned(plain: str, usual: str, output: str, target: str) -> bool:
     """Whether `target` stands in `output` where `usual` stood in `plain` (each once), the words
     around allowed to differ: in a word alignment (difflib) of `plain`, `usual` replaced by
     `target`, with `output`, the target is matched to itself together with the word before it
-    (or both texts start with it). A word lost or added right before the target (an article) is
-    a misplacement; one changed earlier in the sentence ("are jumping" for "jump") is not."""
+    (or both texts start with it), and it stands within one word of the usual word's index. A word
+    lost or added right before the target (an article) is a misplacement; one changed earlier in
+    the sentence ("are jumping" for "jump") is not; nor is the target moved elsewhere in the
+    sentence with its article ("Running is a canine." for "A dog is running.")."""
     i, j = word_index(plain, usual), word_index(output, target)
     if i is None or j is None:
         return False
@@ -458,7 +460,7 @@ def aligned(plain: str, usual: str, output: str, target: str) -> bool:
     b_words = [w.casefold() for w in re.findall(r"\w+", output)]
     for a, b, size in difflib.SequenceMatcher(None, a_words, b_words, autojunk=False).get_matching_blocks():
         if a <= i < a + size and j == b + (i - a):
-            return i > a or (i == 0 and j == 0)
+            return abs(j - i) <= 1 and (i > a or (i == 0 and j == 0))
     return False
 
 

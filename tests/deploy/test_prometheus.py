@@ -324,6 +324,15 @@ def model_repository(root: Path, model_dir: Path) -> Path:
     return root
 
 
+def service_features(client, sentence: str, model: str = "") -> int:
+    """Traffic for the translation service's panels: an HTML text with a do-not-translate word,
+    and a text whose language is detected (source_language "auto"); the Translate calls made."""
+    word = sentence.split()[1]
+    client.translate([f"<p>{sentence}</p>"], model=model, text_type="html", do_not_translate=[word], beam_size=1)
+    client.translate([sentence], source_language="auto", target_language="en", beam_size=1)
+    return 2
+
+
 def test_prometheus_scrapes_a_server_under_load_and_every_query_returns_data(make_server, tiny_onnx_dir, tmp_path):
     binary = tool("prometheus")
     repo = model_repository(tmp_path / "models", tiny_onnx_dir.parent)
@@ -352,6 +361,7 @@ def test_prometheus_scrapes_a_server_under_load_and_every_query_returns_data(mak
                 else:
                     c.translate([SENTENCES[i % 4]], beam_size=1, model=model)
                     c.encode(SENTENCES[:2], model=model)
+                    service_features(c, SENTENCES[i % 4], model)
                 time.sleep(0.02)
 
     threads = [threading.Thread(target=load, args=(k,), daemon=True) for k in (0, 1, 2)]
@@ -455,6 +465,7 @@ def test_prometheus_scrapes_a_replicated_server_through_its_supervisor(tiny_onnx
             while not stop.is_set():
                 sent.append(translate_over_connections(server.address, 16, connections=8).count("OK"))
                 list(c.translate_stream(SENTENCES[len(sent) % len(SENTENCES)], beam_size=1))
+                sent.append(service_features(c, SENTENCES[len(sent) % len(SENTENCES)]))
                 time.sleep(0.05)
 
     thread = threading.Thread(target=load, daemon=True)
