@@ -1,5 +1,5 @@
 """Glossary terms forced by the search: constrained decoding over each term's target tokens,
-placed where the model translates the term's source.
+placed where the model translates the term's source (or at a given output position).
 
 A sentence may carry `SourceTerm`s: a span of its source tokens and the target tokens that must
 stand for it in the output (a glossary's target, or the span's own text for a do-not-translate
@@ -7,20 +7,27 @@ phrase). Each row (a sentence's greedy row, or each of its beams) keeps its own 
 is emitting and how far (`at`, `pos`), and which terms it has placed (`placed`, a bit per term).
 
 At each step, before the search chooses, a row that is not emitting a term starts one
-- where the step's cross-attention puts its weight (its argmax) on the source span of a term it
-  has not placed yet, DOMINANCE times more than on any source token outside the span: the model
-  is about to translate that term, and the term's target takes the place of what it would write; or
+- where it writes the output position of a term it has not placed yet (`SourceTerm.position`,
+  the position trigger: service.engine.placement finds it in a first pass without the terms), or
+  past it (the first such term by position);
+- for a term without a position (-1), where the step's cross-attention puts its weight (its
+  argmax) on the term's source span, DOMINANCE times more than on any source token outside the
+  span: the model is about to translate that term (the single-pass attention trigger); or
 - where its best token is </s> while a term is still missing, or where the missing terms' tokens
   only just fit before the sentence's length limit: the term goes before the end.
 A row emitting a term is given the term's next token alone (as a forced prefix token is), until
 the term is out. Rows with terms left may not end otherwise (their </s> is banned), so every
 hypothesis that ends holds every term once, unless the sentence reaches its length limit.
 
-Where a row starts a term it remembers its best token of that step (the model's own translation
-of the term's first word, as a rule; not </s>, nor the term's first token): for BAN_STEPS steps
-after the term is out it may not write that token (beam: the candidate is dropped; greedy: the
-best other candidate takes its place, so greedy steps rank 3 candidates while a ban is pending),
-which keeps the model from translating the term a second time ("canine dog").
+Where a row starts a term it remembers the token the term replaces (`SourceTerm.replaces`, else
+its best token of that step: the model's own translation of the term's first word, as a rule;
+not </s>, nor the term's first token): for BAN_STEPS steps after the term is out it may not
+write that token (beam: the candidate is dropped; greedy: the best other candidate takes its
+place, so greedy steps rank 3 candidates while a ban is pending), which keeps the model from
+translating the term a second time ("canine dog"). At the step right after a term the row may
+not write a word-internal piece either (the batch's `pieces` of the sentence: vocabulary entries
+that continue a word; greedy steps rank GLUE_CANDIDATES then), so that the term's last word is
+not continued ("lad" + "den"); a row all of whose candidates are such pieces keeps them.
 
 Sentences without terms are not touched: their rows never start one nor ban a token, and a
 batch with no terms at all skips this module.
@@ -297,7 +304,7 @@ class TermRows:
             dropped = np.zeros(top_ids.shape, dtype=bool)
             for r in np.flatnonzero(step.glued).tolist():
                 mask = self.term_pieces[r // K]
-                if mask is not None:
+                if mask is not None and not mask[top_ids[r]].all():  # a row keeps a candidate
                     dropped[r] = mask[top_ids[r]]
             if dropped.any():
                 step.dropped = dropped
