@@ -27,7 +27,8 @@ place, so greedy steps rank 3 candidates while a ban is pending), which keeps th
 translating the term a second time ("canine dog"). At the step right after a term the row may
 not write a word-internal piece either (the batch's `pieces` of the sentence: vocabulary entries
 that continue a word; greedy steps rank GLUE_CANDIDATES then), so that the term's last word is
-not continued ("lad" + "den"); a row all of whose candidates are such pieces keeps them.
+not continued ("lad" + "den"); a sentence all of whose rows' candidates are such pieces keeps
+them.
 
 Sentences without terms are not touched: their rows never start one nor ban a token, and a
 batch with no terms at all skips this module.
@@ -304,8 +305,11 @@ class TermRows:
             dropped = np.zeros(top_ids.shape, dtype=bool)
             for r in np.flatnonzero(step.glued).tolist():
                 mask = self.term_pieces[r // K]
-                if mask is not None and not mask[top_ids[r]].all():  # a row keeps a candidate
+                if mask is not None:
                     dropped[r] = mask[top_ids[r]]
+            for i in np.unique(np.flatnonzero(step.glued) // K).tolist():
+                if dropped[i * K : (i + 1) * K].all():  # a sentence keeps a candidate
+                    dropped[i * K : (i + 1) * K] = False
             if dropped.any():
                 step.dropped = dropped
         return step
