@@ -4,11 +4,14 @@ its caller waits on. Knows nothing of gRPC."""
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import itertools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 from service.decoding.sampling import Sampling
 from service.decoding.terms import SourceTerm
@@ -40,6 +43,9 @@ class Sentence:
     sampling: Sampling | None = None  # greedy search draws its tokens (service.decoding.sampling)
     # Glossary terms forced on its output (service.decoding.terms); none: it decodes as without.
     terms: tuple[SourceTerm, ...] = ()
+    # With terms: the word-internal pieces of the target vocabulary ((V,) bool), which may not
+    # follow a term (service.decoding.terms); None: any may.
+    pieces: np.ndarray | None = None
     want_alignment: bool = False
     want_scores: bool = True  # False: greedy search may skip the log-probabilities (score None)
     deadline: float | None = None  # time.monotonic() after which it is dropped if still queued
@@ -56,6 +62,19 @@ class Sentence:
     @property
     def mode(self) -> tuple[int, float]:
         return self.beam, self.length_penalty
+
+    def again(self, **changes: Any) -> Sentence:
+        """A new sentence of this one's fields but `changes`, with its own future, key and queue
+        time (not yet admitted nor traced)."""
+        return dataclasses.replace(
+            self,
+            future=concurrent.futures.Future(),
+            key=next(_keys),
+            enqueued=time.monotonic(),
+            admitted=None,
+            trace=None,
+            **changes,
+        )
 
 
 @dataclass(eq=False)

@@ -275,6 +275,7 @@ class Scheduler(SentenceQueue):
                     want_alignment=any(s.want_alignment for s in group),
                     want_scores=[s.want_scores for s in group],
                     terms=[s.terms for s in group] if any(s.terms for s in group) else None,
+                    pieces=[s.pieces for s in group] if any(s.terms for s in group) else None,
                 )
                 encoder_s = time.perf_counter() - t0
                 self.metrics.encoder_latency.observe(encoder_s)

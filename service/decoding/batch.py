@@ -112,6 +112,8 @@ class DecodeBatch(Search):
     vocab: list[np.ndarray] = per("sentence", list)
     terms: list[tuple[SourceTerm, ...]] = per("sentence", list)  # glossary terms (`service.decoding.terms`)
     with_terms: np.ndarray = per("sentence", zeros(0, dtype=bool))  # whether it has any
+    # The word-internal pieces of its target vocabulary, (V,) bool, banned right after a term; None: none.
+    term_pieces: list[np.ndarray | None] = per("sentence", list)
 
     # -- per row --------------------------------------------------------------
     # The self-attention keys and values of every row, with which entries are the row's own (a
@@ -153,6 +155,7 @@ class DecodeBatch(Search):
         num_hypotheses: int | Sequence[int] = 1,
         sampling: Sequence[Sampling | None] | None = None,
         terms: Sequence[Sequence[SourceTerm]] | None = None,
+        pieces: Sequence[np.ndarray | None] | None = None,
     ) -> DecodeBatch:
         """Run the encoder over `src_ids_lists` (each ending with </s>) and set up their decoding.
         `keys` identify the sentences (unique, hashable); `max_lens` overrides the length rule per
@@ -161,7 +164,9 @@ class DecodeBatch(Search):
         `kept_prefixes`: tokens forced after the target prefix and kept in the output (min_lens
         then counts them). `num_hypotheses`: beam search's n-best list (`Finished.hypotheses`).
         `sampling`: greedy sentences that draw their tokens (`service.decoding.sampling`).
-        `terms`: glossary terms forced on each sentence's output (`service.decoding.terms`)."""
+        `terms`: glossary terms forced on each sentence's output (`service.decoding.terms`);
+        `pieces`: the word-internal pieces of each sentence's target vocabulary ((V,) bool or None),
+        which a row may not write right after a term."""
         n = len(src_ids_lists)
         if len(keys) != n:
             raise ValueError(f"{len(keys)} keys for {n} sentences")
@@ -180,7 +185,7 @@ class DecodeBatch(Search):
         R = n * K
         self.keys = list(keys)
         self._set_output_rules(n, min_lens, target_prefixes, kept_prefixes, num_hypotheses, sampling)
-        self._set_terms(n, terms)
+        self._set_terms(n, terms, pieces)
         shortlist = model.shortlist
         self.vocab = [
             shortlist.candidates(src, [*forced, *term_tokens(ts)]) if shortlist is not None else _NO_IDS
@@ -302,8 +307,8 @@ class DecodeBatch(Search):
         # Greedy rows that may not end yet need the second best too, should the best be </s>,
         # unless the step bans it (no_eos).
         k_row = (2 if rules.binding and no_eos is None else 1) if K == 1 else min(2 * K, model.vocab_size)
-        if K == 1 and self._terms_ban():  # a banned token, and </s> too, may be a row's best
-            k_row = 3
+        if K == 1:  # a banned token, and </s> too, may be a row's best (service.decoding.terms)
+            k_row = max(k_row, self._terms_candidates())
         if sampling:  # the candidates of the sentences that sample
             live = [x for x, d in zip(self.sampling, self.done) if x is not None and not d]
             k_row = max(k_row, *(x.candidates(model.vocab_size) for x in live))
@@ -321,7 +326,7 @@ class DecodeBatch(Search):
         top_lp, top_ids, att = out.top_log_probs, out.top_ids, out.cross_attention
         if sampling:
             top_ids, top_lp = rules.sample(self.sampling, self._sampling_rows(), top_ids, top_lp)
-        terms = self._term_step(top_ids[:, 0], att, rules.forced)
+        terms = self._term_step(top_ids, att, rules.forced)
         top_ids, top_lp = rules.with_terms(terms).apply(top_ids, top_lp)
         last = self.max_len - 1  # (R,) at a sentence's last allowed step only </s> may follow
         force = self.positions >= (last if K == 1 else np.repeat(last, K))
@@ -378,7 +383,7 @@ class DecodeBatch(Search):
         if sampling:
             drawn_ids, drawn_lp = rules.sample(self.sampling, self._sampling_rows(), out.top_ids, out.top_log_probs)
             out = out._replace(top_ids=drawn_ids, top_log_probs=drawn_lp)
-        terms = self._term_step(out.top_ids[:, 0], out.cross_attention, rules.forced)
+        terms = self._term_step(out.top_ids, out.cross_attention, rules.forced)
         rules = rules.with_terms(terms)
         if rules.binding:
             top_ids, top_lp = rules.apply(out.top_ids, out.top_log_probs)

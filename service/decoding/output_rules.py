@@ -41,7 +41,8 @@ class OutputRules:
 
     forced: (R,) the prefix token a row must emit at this step (-1: none); no_eos: (R,) bool, the
     rows that may not end yet. Both None when no live row is under either rule at this step.
-    banned: (R,) a token a row may not write (-1: none), or None."""
+    banned: (R,) a token a row may not write (-1: none), or None; dropped: (R, k) the step's
+    candidates a row may not take, or None."""
 
     eos_id: int
     pad_id: int
@@ -49,6 +50,7 @@ class OutputRules:
     forced: np.ndarray | None = None
     no_eos: np.ndarray | None = None
     banned: np.ndarray | None = None
+    dropped: np.ndarray | None = None
 
     @classmethod
     def at_step(
@@ -89,12 +91,14 @@ class OutputRules:
         if terms is None:
             return self
         bans = (terms.banned >= 0).any()
-        if not ((terms.forced >= 0).any() or bans or (self.beam > 1 and terms.no_eos.any())):
+        dropped = terms.dropped
+        if not ((terms.forced >= 0).any() or bans or dropped is not None or (self.beam > 1 and terms.no_eos.any())):
             return self
         forced, no_eos = terms.forced, terms.no_eos if self.beam > 1 else np.zeros(len(terms.forced), dtype=bool)
         if self.forced is not None and self.no_eos is not None:
             forced, no_eos = np.where(self.forced >= 0, self.forced, forced), self.no_eos | no_eos
-        return OutputRules(self.eos_id, self.pad_id, self.beam, forced, no_eos, terms.banned if bans else None)
+        banned = terms.banned if bans else None
+        return OutputRules(self.eos_id, self.pad_id, self.beam, forced, no_eos, banned, dropped)
 
     @property
     def binding(self) -> bool:
@@ -114,6 +118,8 @@ class OutputRules:
         out = self.no_eos[:, None] & (top_ids == self.eos_id)
         if self.banned is not None:
             out |= (top_ids == self.banned[:, None]) & (self.banned >= 0)[:, None]
+        if self.dropped is not None:
+            out |= self.dropped
         if self.beam == 1 and out[:, 0].any():
             first = np.flatnonzero(out[:, 0])
             other = np.argmin(out[first], axis=1)  # the best candidate left

@@ -1,5 +1,5 @@
 """Glossary terms forced by the search: constrained decoding over each term's target tokens,
-placed where the model translates the term's source.
+placed where the model translates the term's source (or at a given output position).
 
 A sentence may carry `SourceTerm`s: a span of its source tokens and the target tokens that must
 stand for it in the output (a glossary's target, or the span's own text for a do-not-translate
@@ -7,20 +7,28 @@ phrase). Each row (a sentence's greedy row, or each of its beams) keeps its own 
 is emitting and how far (`at`, `pos`), and which terms it has placed (`placed`, a bit per term).
 
 At each step, before the search chooses, a row that is not emitting a term starts one
-- where the step's cross-attention puts its weight (its argmax) on the source span of a term it
-  has not placed yet, DOMINANCE times more than on any source token outside the span: the model
-  is about to translate that term, and the term's target takes the place of what it would write; or
+- where it writes the output position of a term it has not placed yet (`SourceTerm.position`,
+  the position trigger: service.engine.placement finds it in a first pass without the terms), or
+  past it (the first such term by position);
+- for a term without a position (-1), where the step's cross-attention puts its weight (its
+  argmax) on the term's source span, DOMINANCE times more than on any source token outside the
+  span: the model is about to translate that term (the single-pass attention trigger); or
 - where its best token is </s> while a term is still missing, or where the missing terms' tokens
   only just fit before the sentence's length limit: the term goes before the end.
 A row emitting a term is given the term's next token alone (as a forced prefix token is), until
 the term is out. Rows with terms left may not end otherwise (their </s> is banned), so every
 hypothesis that ends holds every term once, unless the sentence reaches its length limit.
 
-Where a row starts a term it remembers its best token of that step (the model's own translation
-of the term's first word, as a rule; not </s>, nor the term's first token): for BAN_STEPS steps
-after the term is out it may not write that token (beam: the candidate is dropped; greedy: the
-best other candidate takes its place, so greedy steps rank 3 candidates while a ban is pending),
-which keeps the model from translating the term a second time ("canine dog").
+Where a row starts a term it remembers the token the term replaces (`SourceTerm.replaces`, else
+its best token of that step: the model's own translation of the term's first word, as a rule;
+not </s>, nor the term's first token): for BAN_STEPS steps after the term is out it may not
+write that token (beam: the candidate is dropped; greedy: the best other candidate takes its
+place, so greedy steps rank 3 candidates while a ban is pending), which keeps the model from
+translating the term a second time ("canine dog"). At the step right after a term the row may
+not write a word-internal piece either (the batch's `pieces` of the sentence: vocabulary entries
+that continue a word; greedy steps rank GLUE_CANDIDATES then), so that the term's last word is
+not continued ("lad" + "den"); a sentence all of whose rows' candidates are such pieces keeps
+them.
 
 Sentences without terms are not touched: their rows never start one nor ban a token, and a
 batch with no terms at all skips this module.
@@ -45,6 +53,9 @@ DOMINANCE = 2.0
 # the shipped models at beam 4, the share of terms that replace the model's word went from about
 # 2/3 to about 3/4 (1 step did about as well, 3 no better).
 BAN_STEPS = 2
+# The candidates a greedy row ranks at the step right after a term, which may not be a
+# word-internal piece of the target vocabulary ("lad" + "den" after the term "lad").
+GLUE_CANDIDATES = 8
 
 
 @dataclass(frozen=True)
@@ -52,17 +63,28 @@ class SourceTerm:
     start: int  # the span's first source token (an index into the sentence's source ids)
     end: int  # past its last
     target: tuple[int, ...]  # the target tokens forced for it, at least one
+    # The output position (an index into the sentence's output tokens, a language token not
+    # counted) at which the term starts: the position trigger; -1: the attention trigger.
+    position: int = -1
+    # The token the term replaces there (the first of the words the model wrote for it without the
+    # term), banned after it in place of the row's best token; -1: the row's best token.
+    replaces: int = -1
 
 
 @dataclass
 class TermStep:
     """What the term rules decide for one step's rows (R,): the token forced on each row (-1:
-    none), the rows that may not end yet (terms missing) and the token each row may not write
-    (-1: none; the one it wanted where the term it just placed started)."""
+    none), the rows that may not end yet (terms missing), the token each row may not write
+    (-1: none; the one it wanted where the term it just placed started) and the rows whose term
+    ended at the last step (`glued`: they may not write a word-internal piece now)."""
 
     forced: np.ndarray
     no_eos: np.ndarray
     banned: np.ndarray
+    glued: np.ndarray
+    # (R, k) the step's candidates a row may not take: the word-internal pieces of a `glued`
+    # row (`TermRows._term_step`); None: none.
+    dropped: np.ndarray | None = None
 
 
 @dataclass
@@ -98,46 +120,65 @@ def decide(
     live: np.ndarray,
     room: np.ndarray,
     eos_id: int,
+    at_output: np.ndarray | None = None,
 ) -> tuple[TermStep, TermState]:
     """The step's forced tokens, </s> bans and banned tokens, and the state of the rows that start
     a term (its `at`, and the token the row wanted there as its `ban`). terms: per row its
     sentence's terms; state: the rows' (not changed); attention (R, S): the step's
     cross-attention; best (R,): each row's best token; live (R,) bool; room (R,): the tokens each
-    row may still emit before its length limit ends it."""
+    row may still emit before its length limit ends it; at_output (R,): the output position each
+    row writes at this step (None: no term has a position)."""
     R = len(state.at)
     forced = np.full(R, -1, dtype=np.int64)
     no_eos = np.zeros(R, dtype=bool)
     banned = np.full(R, -1, dtype=np.int64)
+    glued = np.zeros(R, dtype=bool)
     at, ban = state.at.copy(), state.ban.copy()
+    # Python scalars: a step looks at a few rows, where numpy's cost per element would dominate.
+    placed, pos, ban_left, at_now = state.placed.tolist(), state.pos.tolist(), state.ban_left.tolist(), at.tolist()
+    here_all = at_output.tolist() if at_output is not None else None
     for r in np.flatnonzero(live).tolist():
         row_terms = terms[r]
         if not row_terms:
             continue
-        done = int(state.placed[r])
-        if at[r] < 0:
-            missing = sum(len(t.target) for j, t in enumerate(row_terms) if not done >> j & 1)
-            ending = int(best[r]) == eos_id or int(room[r]) <= missing
-            at[r] = _start(row_terms, done, attention[r], ending)
-            if at[r] >= 0:
-                wanted = int(best[r])
-                ban[r] = wanted if wanted != eos_id and wanted != row_terms[int(at[r])].target[0] else -1
-            elif state.ban_left[r] > 0:
+        done = placed[r]
+        full = done == all_placed(len(row_terms))
+        j = at_now[r]
+        if j < 0 and not full:
+            missing = sum(len(t.target) for k, t in enumerate(row_terms) if not done >> k & 1)
+            wanted_now = int(best[r])
+            ending = wanted_now == eos_id or int(room[r]) <= missing
+            here = here_all[r] if here_all is not None else -1
+            j = _start(row_terms, done, attention[r], ending, here)
+            if j >= 0:
+                term = row_terms[j]
+                wanted = term.replaces if term.replaces >= 0 else wanted_now
+                ban[r] = wanted if wanted != eos_id and wanted != term.target[0] else -1
+                at[r] = j
+        if j < 0:
+            glued[r] = ban_left[r] == BAN_STEPS  # its last token was a term's last
+            if ban_left[r] > 0:
                 banned[r] = ban[r]
-        if at[r] >= 0:
-            forced[r] = row_terms[int(at[r])].target[int(state.pos[r])]
-        no_eos[r] = done != all_placed(len(row_terms))
-    return TermStep(forced, no_eos, banned), TermState(at, state.pos, state.placed, ban, state.ban_left)
+        else:
+            forced[r] = row_terms[j].target[pos[r]]
+        no_eos[r] = not full
+    step = TermStep(forced, no_eos, banned, glued)
+    return step, TermState(at, state.pos, state.placed, ban, state.ban_left)
 
 
-def _start(row_terms: Sequence[SourceTerm], done: int, att: np.ndarray, ending: bool) -> int:
-    """The term a row starts now (-1: none): the unplaced one whose span holds the attended source
-    token (`att`'s argmax) and DOMINANCE times the weight of any token outside it, else, where the
-    row would end, the first unplaced one."""
+def _start(row_terms: Sequence[SourceTerm], done: int, att: np.ndarray, ending: bool, here: int = -1) -> int:
+    """The term a row starts now (-1: none): of the unplaced ones with a position, the first
+    whose position the row has reached (`here`); else of those without, the one whose span holds
+    the attended source token (`att`'s argmax) and DOMINANCE times the weight of any token
+    outside it; else, where the row would end, the first unplaced one."""
     left = [j for j in range(len(row_terms)) if not done >> j & 1]
+    due = [j for j in left if 0 <= row_terms[j].position <= here]
+    if due:
+        return min(due, key=lambda j: row_terms[j].position)
     attended = int(np.argmax(att))
     for j in left:
         t = row_terms[j]
-        if t.start <= attended < t.end:
+        if t.position < 0 and t.start <= attended < t.end:
             outside = max(float(att[: t.start].max(initial=0.0)), float(att[t.end :].max(initial=0.0)))
             if float(att[t.start : t.end].sum()) >= DOMINANCE * outside:
                 return j
@@ -146,7 +187,8 @@ def _start(row_terms: Sequence[SourceTerm], done: int, att: np.ndarray, ending: 
 
 def advance(terms: Sequence[Sequence[SourceTerm]], state: TermState, forced: np.ndarray) -> TermState:
     """The rows' state after they emitted this step's forced tokens: a term whose last token went
-    out is placed, its row free to start another and its `ban` in force for BAN_STEPS steps; the
+    out is placed, its row free to start another and its `ban` (if any) in force for BAN_STEPS
+    steps (`ban_left` == BAN_STEPS also marks the step right after a term: `TermStep.glued`); the
     other rows have one step of their ban fewer left. Copies."""
     at, pos, placed, ban_left = state.at.copy(), state.pos.copy(), state.placed.copy(), state.ban_left.copy()
     ban_left[(forced < 0) & (ban_left > 0)] -= 1
@@ -156,7 +198,7 @@ def advance(terms: Sequence[Sequence[SourceTerm]], state: TermState, forced: np.
         if pos[r] == len(terms[r][j].target):
             placed[r] |= 1 << j
             at[r], pos[r] = -1, 0
-            ban_left[r] = BAN_STEPS if state.ban[r] >= 0 else 0
+            ban_left[r] = BAN_STEPS
     return TermState(at, pos, placed, state.ban.copy(), ban_left)
 
 
@@ -192,7 +234,9 @@ class TermRows:
     done: np.ndarray
     max_len: np.ndarray
     positions: np.ndarray
+    output_from: np.ndarray
     terms: list[tuple[SourceTerm, ...]]
+    term_pieces: list[np.ndarray | None]
     with_terms: np.ndarray
     term_at: np.ndarray
     term_pos: np.ndarray
@@ -200,11 +244,21 @@ class TermRows:
     term_ban: np.ndarray
     term_ban_left: np.ndarray
 
-    def _set_terms(self, n: int, terms: Sequence[Sequence[SourceTerm]] | None) -> None:
-        """`from_sources`' terms of each of its n sentences, and its rows' state: nothing placed."""
+    def _set_terms(
+        self,
+        n: int,
+        terms: Sequence[Sequence[SourceTerm]] | None,
+        pieces: Sequence[np.ndarray | None] | None = None,
+    ) -> None:
+        """`from_sources`' terms of each of its n sentences and the word-internal pieces of their
+        target vocabularies (`pieces`: (V,) bool each, None: none banned after a term), and its
+        rows' state: nothing placed."""
         self.terms = [tuple(t) for t in terms] if terms is not None else [() for _ in range(n)]
         if len(self.terms) != n:
             raise ValueError(f"terms: {len(self.terms)} values for {n} sentences")
+        self.term_pieces = list(pieces) if pieces is not None else [None] * n
+        if len(self.term_pieces) != n:
+            raise ValueError(f"pieces: {len(self.term_pieces)} values for {n} sentences")
         if any(len(t) > MAX_TERMS for t in self.terms):
             raise ValueError(f"terms: at most {MAX_TERMS} a sentence")
         if any(not term.target for ts in self.terms for term in ts):
@@ -228,24 +282,45 @@ class TermRows:
         K = self.beam
         return self.terms if K == 1 else [t for t in self.terms for _ in range(K)]
 
-    def _term_step(self, best: np.ndarray, att: np.ndarray, prefix: np.ndarray | None) -> TermStep | None:
-        """The terms' forced tokens and </s> bans at this step (None: no sentence has terms); rows
-        at a forced `prefix` token (-1: none) start no term."""
+    def _term_step(self, top_ids: np.ndarray, att: np.ndarray, prefix: np.ndarray | None) -> TermStep | None:
+        """The terms' forced tokens, </s> bans and dropped candidates (of `top_ids`, (R, k)) at
+        this step (None: no sentence has terms); rows at a forced `prefix` token (-1: none) start
+        no term."""
         if not self.with_terms.any():
             return None
         K = self.beam
-        live = ~(self.done if K == 1 else np.repeat(self.done, K))
+
+        def per_row(a: np.ndarray) -> np.ndarray:
+            return a if K == 1 else np.repeat(a, K)
+
+        live = ~per_row(self.done)
         if prefix is not None:
             live &= prefix < 0
-        room = (self.max_len if K == 1 else np.repeat(self.max_len, K)) - 1 - self.positions
-        step, state = decide(self._per_row(), self._term_state(), att, best, live, room, self.eos_id)
+        room = per_row(self.max_len) - 1 - self.positions
+        at_output = self.positions - per_row(self.output_from)
+        per = self._per_row()
+        step, state = decide(per, self._term_state(), att, top_ids[:, 0], live, room, self.eos_id, at_output)
         self._set_term_state(state)
+        if step.glued.any():
+            dropped = np.zeros(top_ids.shape, dtype=bool)
+            for r in np.flatnonzero(step.glued).tolist():
+                mask = self.term_pieces[r // K]
+                if mask is not None:
+                    dropped[r] = mask[top_ids[r]]
+            for i in np.unique(np.flatnonzero(step.glued) // K).tolist():
+                if dropped[i * K : (i + 1) * K].all():  # a sentence keeps a candidate
+                    dropped[i * K : (i + 1) * K] = False
+            if dropped.any():
+                step.dropped = dropped
         return step
 
-    def _terms_ban(self) -> bool:
-        """Whether a row may have a token banned at this step (greedy search then needs more
-        candidates than its best); known before the step."""
-        return bool(self.with_terms.any()) and bool((self.term_ban_left > 0).any())
+    def _terms_candidates(self) -> int:
+        """The candidates a greedy row needs at this step, known before it: 1 without a ban in
+        force; 3 while a row may have a token banned (a banned token, and </s> too, may be its
+        best); GLUE_CANDIDATES right after a term, when a row may not take a word-internal piece."""
+        if not self.with_terms.any() or not (self.term_ban_left > 0).any():
+            return 1
+        return GLUE_CANDIDATES if (self.term_ban_left == BAN_STEPS).any() else 3
 
     def _terms_advance(self, step: TermStep | None, rows: np.ndarray | None) -> None:
         """The rows' term state after this step's tokens; beams follow their parents (`rows`)."""

@@ -20,7 +20,7 @@ from service import tracing
 from service.batching.jobs import EncodeJob, Sentence, new_request
 from service.decoding.output_rules import max_output_len
 from service.decoding.results import Finished
-from service.engine import documents, glossary, markup_text, model_info, plan_processes, work
+from service.engine import documents, glossary, markup_text, model_info, placement, plan_processes, work
 from service.engine.backend import Backend
 from service.engine.inference import Inference
 from service.engine.languages import LanguagePair, ModelLanguages, Prefixes
@@ -74,6 +74,8 @@ class Engine:
         self.search = SearchOptions(settings, manifest, tokenizer)
         # The named glossaries this version ships (service.engine.glossary), set by its loader.
         self.glossaries: dict[str, glossary.NamedGlossary] = {}
+        # The target vocabulary's word-internal pieces, banned right after a term (service.engine.placement).
+        self.pieces = placement.word_pieces(tokenizer, manifest.dims.vocab_size)
 
     # -- validation and tokenisation --------------------------------------------------
 
@@ -403,15 +405,10 @@ class Engine:
             )
             self.trace(self.translation_model, sentences)
             inference.submit()
-            self.scheduler.submit(sentences)  # all the rows of all the texts, or none
+            # All the rows of all the texts, or none; rows with terms in two passes (service.engine.placement).
+            decoding = placement.Decoding(self.scheduler, sentences, self.pieces)
             self.count_texts(plans, groups, text_type)
-            futures = [asyncio.wrap_future(s.future) for s in sentences]
-            try:
-                finished = await asyncio.gather(*futures)
-            except BaseException:
-                for f in futures:  # a failed or cancelled request frees all its rows
-                    f.cancel()
-                raise
+            finished = await decoding.results()
             inference.compute_done(sentences)
             results = await self.work.run(lambda _: finish(plans, src, finished, found), size)
         except BaseException:
@@ -450,6 +447,7 @@ class Engine:
         if found is not None:
             for s, row_terms in zip(sentences, found.rows):
                 s.terms = row_terms
+                s.pieces = self.pieces if row_terms else None
         return plans, src, sentences, found
 
     def request_terms(

@@ -12,8 +12,9 @@ the text as sent) come first: a term that overlaps one is dropped.
 
 Each match becomes a `SourceTerm` of the row it is in: the source tokens it covers (of a sentence
 cut into parts for length, the part's; a match across a cut is not forced) and the target's
-tokens (`encode_target`; for a do-not-translate phrase, the matched text itself). A match is
-reported in `applied_terms` either way, with where its target landed in the translation's text,
+tokens (`encode_target`; for a do-not-translate phrase, the matched text itself); a row with
+terms is decoded in two passes, the first of which finds where each term goes
+(service.engine.placement). A match is reported in `applied_terms` either way, with where its target landed in the translation's text,
 or -1, -1 where it did not (across a cut, a target the target vocabulary cannot spell, a sentence
 that reached its length limit first). Sentences without a match get no terms and decode exactly
 as without a glossary.

@@ -130,9 +130,10 @@ async def _submit(
     documents.Plan, list[list[int]], list[tuple[Sentence, asyncio.Queue[list[int]]]], float, glossary.TermPlan | None
 ]:
     """Validate, split and queue the text's rows, each with a callback that puts the tokens of each
-    of its decoder steps on a queue of its own; (the plan, the rows' source ids, each row's
-    sentence and queue, the time.perf_counter() at submission, from which the time to the first
-    chunk counts, and the glossary's matches, forced on the rows as on Translate's)."""
+        of its decoder steps on a queue of its own; (the plan, the rows' source ids, each row's
+        sentence and queue, the time.perf_counter() at submission, from which the time to the first
+        chunk counts, and the glossary's matches, forced on the rows by the single-pass rule: a row
+    streams from one pass, not the two of service.engine.placement)."""
     try:
         terms = engine.request_terms(opts)
         prefixes = engine.languages.prefixes(pair)

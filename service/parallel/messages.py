@@ -52,6 +52,7 @@ class SentenceSpec:
     sampling: Sampling | None = None  # its generator crosses with its state
     request: int | None = None  # the request whose row it is (Sentence.request): one parent's tags
     terms: tuple[SourceTerm, ...] = ()  # glossary terms forced on its output
+    pieces: np.ndarray | None = None  # with terms: the target vocabulary's word-internal pieces
 
     @classmethod
     def of(cls, sentence: Sentence) -> SentenceSpec:
@@ -73,6 +74,7 @@ class SentenceSpec:
             sampling=sentence.sampling,
             request=sentence.request,
             terms=tuple(sentence.terms),
+            pieces=sentence.pieces,
         )
 
     def sentence(self, on_tokens: Callable[[list[int]], None] | None = None) -> Sentence:
@@ -95,6 +97,7 @@ class SentenceSpec:
             key=self.key,
             request=self.request,
             terms=self.terms,
+            pieces=self.pieces,
         )
 
 

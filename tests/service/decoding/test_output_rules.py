@@ -73,7 +73,7 @@ def test_beam_search_drops_the_eos_candidates_of_a_sentence_under_its_minimum() 
 
 
 def term_step(forced: list[int], no_eos: list[bool], banned: list[int]) -> TermStep:
-    return TermStep(np.array(forced), np.array(no_eos), np.array(banned))
+    return TermStep(np.array(forced), np.array(no_eos), np.array(banned), np.zeros(len(forced), dtype=bool))
 
 
 def test_greedy_takes_the_best_candidate_neither_banned_nor_a_forbidden_eos() -> None:
@@ -93,6 +93,19 @@ def test_beam_search_drops_a_rows_banned_candidate() -> None:
     ids = np.array([[7, 5, 6, 8], [7, 5, 6, 8]])
     _, got_lp = rules.apply(ids, np.full((2, 4), -1.0, dtype=np.float32))
     assert got_lp is not None and (got_lp == NEG_INF).tolist() == [[True, False, False, False], [False] * 4]
+
+
+def test_dropped_candidates_are_passed_over_greedy_and_beam() -> None:
+    step = term_step([-1, -1], [False, False], [-1, -1])
+    step.dropped = np.array([[True, True, False], [False, False, False]])  # row 0: its first two are glue
+    greedy = rules_at(1, [1, 1], [0, 0], [[], []]).with_terms(step)
+    ids = np.array([[7, 5, 6], [7, 5, 6]])
+    lp = np.array([[-0.1, -0.5, -1.5], [-0.1, -0.5, -1.5]], dtype=np.float32)
+    got_ids, _ = greedy.apply(ids, lp)
+    assert got_ids[:, 0].tolist() == [6, 7]
+    beam = rules_at(2, [1, 1], [0], [[]]).with_terms(step)
+    _, got_lp = beam.apply(ids, lp)
+    assert got_lp is not None and (got_lp == NEG_INF).tolist() == [[True, True, False], [False] * 3]
 
 
 def test_the_last_allowed_step_leaves_only_eos_at_its_own_log_prob() -> None:

@@ -57,6 +57,39 @@ def test_no_ban_where_the_row_wanted_the_terms_own_token_or_to_end():
         assert step.banned.tolist() == [-1]
 
 
+def test_a_term_with_a_position_starts_there_whatever_the_attention():
+    terms = [(SourceTerm(3, 4, (40, 41), position=2, replaces=9),)]
+    on_span = np.zeros((1, 10))
+    on_span[0, 3] = 1.0
+    s = TermState.new(1)
+    for here in (0, 1):  # the attention is on the span, the position not reached
+        step, s = decide(terms, s, on_span, np.array([7]), np.array([True]), np.array([50]), EOS, np.array([here]))
+        assert step.forced.tolist() == [-1] and step.no_eos.tolist() == [True]
+        s = advance(terms, s, step.forced)
+    off_span = np.zeros((1, 10))
+    off_span[0, 8] = 1.0
+    step, s = decide(terms, s, off_span, np.array([7]), np.array([True]), np.array([50]), EOS, np.array([2]))
+    assert step.forced.tolist() == [40] and s.ban.tolist() == [9]  # the replaced token, not the row's best (7)
+    s = advance(terms, s, step.forced)
+    step, s = decide(terms, s, off_span, np.array([7]), np.array([True]), np.array([50]), EOS, np.array([3]))
+    assert step.forced.tolist() == [41]
+    s = advance(terms, s, step.forced)
+    step, s = decide(terms, s, off_span, np.array([7]), np.array([True]), np.array([50]), EOS, np.array([4]))
+    assert step.glued.tolist() == [True] and step.banned.tolist() == [9] and step.no_eos.tolist() == [False]
+    s = advance(terms, s, step.forced)
+    step, s = decide(terms, s, off_span, np.array([7]), np.array([True]), np.array([50]), EOS, np.array([5]))
+    assert step.glued.tolist() == [False]  # only the step right after the term
+
+
+def test_a_row_past_a_terms_position_starts_it_at_once_and_positions_go_in_order():
+    terms = [(SourceTerm(5, 6, (50,), position=4), SourceTerm(1, 2, (40,), position=1))]
+    att = np.zeros((1, 10))
+    step, s = decide(terms, placed(0), att, np.array([7]), np.array([True]), np.array([50]), EOS, np.array([6]))
+    assert step.forced.tolist() == [40] and s.at.tolist() == [1]  # the earlier position first
+    step, s = decide(terms, placed(2), att, np.array([7]), np.array([True]), np.array([50]), EOS, np.array([6]))
+    assert step.forced.tolist() == [50] and s.at.tolist() == [0]
+
+
 def placed(bits: int) -> TermState:
     """One row's state: the terms of `bits` placed, none under way."""
     s = TermState.new(1)
@@ -179,6 +212,37 @@ def test_a_term_stands_where_the_model_translates_its_source(model, test_split, 
         if checked == 5:
             break
     assert checked == 5
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_a_term_with_a_position_starts_at_it_and_the_piece_after_it_is_passed_over(model, test_split, beam):
+    """The position trigger through the tiny model's steps: the term's target starts at its
+    output position (greedy: after the plain output's tokens); and where the token the row writes
+    right after the term is made a word-internal piece (`pieces`), it writes another there."""
+    de, _ = test_split
+    texts = [t for t in de if " Hund " in t][:3]
+    src = model.source_ids(texts)
+    keys = list(range(len(texts)))
+    plain = decode(model, DecodeBatch.from_sources(model, src, keys, beam=beam))
+    terms = []
+    for i, t in enumerate(texts):
+        base = term_for(model, t, "Hund", "wolfhound")
+        terms.append((SourceTerm(base.start, base.end, base.target, position=2, replaces=plain[i].tokens[2]),))
+    got = decode(model, DecodeBatch.from_sources(model, src, keys, beam=beam, terms=terms))
+    after = []
+    for i, (term,) in enumerate(terms):
+        ((_, s, e),) = got[i].terms
+        assert s == 2 and tuple(got[i].tokens[s:e]) == term.target
+        if beam == 1:
+            assert got[i].tokens[:s] == plain[i].tokens[:s]
+        after.append(got[i].tokens[e] if e < len(got[i].tokens) else model.eos_id)
+    assert any(a != model.eos_id for a in after)
+    pieces = np.zeros(model.vocab_size, dtype=bool)
+    pieces[[a for a in after if a != model.eos_id]] = True
+    again = decode(model, DecodeBatch.from_sources(model, src, keys, beam=beam, terms=terms, pieces=[pieces] * 3))
+    for i in range(len(terms)):
+        ((_, s, e),) = again[i].terms
+        assert s == 2 and (e == len(again[i].tokens) or not pieces[again[i].tokens[e]])
 
 
 def test_a_term_cut_by_the_length_limit_is_not_reported(model):

@@ -94,6 +94,19 @@ def test_a_term_takes_the_place_of_the_models_word(translate, beam):
 
 
 @pytest.mark.parametrize("beam", [1, 4])
+def test_a_term_lands_at_the_word_the_model_used_its_article_kept(translate, beam):
+    """Two passes: the model's "A man ..." becomes "A gentleman ...", not "gentleman ..." (the
+    article's step attends to "Mann" as much as the noun's) nor "... gentleman." at the end."""
+    text = "Ein Mann mit einem orangefarbenen Hut, der etwas anstarrt."
+    (plain,) = translate([text], beam_size=beam)
+    (got,) = translate([text], beam_size=beam, glossary=[GlossaryEntry("Mann", "gentleman")])
+    assert plain.text.startswith("A man ")
+    assert got.text.startswith("A gentleman ") and "man" not in got.text.split()
+    (term,) = got.applied_terms
+    assert (term.start, term.end) == (2, 2 + len("gentleman"))
+
+
+@pytest.mark.parametrize("beam", [1, 4])
 def test_a_do_not_translate_phrase_comes_back_verbatim(translate, beam):
     text = "Ein Mann in einem Karateanzug in der Luft."
     (got,) = translate([text], beam_size=beam, do_not_translate=["karateanzug"])

@@ -1,0 +1,188 @@
+"""Where a sentence's glossary terms go: two decoding passes for the rows that have terms.
+
+Pass 1 decodes such a row without its terms (greedy: `FIRST_PASS_BEAM`), with its alignment (the
+last decoder layer's cross-attention of each output token). Each term's place is read off it
+(`positioned`): the output word whose tokens put the most attention on the term's source span
+(column-wise over the whole output, far steadier than one step's attention), widened to the
+contiguous run of words around it whose tokens attend to the span most of all (a phrase of
+several words); the term takes the run's place. Pass 2 decodes the row with each term forced to
+start at that output position (`SourceTerm.position`, moved by the length of the terms before
+it), after it the first token of the run banned for a few steps (`SourceTerm.replaces`), and
+the search free everywhere else (service.decoding.terms).
+
+A term pass 1 gives no place (no output token puts MIN_SHARE of its attention on the span, or
+its run overlaps another term's) keeps the single-pass attention trigger; so do the rows of a
+sampling request (two draws would not agree on where a word stands) and TranslateStream's rows
+(service.engine.streaming), which stream from one pass. Rows without terms go to the queue with
+pass 1 and decode once, as without a glossary.
+
+`word_pieces` is the target vocabulary's word-internal pieces, which the search bans right after
+a term (no "lad" + "den").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import unicodedata
+from collections.abc import Sequence
+
+import numpy as np
+
+from service.batching.jobs import Sentence
+from service.decoding.results import Finished
+from service.decoding.terms import SourceTerm
+from service.engine.backend import Backend
+from service.runtime.tokenizer import TextTokenizer
+
+# The beam of pass 1, whatever the request's: on the shipped models (int8) at beam 4, a greedy
+# pass 1 placed 0.865 of the benchmark's terms where the model's word stood, at 1.67x the cost of
+# no glossary; one at beam 4, 0.82 at 1.69x (docs/terminology.md).
+FIRST_PASS_BEAM = 1
+# The least share of one output token's attention on a term's span for pass 1 to place the term.
+MIN_SHARE = 0.2
+# Pass 1 decodes at most this many tokens more than the source tokens up to the end of the last
+# term's span: a term's translation stands about where its source does, and pass 1 costs what it
+# decodes (on the shipped models, 1 placed 0.725 of the terms, 4 and 8 0.865).
+LOOKAHEAD = 4
+# The words around the one that attends most to a term's span that attend to it at least this
+# share as much: the run of words that translate it. A row attends to the source word it is
+# about to translate, so an article's row often puts as much on the noun as the noun's: the term
+# takes the run's last words (one per source token of the span), not its first.
+RUN_SHARE = 0.5
+WORD_STARTS = ("▁", "Ġ")  # SentencePiece's and byte-level BPE's word-start marks
+
+
+def word_pieces(tokenizer: TextTokenizer, vocab_size: int) -> np.ndarray:
+    """(vocab_size,) bool: the target vocabulary's entries that continue a word (no word-start
+    mark, and a letter or digit first); ids without an entry are not."""
+    out = np.zeros(vocab_size, dtype=bool)
+    for i in range(vocab_size):
+        piece = tokenizer.id_to_token(i)
+        if piece and not piece.startswith(WORD_STARTS) and unicodedata.category(piece[0])[0] in "LN":
+            out[i] = True
+    return out
+
+
+def two_pass(s: Sentence) -> bool:
+    """Whether a queued row is placed in two passes: it has terms and does not sample."""
+    return bool(s.terms) and s.sampling is None
+
+
+def first_pass(s: Sentence) -> Sentence:
+    """Pass 1 of a row: the row without its terms, greedy (FIRST_PASS_BEAM, or the row's beam if
+    narrower), with its alignment; a sentence of its own (future, key)."""
+    beam = min(FIRST_PASS_BEAM, s.beam)
+    reach = len(s.target_prefix) + len(s.output_prefix) + max(t.end for t in s.terms) + LOOKAHEAD
+    return s.again(
+        max_len=min(s.max_len, reach),
+        terms=(),
+        pieces=None,
+        beam=beam,
+        length_penalty=s.length_penalty if beam == s.beam else 1.0,
+        num_hypotheses=1,
+        want_alignment=True,
+        want_scores=beam > 1,
+        on_tokens=None,
+    )
+
+
+def _words(tokens: Sequence[int], pieces: np.ndarray) -> list[int]:
+    """The first token of each word of `tokens` (a token that is not a word-internal piece starts one)."""
+    return [i for i, t in enumerate(tokens) if i == 0 or not (0 <= t < len(pieces) and pieces[t])]
+
+
+def positioned(
+    terms: Sequence[SourceTerm],
+    tokens: Sequence[int],
+    alignment: np.ndarray | None,
+    pieces: np.ndarray,
+    cut: bool = False,
+) -> tuple[SourceTerm, ...]:
+    """`terms` with the output positions pass 1's output (`tokens`, `alignment`: (len(tokens) +
+    1, S)) gives them (module doc); a term it gives none keeps position -1. `cut`: pass 1 reached
+    its length limit, so a run of words that reaches its end may go on past it (no position)."""
+    n = len(tokens)
+    if alignment is None or n == 0 or len(alignment) < n:
+        return tuple(terms)
+    att = np.asarray(alignment[:n], dtype=np.float64)
+    starts = _words(tokens, pieces)
+    bounds = [*starts, n]
+    runs: list[tuple[int, int] | None] = []  # per term: the tokens [a, b) it replaces
+    for term in terms:
+        on_span = att[:, term.start : term.end].sum(axis=1)
+        weight = np.array([on_span[a:b].max() for a, b in zip(bounds, bounds[1:])])  # per word
+        best = int(np.argmax(weight))
+        if weight[best] < MIN_SHARE:
+            runs.append(None)
+            continue
+        strong = weight >= weight[best] * RUN_SHARE
+        lo = hi = best
+        while lo > 0 and strong[lo - 1]:
+            lo -= 1
+        while hi + 1 < len(weight) and strong[hi + 1]:
+            hi += 1
+        lo = max(lo, hi + 1 - (term.end - term.start))  # its last words, at most one a source token
+        run = (bounds[lo], bounds[hi + 1])
+        if cut and run[1] == n:
+            runs.append(None)  # it may go on past the cut
+            continue
+        if any(r is not None and r[0] < run[1] and run[0] < r[1] for r in runs):
+            runs.append(None)  # the place of another term
+            continue
+        runs.append(run)
+    shift = {}  # the output position of each placed term in pass 2: its run's, moved by the terms before it
+    moved = 0
+    for j in sorted((j for j, r in enumerate(runs) if r is not None), key=lambda j: runs[j][0]):  # type: ignore[index]
+        a, b = runs[j]  # type: ignore[misc]
+        shift[j] = a + moved
+        moved += len(terms[j].target) - (b - a)
+    return tuple(
+        SourceTerm(t.start, t.end, t.target, shift[j], int(tokens[runs[j][0]]))  # type: ignore[index]
+        if j in shift
+        else t
+        for j, t in enumerate(terms)
+    )
+
+
+class Decoding:
+    """A request's rows under way: those with terms in two passes (`two_pass`), the others queued
+    with their pass 1 and decoded once. Made on the event loop, it queues the first pass (all the
+    rows, or none: the backend's error); `results` awaits them."""
+
+    def __init__(self, backend: Backend, sentences: list[Sentence], pieces: np.ndarray):
+        self.backend, self.sentences, self.pieces = backend, sentences, pieces
+        self.twice = [i for i, s in enumerate(sentences) if two_pass(s)]
+        self.firsts = [first_pass(sentences[i]) for i in self.twice]
+        self.once = [s for s in sentences if not two_pass(s)]
+        backend.submit(self.firsts + self.once)
+
+    async def results(self) -> list[Finished]:
+        """Each row's `Finished`, in order. A failure or cancellation of any row, in either pass,
+        cancels them all."""
+        once = [asyncio.wrap_future(s.future) for s in self.once]
+        if self.twice:
+            drafts = await _gather([asyncio.wrap_future(s.future) for s in self.firsts], once)
+            for i, first, draft in zip(self.twice, self.firsts, drafts):
+                s = self.sentences[i]
+                cut = len(draft.tokens) + 1 >= first.max_len - len(first.target_prefix)
+                s.terms = positioned(s.terms, draft.tokens, draft.alignment, self.pieces, cut)
+                s.enqueued = time.monotonic()
+            try:
+                self.backend.submit([self.sentences[i] for i in self.twice])
+            except BaseException:
+                for f in once:
+                    f.cancel()
+                raise
+        return await _gather([asyncio.wrap_future(s.future) for s in self.sentences], once)
+
+
+async def _gather(futures: list[asyncio.Future], others: list[asyncio.Future]) -> list[Finished]:
+    """The results of `futures`; on any failure or cancellation these and `others` are cancelled
+    (a failed or cancelled request frees all its rows)."""
+    try:
+        return list(await asyncio.gather(*futures))
+    except BaseException:
+        for f in [*futures, *others]:
+            f.cancel()
+        raise

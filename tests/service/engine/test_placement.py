@@ -1,0 +1,135 @@
+"""Where pass 1 puts a sentence's terms (service.engine.placement), without a model: the word
+whose tokens attend most to the span, the run of a phrase, positions moved by the terms before
+them, the fallback, the word-internal pieces of a vocabulary; and the passes' futures."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+
+import numpy as np
+import pytest
+
+from service.batching.jobs import Sentence
+from service.decoding.results import Finished
+from service.decoding.terms import SourceTerm
+from service.engine import placement
+
+# Output tokens: 10 "▁A", 11 "▁man", 12 "▁in", 13 "▁hat", 14 "den" (a piece), 15 "."
+PIECES = np.zeros(20, dtype=bool)
+PIECES[14] = True
+
+
+def rows(*weights: list[float]) -> np.ndarray:
+    """An alignment of one row per output token (and the </s> row, zeros) over 6 source tokens."""
+    a = np.array([*weights, [0.0] * 6], dtype=np.float32)
+    return a / np.maximum(a.sum(axis=1, keepdims=True), 1e-9)
+
+
+def test_the_term_takes_the_last_word_of_the_run_that_attends_to_its_span():
+    # source: 0 Ein, 1 Mann, 2 mit, 3 Hut, 4 ., 5 </s>; the article's row attends to "Mann" most of all
+    att = rows([0.4, 0.5, 0, 0, 0, 0.1], [0, 0.45, 0.3, 0, 0, 0.25], [0, 0, 0.9, 0, 0, 0.1], [0, 0, 0, 1, 0, 0])
+    (term,) = placement.positioned([SourceTerm(1, 2, (7, 8))], [10, 11, 12, 13], att, PIECES)
+    assert (term.position, term.replaces) == (1, 11)  # "man", not "A"
+
+
+def test_a_word_of_several_pieces_is_replaced_whole_and_later_terms_move():
+    # output: "▁A ▁hat den ▁in ▁man ." ; terms over source 3 (Hut) and 1 (Mann)
+    att = rows(
+        [1, 0, 0, 0, 0, 0],
+        [0, 0, 0, 1, 0, 0],
+        [0, 0, 0, 0.6, 0.4, 0],
+        [0, 0, 1, 0, 0, 0],
+        [0, 1, 0, 0, 0, 0],
+        [0, 0, 0, 0, 1, 0],
+    )
+    hat, man = placement.positioned(
+        [SourceTerm(3, 4, (7,)), SourceTerm(1, 2, (8, 9, 9))], [10, 13, 14, 12, 11, 15], att, PIECES
+    )
+    assert (hat.position, hat.replaces) == (1, 13)  # "▁hat den" (two tokens) becomes one
+    assert (man.position, man.replaces) == (3, 11)  # 4 in pass 1, one token earlier after "hat"
+
+
+def test_no_place_where_nothing_attends_to_the_span_or_a_run_reaches_a_cut():
+    att = rows([1, 0, 0, 0, 0, 0], [0, 0.9, 0, 0, 0, 0.1], [0, 0, 1, 0, 0, 0])
+    (unseen,) = placement.positioned([SourceTerm(3, 4, (7,))], [10, 11, 12], att, PIECES)
+    assert unseen.position == -1
+    (cut,) = placement.positioned([SourceTerm(2, 3, (7,))], [10, 11, 12], att, PIECES, cut=True)
+    assert cut.position == -1
+    (whole,) = placement.positioned([SourceTerm(2, 3, (7,))], [10, 11, 12], att, PIECES)
+    assert whole.position == 2
+    assert placement.positioned([SourceTerm(2, 3, (7,))], [], None, PIECES)[0].position == -1
+
+
+class Vocabulary:
+    def __init__(self, entries: list[str | None]):
+        self.entries = entries
+
+    def id_to_token(self, i: int) -> str | None:
+        return self.entries[i] if i < len(self.entries) else None
+
+
+def test_word_pieces_are_the_entries_that_continue_a_word_with_a_letter_or_digit():
+    v = Vocabulary(["<pad>", "</s>", "▁dog", "Ġcat", "den", "7", ".", None, "é"])
+    assert placement.word_pieces(v, 10).tolist() == [False, False, False, False, True, True, False, False, True, False]
+
+
+class Backend:
+    """Queues nothing: it keeps what it is given, and answers as the test says."""
+
+    def __init__(self) -> None:
+        self.submitted: list[list[Sentence]] = []
+
+    def submit(self, sentences: list[Sentence]) -> None:
+        self.submitted.append(list(sentences))
+
+
+def sentence(terms: tuple[SourceTerm, ...] = ()) -> Sentence:
+    return Sentence(src_ids=[5, 6, 7, 2], beam=4, length_penalty=1.0, max_len=20, terms=terms)
+
+
+def done(s: Sentence, tokens: list[int], alignment: np.ndarray | None = None) -> None:
+    s.future.set_result(Finished(s.key, tokens, None, None, alignment, len(tokens) + 1))
+
+
+def test_rows_with_terms_decode_twice_the_others_once():
+    async def run() -> None:
+        backend = Backend()
+        plain, termed = sentence(), sentence((SourceTerm(1, 2, (7,)),))
+        decoding = placement.Decoding(backend, [plain, termed], PIECES)
+        (first,) = backend.submitted
+        assert first[1] is plain and first[0] is not termed and first[0].terms == () and first[0].beam == 1
+        assert first[0].want_alignment and first[0].max_len == 2 + placement.LOOKAHEAD
+        task = asyncio.ensure_future(decoding.results())
+        done(plain, [11])
+        done(first[0], [10, 11, 12], rows([0, 0, 1, 0, 0, 0], [0, 1, 0, 0, 0, 0], [1, 0, 0, 0, 0, 0]))
+        while len(backend.submitted) < 2:
+            await asyncio.sleep(0)
+        assert backend.submitted[1] == [termed] and termed.terms[0].position == 1
+        done(termed, [10, 7, 12])
+        got = await task
+        assert [f.tokens for f in got] == [[11], [10, 7, 12]]
+
+    asyncio.run(run())
+
+
+def test_a_failed_first_pass_cancels_every_row():
+    async def run() -> None:
+        backend = Backend()
+        plain, termed = sentence(), sentence((SourceTerm(1, 2, (7,)),))
+        decoding = placement.Decoding(backend, [plain, termed], PIECES)
+        first = backend.submitted[0][0]
+        first.future.set_exception(RuntimeError("decoder failed"))
+        with pytest.raises(RuntimeError):
+            await decoding.results()
+        await asyncio.sleep(0)
+        assert plain.future.cancelled() and len(backend.submitted) == 1
+
+    asyncio.run(run())
+
+
+def test_again_is_a_new_sentence():
+    s = sentence()
+    t = s.again(beam=1)
+    assert t.key != s.key and t.future is not s.future and isinstance(t.future, concurrent.futures.Future)
+    assert (t.beam, t.src_ids) == (1, s.src_ids)
