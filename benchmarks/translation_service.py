@@ -29,6 +29,9 @@ that a text's translation never depends on its batch mates. Parts (`--only`):
   500 German test sentences (batches of 50) with an unrelated glossary vs none (and none vs none
   again: how much batching alone moves int8 translations); cost of the glossary on the matched
   sentences (interleaved pairs, as for html).
+- glossary_cost: the cost part of "glossary" alone, on German sentences with one term whatever
+  the model writes for it (for a model whose words the glossary part cannot read, such as the
+  random real-size one: `--models benchmarks/.cache/real-size-.../models --model-names opus-size`).
 - detection: source_language "auto" on German and French test sentences of at least 20 characters
   (batches of 50): the share detected right and sent to the right model; the detector alone per
   sentence (benchmarks/language_detection.py's harness, in a child process: its candidates are
@@ -66,7 +69,7 @@ from benchmarks.processes import Server
 REPO = Path(__file__).resolve().parent.parent
 PLACEMENT = REPO / "benchmarks" / "data" / "tag_placement.tsv"
 SPLIT = "test_2016_flickr"
-PARTS = ("html", "placement", "glossary", "detection")
+PARTS = ("html", "placement", "glossary", "glossary_cost", "detection")
 MIN_CHARS = 20  # detection: sentences of at least this many characters
 TARGETS = {
     "html.tags_preserved": 1.0,
@@ -750,6 +753,24 @@ def run_glossary(client: Client, data_dir: Path, n: int, bleu_n: int, rounds: in
     }
 
 
+def run_glossary_cost(client: Client, data_dir: Path, n: int, rounds: int) -> dict[str, Any]:
+    """The cost of a one-entry glossary on German sentences with one term (`glossary_candidates`),
+    against no glossary, whatever the model writes for the term: for a model whose translations
+    the "glossary" part cannot read (the random real-size model, benchmarks/real_size_model.py)."""
+    cases = glossary_candidates(corpus(data_dir, "de"), "de")[:n]
+
+    def entry(c: GlossaryCase) -> Any:
+        return [client.pb.GlossaryEntry(source=c.term, target=c.target)]
+
+    cost, _, _ = interleaved(
+        lambda c: client.one(c.text, "de", glossary=entry(c)).text,
+        lambda c: client.one(c.text, "de").text,
+        cases,
+        rounds,
+    )
+    return {**cost, "a": "glossary of one entry", "b": "no glossary"}
+
+
 def bleu_with_unrelated(client: Client, data_dir: Path, n: int, batch: int = 50) -> dict[str, Any]:
     """BLEU of the first `n` German test sentences with the unrelated glossary and without, in the
     same batches; and without it a second time: the noise floor of "identical" (int8 rows may
@@ -981,6 +1002,7 @@ def main(argv: list[str] | None = None) -> None:
             "glossary": lambda: run_glossary(
                 client, args.data, args.glossary_sentences, args.bleu_sentences, args.rounds
             ),
+            "glossary_cost": lambda: run_glossary_cost(client, args.data, args.glossary_sentences, args.rounds),
             "detection": lambda: run_detection(client, args.data, args.detection_limit),
         }
         for name in parts:
