@@ -217,8 +217,9 @@ def test_a_term_stands_where_the_model_translates_its_source(model, test_split, 
 @pytest.mark.parametrize("beam", [1, 4])
 def test_a_term_with_a_position_starts_at_it_and_the_piece_after_it_is_passed_over(model, test_split, beam):
     """The position trigger through the tiny model's steps: the term's target starts at its
-    output position (greedy: after the plain output's tokens); and where the token the row writes
-    right after the term is made a word-internal piece (`pieces`), it writes another there."""
+    output position (greedy: after the plain output's tokens), or earlier where a beam is about to
+    write the replaced token before it; and where the token the row writes right after the term
+    is made a word-internal piece (`pieces`), it writes another there."""
     de, _ = test_split
     texts = [t for t in de if " Hund " in t][:3]
     src = model.source_ids(texts)
@@ -232,7 +233,7 @@ def test_a_term_with_a_position_starts_at_it_and_the_piece_after_it_is_passed_ov
     after = []
     for i, (term,) in enumerate(terms):
         ((_, s, e),) = got[i].terms
-        assert s == 2 and tuple(got[i].tokens[s:e]) == term.target
+        assert (s == 2 if beam == 1 else s <= 2) and tuple(got[i].tokens[s:e]) == term.target
         if beam == 1:
             assert got[i].tokens[:s] == plain[i].tokens[:s]
         after.append(got[i].tokens[e] if e < len(got[i].tokens) else model.eos_id)
@@ -242,7 +243,7 @@ def test_a_term_with_a_position_starts_at_it_and_the_piece_after_it_is_passed_ov
     again = decode(model, DecodeBatch.from_sources(model, src, keys, beam=beam, terms=terms, pieces=[pieces] * 3))
     for i in range(len(terms)):
         ((_, s, e),) = again[i].terms
-        assert s == 2 and (e == len(again[i].tokens) or not pieces[again[i].tokens[e]])
+        assert (s == 2 if beam == 1 else s <= 2) and (e == len(again[i].tokens) or not pieces[again[i].tokens[e]])
 
 
 def test_a_term_cut_by_the_length_limit_is_not_reported(model):
@@ -251,3 +252,15 @@ def test_a_term_cut_by_the_length_limit_is_not_reported(model):
     long_term = SourceTerm(0, 1, tuple(model.tokenizer.encode_target("a b c d e f g h i j k l m n o p")))
     (got,) = decode(model, DecodeBatch.from_sources(model, [src], [0], terms=[(long_term,)], max_lens=[5])).values()
     assert len(got.tokens) <= 4 and got.terms == []
+
+
+def test_a_positioned_term_also_starts_where_the_row_would_write_the_token_it_replaces():
+    from service.decoding.terms import _start
+
+    att = np.array([0.9, 0.05, 0.05])
+    terms = [SourceTerm(1, 2, (7, 8), position=5, replaces=42), SourceTerm(2, 3, (9,), position=8, replaces=43)]
+    assert _start(terms, 0, att, ending=False, here=1, best=3) == -1  # before its place, another token
+    assert _start(terms, 0, att, ending=False, here=1, best=42) == 0  # the model's own word for it, early
+    assert _start(terms, 0, att, ending=False, here=5, best=3) == 0  # its place
+    assert _start(terms, 1, att, ending=False, here=2, best=43) == 1  # the second, once the first is placed
+    assert _start(terms, 1, att, ending=False, here=2, best=42) == -1  # a placed term's token starts nothing
