@@ -8,8 +8,8 @@ the behaviour.
 The alignment of a block: its source tokens' spans in `Block.text` come from the tokenizer's
 offsets on each segment's normalised text, mapped back through the normalisation; its target
 tokens' spans from decoding each row's tokens one more at a time; each target token's link is the
-argmax of its attention row over the source's own tokens (a multilingual model's language token
-and </s> left out).
+one-to-one link of `token_alignment.links` over its attention (a multilingual model's language token and </s>
+left out).
 
 A do-not-translate element inside a sentence (`Block.protected`) is a do-not-translate term of
 origin "markup" (service.engine.glossary): the search forces its words verbatim where the model
@@ -21,7 +21,6 @@ from __future__ import annotations
 import dataclasses
 import re
 import time
-import unicodedata
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
@@ -37,7 +36,9 @@ from service.engine.languages import LanguagePair, ModelLanguages
 from service.engine.markup import Alignment, Block, Document, Kind, MarkupError, parse, project, render
 from service.engine.requests import TEXT, TEXT_TYPES, AppliedTerm, Segment, TranslateOptions, TranslationResult
 from service.engine.terms import Match
-from service.engine.text import KEPT_CONTROLS, normalize_text
+from service.engine.text import normalize_text, normalize_with_offsets
+from service.engine.token_alignment import links as links_of
+from service.engine.token_alignment import source_span, target_spans
 from service.engine.work import Checkpoint, TextWork
 from service.errors import InvalidArgument, quote
 from service.metrics import ModelMetrics
@@ -46,7 +47,6 @@ from service.runtime.tokenizer import TextTokenizer
 T = TypeVar("T")
 Finish = Callable[[list[documents.Plan], list[list[int]], list[Finished], TermPlan | None], list[T]]
 _INDEX = re.compile(r"texts\[(\d+)\]")
-_WORD_START = ("▁", "Ġ")  # SentencePiece's and byte-level BPE's mark of a token that begins a word
 
 
 class MarkupEngine(Protocol):
@@ -296,139 +296,22 @@ def _piece_translation(
         size += a - at
         at = b
         segment = plan.text[a:b]
-        clean = normalize_text(segment)
+        clean, froms, tos = normalize_with_offsets(segment)
         _, spans = tokenizer.encode_with_offsets(clean)
-        where = _source_offsets(segment, clean)
         token = 0
         for k, row in enumerate(rows):
             if k:
                 size += 1  # the space between the parts of a sentence cut for length
             n = len(row) - lead - 1
-            source = tuple((a + start, a + end) for start, end in (where(s, e) for s, e in spans[token : token + n]))
+            source = tuple(source_span(a, len(segment), froms, tos, s, e) for s, e in spans[token : token + n])
             token += n
             result = results[r]
-            target, starts = _target_spans(tokenizer, result.token_ids, result.text)
-            links = _links(matrices[r], len(target), lead, len(source))
+            target, starts = target_spans(tokenizer, result.token_ids, result.text)
+            links = links_of(matrices[r], len(target), lead, len(source))
             parts.append((0, size, Alignment(source, target, links, starts if any(starts) else ())))
             size += len(result.text)
             r += 1
     return _Translated(documents.assemble(plan, results, split), Alignment.join(parts))
-
-
-def _source_offsets(text: str, clean: str) -> Callable[[int, int], tuple[int, int]]:
-    """A span of `clean` (normalize_text(text)) as a span of `text`. normalize_text removes control
-    and format characters, composes (NFC) and strips: a character's offset is that of the character
-    it comes from; within a run of non-space characters whose composition changed its length, in
-    proportion (a tag never lands inside a word, so the words' ends are what matters)."""
-    if clean == text:
-        return lambda start, end: (start, end)
-    kept = [i for i, ch in enumerate(text) if ch in KEPT_CONTROLS or unicodedata.category(ch) not in ("Cc", "Cf")]
-    chars: list[str] = []
-    first: list[int] = []  # for each character of the result, the first and the last it comes from
-    last: list[int] = []
-    run: list[int] = []
-
-    def flush() -> None:
-        piece = "".join(text[i] for i in run)
-        composed = unicodedata.normalize("NFC", piece)
-        chars.append(composed)
-        n, m = len(run), len(composed)
-        if n == m:
-            first.extend(run)
-            last.extend(run)
-        else:
-            first.extend(run[k * n // m] for k in range(m))
-            last.extend(run[-(-(k + 1) * n // m) - 1] for k in range(m))
-        run.clear()
-
-    for i in kept:
-        if run and text[i].isspace() != text[run[-1]].isspace():
-            flush()
-        run.append(i)
-    if run:
-        flush()
-    joined = "".join(chars)
-    skipped = len(joined) - len(joined.lstrip())
-    if joined.strip() != clean:  # not expected: the spans in proportion to the whole text
-        scale = len(text) / max(len(clean), 1)
-        return lambda start, end: (int(start * scale), int(round(end * scale)))
-    first = first[skipped : skipped + len(clean)]
-    last = last[skipped : skipped + len(clean)]
-
-    def offsets(start: int, end: int) -> tuple[int, int]:
-        at = first[start] if start < len(first) else len(text)
-        return at, (last[end - 1] + 1 if end > start else at)
-
-    return offsets
-
-
-def _target_spans(
-    tokenizer: TextTokenizer, ids: list[int], text: str
-) -> tuple[tuple[tuple[int, int], ...], tuple[bool, ...]]:
-    """Each token's span of `text` (the decoded `ids`, stripped), found by decoding one more token
-    at a time (a token that ends inside a character, as byte-level BPE's may, gets an empty span:
-    the character goes to the token that completes it), and whether it begins a word."""
-    full = tokenizer.decode(ids)
-    shift = len(full) - len(full.lstrip())
-    spans: list[tuple[int, int]] = []
-    starts: list[bool] = []
-    done = 0
-    for k in range(1, len(ids) + 1):
-        part = tokenizer.decode(ids[:k]) if k < len(ids) else full
-        end = len(part)
-        while end > done and part[end - 1] == "\ufffd" and (end > len(full) or full[end - 1] != "\ufffd"):
-            end -= 1
-        if not full.startswith(part[done:end], done):
-            end = done
-        end = min(max(end, done), len(full))
-        start = max(done - shift, 0)
-        stop = min(max(end - shift, start), len(text))
-        start = min(start, stop)
-        while start < stop and text[start].isspace():
-            start += 1  # a token's span starts at its first character (only spaces: empty, at its end)
-        spans.append((start, stop))
-        starts.append((tokenizer.id_to_token(ids[k - 1]) or "").startswith(_WORD_START))
-        done = end
-    return tuple(spans), tuple(starts)
-
-
-def _links(matrix: np.ndarray | None, targets: int, lead: int, sources: int) -> tuple[int, ...]:
-    """Each target token's source token, from its attention over the source's own tokens (after
-    the `lead` language tokens, before </s>); -1: none. Attention rows alone link an article to the
-    noun it precedes (the step that writes "a" already looks at "Gitarre"), so the links are one
-    to one, strongest first (competitive linking, as word aligners do): a token links to the
-    source token it holds the largest remaining weight on, once that token is not taken. A token
-    left over keeps its row's argmax where the token before it took that source token (the rest
-    of a word's translation: "ice" "cream" for "Eis"), else it links to none (a word with no
-    counterpart in the source, which the projection places by its neighbours)."""
-    if matrix is None or not sources or not targets:
-        return (-1,) * targets
-    weights = np.zeros((targets, sources), dtype=np.float32)
-    given = np.asarray(matrix, dtype=np.float32)[:targets, lead : lead + sources]
-    weights[: given.shape[0], : given.shape[1]] = given
-    row = weights.argmax(axis=1).tolist()
-    # One to one, strongest first (competitive linking).
-    order = np.argsort(-weights, axis=None, kind="stable").tolist()
-    won: dict[int, int] = {}  # source -> target
-    link = [-1] * targets
-    for flat in order:
-        t, s = divmod(flat, sources)
-        if weights[t, s] <= 0:
-            break
-        if link[t] < 0 and s not in won:
-            link[t], won[s] = s, t
-        if len(won) == sources or all(x >= 0 for x in link):
-            break
-    links = []
-    for t in range(targets):
-        s = row[t]
-        if link[t] >= 0:
-            links.append(link[t])
-        elif weights[t, s] > 0 and won.get(s) == t - 1:
-            links.append(s)  # the rest of the translation of a word the token before it won
-        else:
-            links.append(-1)
-    return tuple(links)
 
 
 def _block_translation(

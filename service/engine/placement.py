@@ -33,7 +33,7 @@ from service.batching.jobs import Sentence
 from service.decoding.results import Finished
 from service.decoding.terms import SourceTerm
 from service.engine.backend import Backend
-from service.runtime.tokenizer import TextTokenizer
+from service.runtime.tokenizer import WORD_STARTS, TextTokenizer
 
 # The beam of pass 1, whatever the request's: on the shipped models (int8) at beam 4, before the
 # replaced-token trigger of service.decoding.terms, a greedy
@@ -51,7 +51,6 @@ LOOKAHEAD = 4
 # about to translate, so an article's row often puts as much on the noun as the noun's: the term
 # takes the run's last words (one per source token of the span), not its first.
 RUN_SHARE = 0.5
-WORD_STARTS = ("▁", "Ġ")  # SentencePiece's and byte-level BPE's word-start marks
 
 
 def word_pieces(tokenizer: TextTokenizer, vocab_size: int) -> np.ndarray:

@@ -39,6 +39,7 @@ from tokenizers import Tokenizer
 
 from contract.manifest import Manifest
 
+WORD_STARTS = ("▁", "Ġ")  # SentencePiece's and byte-level BPE's mark of a token that begins a word
 UNK = "<unk>"  # the token string (and decoded text) of an id without a vocabulary entry
 
 

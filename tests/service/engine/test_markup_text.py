@@ -18,11 +18,11 @@ import html5lib
 import numpy as np
 import pytest
 
-from service.engine import markup_text
 from service.engine.markup import parse
 from service.engine.requests import TranslateOptions
 from service.engine.streaming import translate_stream
-from service.engine.text import normalize_text
+from service.engine.text import normalize_text, normalize_with_offsets
+from service.engine.token_alignment import links, source_span, target_spans
 from service.errors import InvalidArgument
 from service.runtime.tokenizer import BpeTokenizer
 
@@ -340,14 +340,21 @@ def test_texts_are_counted_by_text_type(server, de_en):
 # -- without a model ------------------------------------------------------------------------------
 
 
+def _source_offsets(text: str, clean: str):
+    """A span of `clean` (normalize_text(text)) as a span of `text`, as the markup path maps it."""
+    mapped, froms, tos = normalize_with_offsets(text)
+    assert mapped == clean
+    return lambda start, end: source_span(0, len(text), froms, tos, start, end)
+
+
 def test_source_offsets_through_the_normalisation():
     for text in ["Ein Hund.", "Ein\u00adHund \u200bbellt.", "Cafe\u0301 au lait", "\u200b Ein Hund"]:
         clean = normalize_text(text)
-        where = markup_text._source_offsets(text, clean)
+        where = _source_offsets(text, clean)
         for word in re.finditer(r"\S+", clean):
             start, end = where(word.start(), word.end())
             assert normalize_text(text[start:end]) == word.group(), (text, word.group())
-    where = markup_text._source_offsets("Cafe\u0301 au", "Café au")
+    where = _source_offsets("Cafe\u0301 au", "Café au")
     assert where(0, 4) == (0, 5) and where(5, 7) == (6, 8)
 
 
@@ -355,7 +362,7 @@ def test_target_spans_cover_the_decoded_text_token_by_token(shipped_int8_export)
     tokenizer = BpeTokenizer(shipped_int8_export / "tokenizer.json")
     text = "A dog — über 3€ naïve"
     ids = tokenizer.encode(text)
-    spans, starts = markup_text._target_spans(tokenizer, ids, tokenizer.decode(ids).strip())
+    spans, starts = target_spans(tokenizer, ids, tokenizer.decode(ids).strip())
     assert len(spans) == len(ids) and spans[-1][1] == len(text)
     assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))
     words = [text[a:b] for a, b in spans if b > a]
@@ -368,15 +375,14 @@ def test_target_spans_cover_the_decoded_text_token_by_token(shipped_int8_export)
 
 
 def test_links_are_one_to_one_strongest_first():
-    from service.engine.markup_text import _links
 
     # "A red ball" for "Ein roter Ball": the article looks at the adjective too, the adjective wins it.
     weights = [[0.5, 0.45, 0.05], [0.1, 0.8, 0.1], [0.05, 0.15, 0.8]]
-    assert _links(np.array(weights), 3, 0, 3) == (0, 1, 2)
+    assert links(np.array(weights), 3, 0, 3) == (0, 1, 2)
     # "a guitar" for "Gitarre": the article has no counterpart, whatever its row says.
-    assert _links(np.array([[0.6], [0.9]]), 2, 0, 1) == (-1, 0)
+    assert links(np.array([[0.6], [0.9]]), 2, 0, 1) == (-1, 0)
     # "ice cream" for "Eis": the token after the winner keeps it.
-    assert _links(np.array([[0.9], [0.5]]), 2, 0, 1) == (0, 0)
+    assert links(np.array([[0.9], [0.5]]), 2, 0, 1) == (0, 0)
     # A language token leads the source and </s> ends it: neither is linked; no alignment, no links.
-    assert _links(np.array([[0.9, 0.05, 0.05], [0.1, 0.8, 0.1]]), 2, 1, 1) == (-1, 0)
-    assert _links(None, 2, 0, 3) == (-1, -1)
+    assert links(np.array([[0.9, 0.05, 0.05], [0.1, 0.8, 0.1]]), 2, 1, 1) == (-1, 0)
+    assert links(None, 2, 0, 3) == (-1, -1)
