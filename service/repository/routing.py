@@ -43,45 +43,19 @@ from service.engine import documents
 from service.engine.languages import LanguagePair, list_languages
 from service.engine.requests import Chunk, Segment, TranslateOptions, TranslationResult
 from service.engine.streaming import translate_stream
-from service.engine.work import Checkpoint
 from service.errors import InvalidArgument
+from service.repository.detection import Found, detect_texts
 from service.repository.registry import ModelRegistry, ServedModel
-from service.runtime.language_id import Detected, LanguageDetector, Undecided, decide
+from service.runtime.language_id import LanguageDetector, Undecided
 
 AUTO = "auto"
 # Bytes of text detected on the event loop; more goes to the text threads.
 DETECT_INLINE_BYTES = 1024
-# Texts (or segments) ranked between two checks of the request's deadline and cancellation.
-DETECT_EVERY = 256
 # The metric's label for a text or segment below the threshold.
 UNDECIDED = "undecided"
 
 _SCRIPT = re.compile(r"[a-z]{3}_([A-Z][a-z]{3})")  # NLLB's FLORES-200 codes: deu_Latn
 _INDEXED = re.compile(r"(.*)\b(texts|target_prefixes)\[(\d+)\]")
-
-
-@dataclass(frozen=True)
-class Part:
-    """A span of a text (code points, end exclusive) and the language it is translated as, with
-    the detector's probability of that language for the span; `decided`: that probability reached
-    the threshold (else the span took a neighbour's language)."""
-
-    start: int
-    end: int
-    language: str
-    confidence: float
-    decided: bool = True
-
-
-@dataclass(frozen=True)
-class Found:
-    """A text's detection: its language (of most of its characters) and probability, the runs of
-    one language to translate (`groups`) and, per segment, the segments' own detections."""
-
-    language: str
-    confidence: float
-    groups: tuple[Part, ...]
-    segments: tuple[Part, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -303,98 +277,6 @@ def _by_language(
     return models.resolve("", model_field, LanguagePair(spellings[0], target)), spellings[0]
 
 
-# -- detection ----------------------------------------------------------------------------------
-
-
-def detect_texts(
-    detector: LanguageDetector,
-    texts: Sequence[str],
-    candidates: list[str],
-    threshold: float,
-    split: str = "",
-    point: Checkpoint | None = None,
-) -> list[Found | Undecided]:
-    """Each text's detection, or its Undecided; `split` (a documents split mode): per segment."""
-    point = point or Checkpoint()
-    whole = _ranked(detector, texts, candidates, point)
-    if not split:
-        out: list[Found | Undecided] = []
-        for text, ranking in zip(texts, whole):
-            d = decide(ranking, threshold)
-            if isinstance(d, Undecided):
-                out.append(d)
-            else:
-                out.append(Found(d.language, d.confidence, (Part(0, len(text), d.language, d.confidence),)))
-        return out
-    spans = []
-    for text, ranking in zip(texts, whole):
-        point.check()
-        spans.append(documents.segment_spans(text, split, ranking[0][0]))
-    flat = [text[a:b] for text, s in zip(texts, spans) for a, b in s]
-    ranked = iter(_ranked(detector, flat, candidates, point))
-    return [
-        _per_segment(text, s, [next(ranked) for _ in s], ranking, threshold)
-        for text, s, ranking in zip(texts, spans, whole)
-    ]
-
-
-def _ranked(
-    detector: LanguageDetector, texts: Sequence[str], candidates: list[str], point: Checkpoint
-) -> list[list[tuple[str, float]]]:
-    out: list[list[tuple[str, float]]] = []
-    for at in range(0, len(texts), DETECT_EVERY):
-        point.check()
-        out += detector.detect_batch(texts[at : at + DETECT_EVERY], candidates)
-    return out
-
-
-def _per_segment(
-    text: str,
-    spans: list[tuple[int, int]],
-    rankings: list[list[tuple[str, float]]],
-    whole: list[tuple[str, float]],
-    threshold: float,
-) -> Found | Undecided:
-    """A text's detection from its segments': undecided segments take a neighbour's language."""
-    decisions = [decide(r, threshold) for r in rankings]
-    known = [d.language if isinstance(d, Detected) else None for d in decisions]
-    overall = decide(whole, threshold)
-    if not any(known):
-        if isinstance(overall, Undecided):
-            return overall
-        known = [overall.language] * len(spans)
-    else:
-        last = next(lang for lang in known if lang)  # leading undecided segments: the first decided one's
-        for k, lang in enumerate(known):
-            last = known[k] = lang or last
-    segments = tuple(
-        Part(a, b, lang, dict(r)[lang], isinstance(d, Detected) and d.language == lang)
-        for (a, b), lang, r, d in zip(spans, known, rankings, decisions)
-        if lang
-    )
-    if not segments:  # no segment at all (blank text): the whole text's decision
-        if isinstance(overall, Undecided):
-            return overall
-        return Found(overall.language, overall.confidence, (Part(0, len(text), overall.language, overall.confidence),))
-    chars: dict[str, int] = {}
-    for s in segments:
-        chars[s.language] = chars.get(s.language, 0) + s.end - s.start
-    language = max(chars, key=lambda lang: chars[lang])  # the first of the most: dicts keep order
-    mine = [s for s in segments if s.language == language]
-    confidence = sum(s.confidence * (s.end - s.start) for s in mine) / max(1, sum(s.end - s.start for s in mine))
-    if len(chars) == 1:
-        groups: tuple[Part, ...] = (Part(0, len(text), language, confidence),)
-    else:
-        runs: list[Part] = []
-        for s in segments:
-            if runs and runs[-1].language == s.language:
-                runs[-1] = dataclasses.replace(runs[-1], end=s.end)
-            else:
-                runs.append(dataclasses.replace(s))
-        groups = tuple(runs)
-    return Found(language, confidence, groups, segments)
-
-
 def _name(field: str, i: int) -> str:
     """A text's field: texts[i], or TranslateStream's text."""
     return f"{field}[{i}]" if field == "texts" else field
@@ -512,7 +394,7 @@ def _assemble(text: str, found: Found, results: list[TranslationResult], codes: 
             at = b
         out = TranslationResult(
             text=documents.join(text, spans, [r.text for r in results]),
-            score=_mean_score(results),
+            score=documents.mean_score(results),
             tokens=[t for r in results for t in r.tokens],
             token_ids=[t for r in results for t in r.token_ids],
             input_tokens=sum(r.input_tokens for r in results),
@@ -545,11 +427,3 @@ def _assemble(text: str, found: Found, results: list[TranslationResult], codes: 
         seg.translation.detected_confidence = best.confidence
     out.detected_language, out.detected_confidence = codes[found.language], found.confidence
     return out
-
-
-def _mean_score(results: list[TranslationResult]) -> float | None:
-    """The results' scores averaged, weighted by their output tokens (None if one has none)."""
-    if any(r.score is None for r in results):
-        return None
-    weight = sum(r.output_tokens for r in results)
-    return sum(float(r.score or 0.0) * r.output_tokens for r in results) / max(weight, 1)

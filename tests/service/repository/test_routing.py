@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from service.repository.routing import Found, _labels, _merge, detect_texts
+from service.repository.detection import Found, detect_texts
+from service.repository.routing import _labels, _merge
 from service.runtime.language_id import LanguageDetector, Undecided
 
 DE = "Ein Mann mit einem orangefarbenen Hut, der etwas anstarrt."
