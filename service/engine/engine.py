@@ -7,8 +7,8 @@ service.engine.requests and `ServiceError`s."""
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
+import functools
 import time
 from collections.abc import Callable, Sequence
 from typing import TypeVar
@@ -17,17 +17,24 @@ import numpy as np
 
 from contract.manifest import Manifest, resolve_onnx_dir
 from service import tracing
-from service.batching.jobs import EncodeJob, Sentence, new_request
-from service.decoding.output_rules import max_output_len
+from service.batching.jobs import Sentence
 from service.decoding.results import Finished
-from service.engine import documents, glossary, markup_text, model_info, placement, plan_processes, work
+from service.engine import (
+    documents,
+    encoding,
+    glossary,
+    markup_text,
+    model_info,
+    placement,
+    plan_processes,
+    row_results,
+    work,
+)
 from service.engine.backend import Backend
 from service.engine.inference import Inference
 from service.engine.languages import LanguagePair, ModelLanguages, Prefixes
 from service.engine.requests import (
     TEXT,
-    Alignment,
-    Alternative,
     EncodingResult,
     TranslateOptions,
     TranslationResult,
@@ -36,7 +43,7 @@ from service.engine.search_options import SearchOptions
 from service.engine.terms import Match
 from service.engine.text import normalize_text, utf8_bytes
 from service.engine.work import NO_CHECK, Checkpoint
-from service.errors import Cancelled, DeadlineExceeded, Internal, InvalidArgument, quote
+from service.errors import InvalidArgument, quote
 from service.metrics import ModelMetrics
 from service.runtime.tokenizer import TextTokenizer
 from service.settings import Settings
@@ -74,8 +81,13 @@ class Engine:
         self.search = SearchOptions(settings, manifest, tokenizer)
         # The named glossaries this version ships (service.engine.glossary), set by its loader.
         self.glossaries: dict[str, glossary.NamedGlossary] = {}
-        # The target vocabulary's word-internal pieces, banned right after a term (service.engine.placement).
-        self.pieces = placement.word_pieces(tokenizer, manifest.dims.vocab_size)
+
+    @functools.cached_property
+    def pieces(self) -> np.ndarray:
+        """The target vocabulary's word-internal pieces, banned right after a term
+        (service.engine.placement): made at the first request with terms, not at load (a walk
+        over the whole vocabulary)."""
+        return placement.word_pieces(self.tokenizer, self.manifest.dims.vocab_size)
 
     # -- validation and tokenisation --------------------------------------------------
 
@@ -241,96 +253,9 @@ class Engine:
             at += p.row_count
         return out
 
-    def sentences(
-        self,
-        src: list[list[int]],
-        opts: TranslateOptions,
-        timeout: float | None,
-        prefixes: Prefixes = Prefixes(),
-        field_prefix: str = "",
-        point: Checkpoint = NO_CHECK,
-    ) -> list[Sentence]:
-        """The sentences of `src` to queue. A sentence's max_len (tokens it may emit) is the model's
-        length rule, which counts the forced target language token as the reference does, raised to
-        fit min_output_tokens and the requested target prefix, within the request's cap; the cap and
-        min_output_tokens count output tokens, the requested prefix included, without the language
-        token (which the decoder emits first and leaves out of the output). They carry one request tag."""
-        beam, lp = self.search.mode(opts)
-        gen = self.manifest.generation
-        cap = self.search.cap(opts)
-        forced = list(prefixes.target)
-        room = self.manifest.dims.max_positions - 1 - len(forced)  # the position table's room left
-        kept = self.search.output_prefixes(opts, len(src), min(cap, room), field_prefix, point)
-        sampling = self.search.sampling(opts, len(src))
-        if timeout is not None and timeout <= 0:
-            raise DeadlineExceeded("deadline expired before the request was queued")
-        deadline = time.monotonic() + timeout if timeout is not None else None
-        request = new_request()
-        return [
-            Sentence(
-                src_ids=s,
-                beam=beam,
-                length_penalty=lp,
-                max_len=min(
-                    cap + len(forced),
-                    room + len(forced),
-                    max(
-                        max(opts.min_output_tokens, len(k)) + 1 + len(forced),
-                        max_output_len(len(s), gen.max_len_a, gen.max_len_b, self.manifest.dims.max_positions),
-                    ),
-                ),
-                min_len=opts.min_output_tokens,
-                target_prefix=forced,
-                output_prefix=k,
-                num_hypotheses=max(1, opts.num_hypotheses),
-                sampling=how,
-                want_alignment=opts.return_alignment,
-                want_scores=opts.return_scores,
-                deadline=deadline,
-                request=request,
-            )
-            for s, k, how in work.checked(zip(src, kept, sampling), point)  # a large request's deadline
-        ]
-
-    def _token_strings(self, ids: list[int]) -> list[str]:
-        """The token strings of `ids`: each one's vocabulary entry, `<unk>` for an id of the model
-        that no entry names (service.runtime.tokenizer). Every id comes from this tokenizer or from
-        the model exported with it, so one past the model's vocabulary means they disagree."""
-        size = self.manifest.dims.vocab_size
-        for i in ids:
-            if not 0 <= i < size:
-                raise Internal(f"token id {i} is outside the model's vocabulary of {size}")
-        token = self.tokenizer.token
-        return [token(i) for i in ids]
-
     def result(self, src: list[int], finished: Finished, opts: TranslateOptions) -> TranslationResult:
-        ids = list(finished.tokens)
-        # Token strings only when the caller asked for them: this runs for every sentence.
-        tokens = self._token_strings(ids) if opts.return_tokens or opts.return_alignment else []
-        result = TranslationResult(
-            text=self.tokenizer.decode(ids).strip(),
-            score=None if finished.score is None else float(finished.score),
-            tokens=tokens,
-            token_ids=ids,
-            input_tokens=len(src),
-            output_tokens=len(ids) + 1,
-        )
-        if opts.return_alignment and finished.alignment is not None:
-            result.alignment = Alignment(
-                source_tokens=self._token_strings(src),
-                target_tokens=tokens + ["</s>"],
-                weights=np.asarray(finished.alignment, dtype=np.float32)[: len(ids) + 1, : len(src)],
-            )
-        result.hypotheses = [
-            Alternative(
-                text=self.tokenizer.decode(h.tokens).strip(),
-                score=float("-inf") if h.score is None else float(h.score),
-                tokens=self._token_strings(h.tokens) if opts.return_tokens else [],
-                token_ids=list(h.tokens),
-            )
-            for h in finished.hypotheses
-        ]
-        return result
+        """One row's translation (service.engine.row_results)."""
+        return row_results.row_result(self.tokenizer, self.manifest.dims.vocab_size, src, finished, opts)
 
     # -- the calls ------------------------------------------------------------------------
 
@@ -443,7 +368,7 @@ class Engine:
             found = glossary.place(terms, plans, self.tokenizer, len(prefixes.source), unk, field, point)
         row_opts = self.row_options(opts, plans, prefixes, field_prefix)
         point.check()
-        sentences = self.sentences(src, row_opts, point.remaining(), prefixes, field_prefix, point)
+        sentences = self.search.sentences(src, row_opts, point.remaining(), prefixes, field_prefix, point)
         if found is not None:
             for s, row_terms in zip(sentences, found.rows):
                 s.terms = row_terms
@@ -505,44 +430,8 @@ class Engine:
         timeout: float | None = None,
         pair: LanguagePair = LanguagePair(),
     ) -> list[EncodingResult]:
-        """`pair`: a multilingual model's source language token leads each source, when it has one
-        (the target language plays no part in encoding)."""
-        inference = Inference(self.metrics, self.encoder_model)
-        try:
-            self.check_texts(texts)
-            lead = self.languages.prefixes(pair, need_target=False)
-            size = self.check_sizes(texts)
-            started = time.monotonic()
-            src = await self.work.run(lambda point: self.source_ids(texts, prefixes=lead, point=point), size, timeout)
-            if timeout is not None:
-                timeout -= time.monotonic() - started
-            self.trace(self.encoder_model, texts=len(src))
-            jobs = [EncodeJob(src_ids=s) for s in src]
-            inference.submit()
-            self.scheduler.submit_encode(jobs)
-            futures = [asyncio.wrap_future(j.future) for j in jobs]
-            try:
-                memories = await asyncio.wait_for(asyncio.gather(*futures), timeout)
-            except TimeoutError:
-                raise DeadlineExceeded("deadline expired before the texts were encoded") from None
-            except asyncio.CancelledError:
-                for f in futures:
-                    f.cancel()
-                raise Cancelled("request cancelled") from None
-            inference.compute_done()
-            results = [
-                EncodingResult(
-                    pooled=m.mean(axis=0),
-                    tokens=self._token_strings(s),
-                    token_embeddings=m if return_token_embeddings else None,
-                )
-                for s, m in zip(src, memories)
-            ]
-        except BaseException:
-            inference.failed()
-            raise
-        inference.succeeded(len(texts))
-        return results
+        """Encode (service.engine.encoding)."""
+        return await encoding.encode(self, texts, return_token_embeddings, timeout, pair)
 
     def model_info(self) -> dict:
         """GetModelInfo's fields for this version (service.engine.model_info)."""

@@ -7,14 +7,18 @@ Every refusal is INVALID_ARGUMENT naming the option."""
 from __future__ import annotations
 
 import math
+import time
 
 from contract.manifest import Manifest
+from service.batching.jobs import Sentence, new_request
+from service.decoding.output_rules import max_output_len
 from service.decoding.sampling import Sampling, sampling_rng
 from service.engine import work
+from service.engine.languages import Prefixes
 from service.engine.requests import TranslateOptions
 from service.engine.text import normalize_text
 from service.engine.work import NO_CHECK, Checkpoint
-from service.errors import InvalidArgument
+from service.errors import DeadlineExceeded, InvalidArgument
 from service.runtime.tokenizer import TextTokenizer
 from service.settings import Settings
 
@@ -141,3 +145,54 @@ class SearchOptions:
             f"the {rows} one request can queue (max_queue_size {st.max_queue_size} over {st.decode_workers} "
             "engine processes, a request in one)"
         )
+
+    def sentences(
+        self,
+        src: list[list[int]],
+        opts: TranslateOptions,
+        timeout: float | None,
+        prefixes: Prefixes = Prefixes(),
+        field_prefix: str = "",
+        point: Checkpoint = NO_CHECK,
+    ) -> list[Sentence]:
+        """The sentences of `src` to queue. A sentence's max_len (tokens it may emit) is the model's
+        length rule, which counts the forced target language token as the reference does, raised to
+        fit min_output_tokens and the requested target prefix, within the request's cap; the cap and
+        min_output_tokens count output tokens, the requested prefix included, without the language
+        token (which the decoder emits first and leaves out of the output). They carry one request tag."""
+        beam, lp = self.mode(opts)
+        gen = self.manifest.generation
+        cap = self.cap(opts)
+        forced = list(prefixes.target)
+        room = self.manifest.dims.max_positions - 1 - len(forced)  # the position table's room left
+        kept = self.output_prefixes(opts, len(src), min(cap, room), field_prefix, point)
+        sampling = self.sampling(opts, len(src))
+        if timeout is not None and timeout <= 0:
+            raise DeadlineExceeded("deadline expired before the request was queued")
+        deadline = time.monotonic() + timeout if timeout is not None else None
+        request = new_request()
+        return [
+            Sentence(
+                src_ids=s,
+                beam=beam,
+                length_penalty=lp,
+                max_len=min(
+                    cap + len(forced),
+                    room + len(forced),
+                    max(
+                        max(opts.min_output_tokens, len(k)) + 1 + len(forced),
+                        max_output_len(len(s), gen.max_len_a, gen.max_len_b, self.manifest.dims.max_positions),
+                    ),
+                ),
+                min_len=opts.min_output_tokens,
+                target_prefix=forced,
+                output_prefix=k,
+                num_hypotheses=max(1, opts.num_hypotheses),
+                sampling=how,
+                want_alignment=opts.return_alignment,
+                want_scores=opts.return_scores,
+                deadline=deadline,
+                request=request,
+            )
+            for s, k, how in work.checked(zip(src, kept, sampling), point)  # a large request's deadline
+        ]
