@@ -15,8 +15,6 @@ back to the system (glibc's malloc_trim), which it otherwise keeps in its arenas
 from __future__ import annotations
 
 import asyncio
-import ctypes
-import ctypes.util
 import functools
 import gc
 import os
@@ -27,6 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
 from service.errors import Cancelled, DeadlineExceeded
+from service.runtime.memory import release_freed_memory
 
 T = TypeVar("T")
 
@@ -135,20 +134,7 @@ def shared(threads: int) -> TextWork:
     return TextWork(threads)
 
 
-@functools.cache
-def _malloc_trim() -> Callable[[int], int] | None:
-    name = ctypes.util.find_library("c")
-    try:
-        libc = ctypes.CDLL(name or "libc.so.6")
-        trim: Callable[[int], int] = libc.malloc_trim
-    except (OSError, AttributeError):  # not glibc
-        return None
-    return trim
-
-
 def release_memory() -> None:
     """Give the C allocator's free memory back to the system, where it can (glibc)."""
     gc.collect()  # the cycles an error's traceback makes with the frames that hold a request's texts
-    trim = _malloc_trim()
-    if trim is not None:
-        trim(0)
+    release_freed_memory()

@@ -46,7 +46,7 @@ from service.parallel.messages import (
 )
 from service.runtime.gil import set_switch_interval
 from service.runtime.loading import load_models
-from service.runtime.memory import keep_freed_memory
+from service.runtime.memory import freeze_loaded, keep_freed_memory
 from service.settings import Settings
 
 Job = TypeVar("Job", Sentence, EncodeJob)
@@ -66,6 +66,7 @@ def child_main(conn: Connection, settings_json: str, log_level: str, labels: tup
     metrics = Metrics().for_model(*labels)
     scheduler = Scheduler(models, settings, metrics)
     scheduler.start()
+    freeze_loaded()
     child = Child(conn, scheduler, metrics)
     child.send(Ready(provider=models[0].provider, sessions=len({id(m) for m in models})))
     child.serve()

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import gc
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterator
@@ -30,7 +29,7 @@ from service.engine.languages import LanguagePair
 from service.errors import FailedPrecondition, ModelLoadError, NotFound, Unavailable, quote
 from service.metrics import Metrics
 from service.repository.layout import VersionDir, parse_model_ref, scan
-from service.runtime.memory import release_freed_memory
+from service.runtime.memory import collect_all, freeze_loaded
 
 log = logging.getLogger("mtserve.repository")
 
@@ -271,12 +270,12 @@ class ModelRegistry:
                 except BaseException:
                     # The series its metrics made (a queue depth of 0...) for a version not served.
                     self.metrics.forget_model(source.name, source.version)
-                    gc.collect()
-                    release_freed_memory()
+                    collect_all()
                     raise
                 finally:
                     del self.busy[key]
                 self.served[key] = served
+                freeze_loaded()
                 log.info("loaded %s from %s in %.1fs", served.ref, source.path, time.perf_counter() - t0)
             if make_default or not self.default_name:
                 self.set_default(served)
@@ -339,8 +338,7 @@ class ModelRegistry:
             # The last references to the sessions go here; then the heap's free pages go back to
             # the kernel, so the process returns to the footprint of what is still loaded.
             del doomed, s
-            gc.collect()
-            release_freed_memory()
+            collect_all()
             return refs
 
     async def _stop(self, served: ServedModel) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import gc
 import logging
 import os
 import threading
@@ -99,3 +100,22 @@ def release_freed_memory() -> bool:
         return False
     trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
     return bool(trim(0))
+
+
+def freeze_loaded() -> None:
+    """Move every object alive now (modules, sessions, tokenizers: what loading a model made)
+    out of the cycle collector's reach (`gc.freeze`). A full collection otherwise walks them all
+    while it holds the interpreter lock, and one that a large request's allocations set off
+    paused Health for a second; after this it walks only what requests made since."""
+    gc.collect()
+    gc.freeze()
+
+
+def collect_all() -> None:
+    """A full collection over every object, those `freeze_loaded` set aside included (an
+    unloaded version's cycles are among them), then those left set aside again, and the heap's
+    free pages handed back to the kernel."""
+    gc.unfreeze()
+    gc.collect()
+    gc.freeze()
+    release_freed_memory()
