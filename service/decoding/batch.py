@@ -307,8 +307,8 @@ class DecodeBatch(Search):
         # Greedy rows that may not end yet need the second best too, should the best be </s>,
         # unless the step bans it (no_eos).
         k_row = (2 if rules.binding and no_eos is None else 1) if K == 1 else min(2 * K, model.vocab_size)
-        if K == 1:  # a banned token, and </s> too, may be a row's best (service.decoding.terms)
-            k_row = max(k_row, self._terms_candidates())
+        # Banned tokens, and </s> too, may be a row's best ones (service.decoding.terms).
+        k_row = min(max(k_row, self._terms_candidates()), model.vocab_size)
         if sampling:  # the candidates of the sentences that sample
             live = [x for x, d in zip(self.sampling, self.done) if x is not None and not d]
             k_row = max(k_row, *(x.candidates(model.vocab_size) for x in live))

@@ -9,8 +9,8 @@ top ids and their log-probabilities, best first; `StepResult`):
 - a greedy sentence that samples draws its token among its candidates (`service.decoding.sampling`),
   never `</s>` before its minimum length;
 - a glossary term's tokens are forced as a prefix's are, beams may not end while a term is
-  missing, and a row may not write the token banned after a term it placed
-  (`service.decoding.terms`; `with_terms`).
+  missing, and a row may not write the tokens banned around a term (`service.decoding.terms`;
+  `with_terms`).
 
 `OutputRules.at_step` works out which rows are under the prefix and minimum-length rules at a step;
 most steps have none (a multilingual model's language token binds the first step only), and then
@@ -41,15 +41,13 @@ class OutputRules:
 
     forced: (R,) the prefix token a row must emit at this step (-1: none); no_eos: (R,) bool, the
     rows that may not end yet. Both None when no live row is under either rule at this step.
-    banned: (R,) a token a row may not write (-1: none), or None; dropped: (R, k) the step's
-    candidates a row may not take, or None."""
+    dropped: (R, k) the step's candidates a row may not take, or None."""
 
     eos_id: int
     pad_id: int
     beam: int
     forced: np.ndarray | None = None
     no_eos: np.ndarray | None = None
-    banned: np.ndarray | None = None
     dropped: np.ndarray | None = None
 
     @classmethod
@@ -86,19 +84,17 @@ class OutputRules:
 
     def with_terms(self, terms: TermStep | None) -> OutputRules:
         """These rules with the glossary terms' forced tokens (a row at a prefix token starts none),
-        banned tokens and, for beams, </s> bans; greedy rows need no </s> ban: one whose best
-        token is </s> starts a missing term instead."""
+        dropped candidates (banned tokens, word pieces after a term) and, for beams, </s> bans;
+        greedy rows need no </s> ban: one whose best token is </s> starts a missing term instead."""
         if terms is None:
             return self
-        bans = (terms.banned >= 0).any()
         dropped = terms.dropped
-        if not ((terms.forced >= 0).any() or bans or dropped is not None or (self.beam > 1 and terms.no_eos.any())):
+        if not ((terms.forced >= 0).any() or dropped is not None or (self.beam > 1 and terms.no_eos.any())):
             return self
         forced, no_eos = terms.forced, terms.no_eos if self.beam > 1 else np.zeros(len(terms.forced), dtype=bool)
         if self.forced is not None and self.no_eos is not None:
             forced, no_eos = np.where(self.forced >= 0, self.forced, forced), self.no_eos | no_eos
-        banned = terms.banned if bans else None
-        return OutputRules(self.eos_id, self.pad_id, self.beam, forced, no_eos, banned, dropped)
+        return OutputRules(self.eos_id, self.pad_id, self.beam, forced, no_eos, dropped)
 
     @property
     def binding(self) -> bool:
@@ -107,17 +103,16 @@ class OutputRules:
 
     def apply(self, top_ids: np.ndarray, top_lp: np.ndarray | None) -> tuple[np.ndarray, np.ndarray | None]:
         """The step's candidates under the prefix and minimum-length rules: a forced row gets its
-        prefix token alone (log-prob 0); a row that may not end loses its </s> candidate, a row
-        with a banned token that one (greedy: the best other candidate takes its place, which
-        needs top_k >= 2, or 3 where a token is banned). Copies; the step's own arrays stay.
+        prefix token alone (log-prob 0); a row that may not end loses its </s> candidate, and a
+        row its `dropped` candidates (greedy: the best other candidate takes the place of its
+        best, which needs top_k >= 2, or more where tokens are dropped). Copies; the step's own
+        arrays stay.
         Unchanged where the rules do not bind."""
         if self.forced is None or self.no_eos is None:
             return top_ids, top_lp
         top_ids = top_ids.copy()
         top_lp = None if top_lp is None else top_lp.copy()
         out = self.no_eos[:, None] & (top_ids == self.eos_id)
-        if self.banned is not None:
-            out |= (top_ids == self.banned[:, None]) & (self.banned >= 0)[:, None]
         if self.dropped is not None:
             out |= self.dropped
         if self.beam == 1 and out[:, 0].any():

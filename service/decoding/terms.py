@@ -9,9 +9,10 @@ is emitting and how far (`at`, `pos`), and which terms it has placed (`placed`, 
 At each step, before the search chooses, a row that is not emitting a term starts one
 - where it writes the output position of a term it has not placed yet (`SourceTerm.position`,
   the position trigger: service.engine.placement finds it in a first pass without the terms), or
-  past it (the first such term by position), or earlier where its best token is the one the term
-  replaces in that first pass (`SourceTerm.replaces`: the model is about to write its own word
-  for the term, where a beam's words before it differ from the first pass's);
+  past it (the first such term by position), or earlier where its best token is one the term
+  replaces (`SourceTerm.replaces`: the first token of the model's own word for the term in that
+  first pass, in any case: the model is about to write it, where a beam's words before it differ
+  from the first pass's);
 - for a term without a position (-1), where the step's cross-attention puts its weight (its
   argmax) on the term's source span, DOMINANCE times more than on any source token outside the
   span: the model is about to translate that term (the single-pass attention trigger); or
@@ -21,15 +22,17 @@ A row emitting a term is given the term's next token alone (as a forced prefix t
 the term is out. Rows with terms left may not end otherwise (their </s> is banned), so every
 hypothesis that ends holds every term once, unless the sentence reaches its length limit.
 
-Where a row starts a term it remembers the token the term replaces (`SourceTerm.replaces`, else
+Where a row starts a term it remembers the tokens the term replaces (`SourceTerm.replaces`, else
 its best token of that step: the model's own translation of the term's first word, as a rule;
 not </s>, nor the term's first token): for BAN_STEPS steps after the term is out it may not
-write that token (beam: the candidate is dropped; greedy: the best other candidate takes its
-place, so greedy steps rank 3 candidates while a ban is pending), which keeps the model from
-translating the term a second time ("canine dog"). At the step right after a term the row may
-not write a word-internal piece either (the batch's `pieces` of the sentence: vocabulary entries
-that continue a word; greedy steps rank GLUE_CANDIDATES then), so that the term's last word is
-not continued ("lad" + "den"); a sentence all of whose rows' candidates are such pieces keeps
+write them (beam: the candidates are dropped; greedy: the best other candidate takes the
+place, so greedy steps rank GLUE_CANDIDATES candidates while a ban is pending), which keeps the
+model from translating the term a second time ("canine dog", "lad Boy"). Before a positioned
+term is out, a beam row may not take a replaced token as a candidate other than its best either
+(its best starts the term): no beam writes "Boy" where "A lad" was to stand. At the step right
+after a term the row may not write a word-internal piece either (the batch's `pieces` of the
+sentence: vocabulary entries that continue a word), so that the term's last word is not
+continued ("lad" + "den"). A sentence all of whose live rows' candidates these rules take keeps
 them.
 
 Sentences without terms are not touched: their rows never start one nor ban a token, and a
@@ -44,6 +47,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+NEG_INF = float("-inf")
 MAX_TERMS = 62  # per sentence: one bit each in `placed` (int64)
 # A row starts a term where its attention on the term's span is at least this many times its
 # attention on any one source token outside it: an article before the term's noun, which attends
@@ -56,8 +60,9 @@ DOMINANCE = 2.0
 # the replaced token as a trigger, 6 steps placed 0.915 of the benchmark's terms where the model's
 # word stood, 2 steps 0.91.
 BAN_STEPS = 6
-# The candidates a greedy row ranks at the step right after a term, which may not be a
-# word-internal piece of the target vocabulary ("lad" + "den" after the term "lad").
+# The candidates a greedy row ranks while tokens are banned after a term: a word-internal piece
+# of the target vocabulary may not follow it ("lad" + "den" after the term "lad"), nor the
+# replaced tokens for BAN_STEPS steps.
 GLUE_CANDIDATES = 8
 
 
@@ -69,21 +74,23 @@ class SourceTerm:
     # The output position (an index into the sentence's output tokens, a language token not
     # counted) at which the term starts: the position trigger; -1: the attention trigger.
     position: int = -1
-    # The token the term replaces there (the first of the words the model wrote for it without the
-    # term), banned after it in place of the row's best token; -1: the row's best token.
-    replaces: int = -1
+    # The tokens the term replaces there (the first of the words the model wrote for it without
+    # the term, in each case the vocabulary has: "▁boy", "▁Boy", "▁BOY"), banned around it in
+    # place of the row's best token; empty: the row's best token.
+    replaces: tuple[int, ...] = ()
 
 
 @dataclass
 class TermStep:
     """What the term rules decide for one step's rows (R,): the token forced on each row (-1:
-    none), the rows that may not end yet (terms missing), the token each row may not write
-    (-1: none; the one it wanted where the term it just placed started) and the rows whose term
-    ended at the last step (`glued`: they may not write a word-internal piece now)."""
+    none), the rows that may not end yet (terms missing), the tokens each row may not write
+    (the ones it wanted where the term it just placed started, and a beam row's replaced tokens
+    of a term still to come) and the rows whose term ended at the last step (`glued`: they may
+    not write a word-internal piece now)."""
 
     forced: np.ndarray
     no_eos: np.ndarray
-    banned: np.ndarray
+    banned: list[tuple[int, ...]]
     glued: np.ndarray
     # (R, k) the step's candidates a row may not take: the word-internal pieces of a `glued`
     # row (`TermRows._term_step`); None: none.
@@ -93,8 +100,9 @@ class TermStep:
 @dataclass
 class TermState:
     """The rows' term state (R,) each: the term a row is emitting (-1: none) and its next token
-    (`pos`), the terms it placed (bits), the token it wanted where it started its last term (-1:
-    none) and the steps left in which that token is banned."""
+    (`pos`), the terms it placed (bits), what it may not write after its last term (`ban`: the
+    term whose `replaces` are banned, or -2 - the token it wanted where the term started; -1:
+    nothing) and the steps left in which that ban holds."""
 
     at: np.ndarray
     pos: np.ndarray
@@ -111,6 +119,14 @@ class TermState:
         return TermState(self.at[rows], self.pos[rows], self.placed[rows], self.ban[rows], self.ban_left[rows])
 
 
+def _banned(row_terms: Sequence[SourceTerm], ban: int) -> tuple[int, ...]:
+    """The tokens a row's `TermState.ban` stands for."""
+    if ban >= 0:
+        term = row_terms[ban]
+        return tuple(t for t in term.replaces if t != term.target[0])
+    return (-2 - ban,) if ban <= -2 else ()
+
+
 def all_placed(n_terms: int) -> int:
     return (1 << n_terms) - 1
 
@@ -124,17 +140,19 @@ def decide(
     room: np.ndarray,
     eos_id: int,
     at_output: np.ndarray | None = None,
+    ahead: bool = False,
 ) -> tuple[TermStep, TermState]:
     """The step's forced tokens, </s> bans and banned tokens, and the state of the rows that start
-    a term (its `at`, and the token the row wanted there as its `ban`). terms: per row its
+    a term (its `at`, and what the row may not write after it as its `ban`). terms: per row its
     sentence's terms; state: the rows' (not changed); attention (R, S): the step's
     cross-attention; best (R,): each row's best token; live (R,) bool; room (R,): the tokens each
     row may still emit before its length limit ends it; at_output (R,): the output position each
-    row writes at this step (None: no term has a position)."""
+    row writes at this step (None: no term has a position); ahead: the rows are beams, which may
+    not write a replaced token of a positioned term to come either."""
     R = len(state.at)
     forced = np.full(R, -1, dtype=np.int64)
     no_eos = np.zeros(R, dtype=bool)
-    banned = np.full(R, -1, dtype=np.int64)
+    banned: list[tuple[int, ...]] = [()] * R
     glued = np.zeros(R, dtype=bool)
     at, ban = state.at.copy(), state.ban.copy()
     # Python scalars: a step looks at a few rows, where numpy's cost per element would dominate.
@@ -155,13 +173,23 @@ def decide(
             j = _start(row_terms, done, attention[r], ending, here, wanted_now)
             if j >= 0:
                 term = row_terms[j]
-                wanted = term.replaces if term.replaces >= 0 else wanted_now
-                ban[r] = wanted if wanted != eos_id and wanted != term.target[0] else -1
+                if term.replaces:
+                    ban[r] = j
+                else:
+                    ban[r] = -2 - wanted_now if wanted_now != eos_id and wanted_now != term.target[0] else -1
                 at[r] = j
         if j < 0:
             glued[r] = ban_left[r] == BAN_STEPS  # its last token was a term's last
-            if ban_left[r] > 0:
-                banned[r] = ban[r]
+            avoid = _banned(row_terms, int(ban[r])) if ban_left[r] > 0 else ()
+            if ahead and not full:
+                avoid += tuple(
+                    t
+                    for k, term in enumerate(row_terms)
+                    if not done >> k & 1 and term.position >= 0
+                    for t in term.replaces
+                    if t != term.target[0]
+                )
+            banned[r] = avoid
         else:
             forced[r] = row_terms[j].target[pos[r]]
         no_eos[r] = not full
@@ -173,7 +201,7 @@ def _start(
     row_terms: Sequence[SourceTerm], done: int, att: np.ndarray, ending: bool, here: int = -1, best: int = -1
 ) -> int:
     """The term a row starts now (-1: none): of the unplaced ones with a position, the first
-    whose position the row has reached (`here`) or whose replaced token is the row's best one
+    whose position the row has reached (`here`) or of whose replaced tokens the row's best is one
     (`best`: the model is about to write its own word for the term, where a beam's words before
     it differ from pass 1's); else of those without, the one whose span holds the attended
     source token (`att`'s argmax) and DOMINANCE times the weight of any token outside it; else,
@@ -182,7 +210,7 @@ def _start(
     due = [
         j
         for j in left
-        if row_terms[j].position >= 0 and (row_terms[j].position <= here or row_terms[j].replaces == best >= 0)
+        if row_terms[j].position >= 0 and (row_terms[j].position <= here or best in row_terms[j].replaces)
     ]
     if due:
         return min(due, key=lambda j: row_terms[j].position)
@@ -243,6 +271,7 @@ class TermRows:
     beam: int
     eos_id: int
     done: np.ndarray
+    scores: np.ndarray
     max_len: np.ndarray
     positions: np.ndarray
     output_from: np.ndarray
@@ -310,28 +339,36 @@ class TermRows:
         room = per_row(self.max_len) - 1 - self.positions
         at_output = self.positions - per_row(self.output_from)
         per = self._per_row()
-        step, state = decide(per, self._term_state(), att, top_ids[:, 0], live, room, self.eos_id, at_output)
+        step, state = decide(per, self._term_state(), att, top_ids[:, 0], live, room, self.eos_id, at_output, K > 1)
         self._set_term_state(state)
-        if step.glued.any():
+        banned = [r for r, b in enumerate(step.banned) if b]
+        if step.glued.any() or banned:
             dropped = np.zeros(top_ids.shape, dtype=bool)
             for r in np.flatnonzero(step.glued).tolist():
                 mask = self.term_pieces[r // K]
                 if mask is not None:
                     dropped[r] = mask[top_ids[r]]
-            for i in np.unique(np.flatnonzero(step.glued) // K).tolist():
-                if dropped[i * K : (i + 1) * K].all():  # a sentence keeps a candidate
-                    dropped[i * K : (i + 1) * K] = False
+            for r in banned:
+                dropped[r] |= np.isin(top_ids[r], step.banned[r])
+            # A sentence whose live rows have no candidate left (after "lad" a model may want
+            # only "boy" and word pieces) keeps them all: it would die otherwise.
+            live_rows = (self.scores > NEG_INF) if K > 1 else np.ones(len(dropped), dtype=bool)
+            stuck = (dropped.all(axis=1) | ~live_rows).reshape(-1, K).all(axis=1)
+            dropped[np.repeat(stuck, K)] = False
             if dropped.any():
                 step.dropped = dropped
         return step
 
     def _terms_candidates(self) -> int:
-        """The candidates a greedy row needs at this step, known before it: 1 without a ban in
-        force; 3 while a row may have a token banned (a banned token, and </s> too, may be its
-        best); GLUE_CANDIDATES right after a term, when a row may not take a word-internal piece."""
+        """The candidates a row needs at this step, known before it (at least): 1 without a
+        ban in force; while a row may have tokens banned (they, and </s> too, may be its best
+        ones) GLUE_CANDIDATES, and right after a term, where a row may not take a word-internal
+        piece either, GLUE_CANDIDATES more than a beam's 2K (after "lad" a model may rank
+        nothing but pieces and "boy" in its first 2K)."""
         if not self.with_terms.any() or not (self.term_ban_left > 0).any():
             return 1
-        return GLUE_CANDIDATES if (self.term_ban_left == BAN_STEPS).any() else 3
+        glue = bool((self.term_ban_left == BAN_STEPS).any())
+        return GLUE_CANDIDATES + (64 if glue and self.beam > 1 else 0)
 
     def _terms_advance(self, step: TermStep | None, rows: np.ndarray | None) -> None:
         """The rows' term state after this step's tokens; beams follow their parents (`rows`)."""

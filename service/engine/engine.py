@@ -13,8 +13,6 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-import numpy as np
-
 from contract.manifest import Manifest, resolve_onnx_dir
 from service import tracing
 from service.batching.jobs import Sentence
@@ -83,11 +81,11 @@ class Engine:
         self.glossaries: dict[str, glossary.NamedGlossary] = {}
 
     @functools.cached_property
-    def pieces(self) -> np.ndarray:
-        """The target vocabulary's word-internal pieces, banned right after a term
-        (service.engine.placement): made at the first request with terms, not at load (a walk
-        over the whole vocabulary)."""
-        return placement.word_pieces(self.tokenizer, self.manifest.dims.vocab_size)
+    def target_words(self) -> placement.TargetWords:
+        """The target vocabulary's word-internal pieces, banned right after a term, and its
+        tokens that differ in case alone (service.engine.placement): made at the first request
+        with terms, not at load (a walk over the whole vocabulary)."""
+        return placement.target_words(self.tokenizer, self.manifest.dims.vocab_size)
 
     # -- validation and tokenisation --------------------------------------------------
 
@@ -331,7 +329,7 @@ class Engine:
             self.trace(self.translation_model, sentences)
             inference.submit()
             # All the rows of all the texts, or none; rows with terms in two passes (service.engine.placement).
-            decoding = placement.Decoding(self.scheduler, sentences, self.pieces)
+            decoding = placement.Decoding(self.scheduler, sentences, self.target_words, len(prefixes.source))
             self.count_texts(plans, groups, text_type)
             finished = await decoding.results()
             inference.compute_done(sentences)
@@ -372,7 +370,7 @@ class Engine:
         if found is not None:
             for s, row_terms in zip(sentences, found.rows):
                 s.terms = row_terms
-                s.pieces = self.pieces if row_terms else None
+                s.pieces = self.target_words.pieces if row_terms else None
         return plans, src, sentences, found
 
     def request_terms(

@@ -7,17 +7,22 @@ last decoder layer's cross-attention of each output token). Each term's place is
 contiguous run of words around it whose tokens attend to the span most of all (a phrase of
 several words); the term takes the run's place. Pass 2 decodes the row with each term forced to
 start at that output position (`SourceTerm.position`, moved by the length of the terms before
-it), after it the first token of the run banned for a few steps (`SourceTerm.replaces`), and
-the search free everywhere else (service.decoding.terms).
+it), the first token of the run, in each of its cases ("▁boy", "▁Boy"), kept out of the
+beams before it and banned for a few steps after it (`SourceTerm.replaces`), and the search
+free everywhere else (service.decoding.terms).
 
-A term pass 1 gives no place (no output token puts MIN_SHARE of its attention on the span, or
-its run overlaps another term's) keeps the single-pass attention trigger; so do the rows of a
+Where the attention gives a term no place (no output token puts MIN_SHARE of its attention on
+the span, or the run reaches pass 1's cut), the model's own word for the term does: pass 1 also
+decodes each term's source span alone (`alone`), and where the first token of that translation's
+last word (`anchor`, in any case) starts exactly one word of pass 1's output, the term takes
+that word's place. A term still without a place (or whose run overlaps another term's) keeps
+the single-pass attention trigger; so do the rows of a
 sampling request (two draws would not agree on where a word stands) and TranslateStream's rows
 (service.engine.streaming), which stream from one pass. Rows without terms go to the queue with
 pass 1 and decode once, as without a glossary.
 
-`word_pieces` is the target vocabulary's word-internal pieces, which the search bans right after
-a term (no "lad" + "den").
+`target_words` walks the target vocabulary once for its word-internal pieces, which the search
+bans right after a term (no "lad" + "den"), and for the tokens that differ only in case.
 """
 
 from __future__ import annotations
@@ -25,7 +30,8 @@ from __future__ import annotations
 import asyncio
 import time
 import unicodedata
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -46,6 +52,8 @@ MIN_SHARE = 0.2
 # term's span: a term's translation stands about where its source does, and pass 1 costs what it
 # decodes (on the shipped models, 1 placed 0.725 of the terms, 4 and 8 0.865).
 LOOKAHEAD = 4
+# The tokens a term's translation alone may take beyond two for each source token.
+ALONE_EXTRA = 4
 # The words around the one that attends most to a term's span that attend to it at least this
 # share as much: the run of words that translate it. A row attends to the source word it is
 # about to translate, so an article's row often puts as much on the noun as the noun's: the term
@@ -53,15 +61,36 @@ LOOKAHEAD = 4
 RUN_SHARE = 0.5
 
 
-def word_pieces(tokenizer: TextTokenizer, vocab_size: int) -> np.ndarray:
-    """(vocab_size,) bool: the target vocabulary's entries that continue a word (no word-start
-    mark, and a letter or digit first); ids without an entry are not."""
-    out = np.zeros(vocab_size, dtype=bool)
+@dataclass(frozen=True)
+class TargetWords:
+    """What placement and the search need of a target vocabulary: its entries that continue a
+    word ((V,) bool: no word-start mark, and a letter or digit first; ids without an entry do
+    not), and, for each token with others that differ from it in case alone, all of them."""
+
+    pieces: np.ndarray
+    cases: Mapping[int, tuple[int, ...]]
+    # (V,) bool: the entries that hold a letter or digit first, after any word-start mark.
+    letters: np.ndarray
+
+    def spellings(self, token: int) -> tuple[int, ...]:
+        """`token` and the tokens that differ from it in case alone."""
+        return self.cases.get(token, (token,))
+
+
+def target_words(tokenizer: TextTokenizer, vocab_size: int) -> TargetWords:
+    pieces = np.zeros(vocab_size, dtype=bool)
+    letters = np.zeros(vocab_size, dtype=bool)
+    by_folded: dict[str, list[int]] = {}
     for i in range(vocab_size):
         piece = tokenizer.id_to_token(i)
-        if piece and not piece.startswith(WORD_STARTS) and unicodedata.category(piece[0])[0] in "LN":
-            out[i] = True
-    return out
+        if not piece:
+            continue
+        bare = piece[1:] if piece.startswith(WORD_STARTS) else piece
+        letters[i] = bool(bare) and unicodedata.category(bare[0])[0] in "LN"
+        pieces[i] = letters[i] and bare == piece
+        by_folded.setdefault(piece.casefold(), []).append(i)
+    cases = {i: tuple(ids) for ids in by_folded.values() if len(ids) > 1 for i in ids}
+    return TargetWords(pieces, cases, letters)
 
 
 def two_pass(s: Sentence) -> bool:
@@ -87,45 +116,93 @@ def first_pass(s: Sentence) -> Sentence:
     )
 
 
+def alone(s: Sentence, term: SourceTerm, lead: int) -> Sentence:
+    """A greedy row of the term's source span alone (after the `lead` tokens that open every
+    source row, and before its </s>): the model's own word for it, which `anchor` reads."""
+    return s.again(
+        src_ids=[*s.src_ids[:lead], *s.src_ids[term.start : term.end], s.src_ids[-1]],
+        max_len=len(s.target_prefix) + 2 * (term.end - term.start) + ALONE_EXTRA,
+        min_len=0,
+        output_prefix=[],
+        terms=(),
+        pieces=None,
+        beam=1,
+        length_penalty=1.0,
+        num_hypotheses=1,
+        want_alignment=False,
+        want_scores=False,
+        on_tokens=None,
+    )
+
+
+def anchor(tokens: Sequence[int], words: TargetWords) -> tuple[int, ...]:
+    """The spellings of the first token of the last word of `tokens` (a term's translation
+    alone) that starts with a letter or digit ("street" of "A street."); empty: none."""
+    starts = [
+        i for i in _words(tokens, words.pieces) if 0 <= tokens[i] < len(words.letters) and words.letters[tokens[i]]
+    ]
+    return words.spellings(int(tokens[starts[-1]])) if starts else ()
+
+
 def _words(tokens: Sequence[int], pieces: np.ndarray) -> list[int]:
     """The first token of each word of `tokens` (a token that is not a word-internal piece starts one)."""
     return [i for i, t in enumerate(tokens) if i == 0 or not (0 <= t < len(pieces) and pieces[t])]
+
+
+def _attended(term: SourceTerm, att: np.ndarray, bounds: Sequence[int]) -> tuple[int, int] | None:
+    """The tokens [a, b) of the run of words that attend most to the term's span (module doc);
+    None where no word puts MIN_SHARE of a token's attention on it."""
+    on_span = att[:, term.start : term.end].sum(axis=1)
+    weight = np.array([on_span[a:b].max() for a, b in zip(bounds, bounds[1:])])  # per word
+    best = int(np.argmax(weight))
+    if weight[best] < MIN_SHARE:
+        return None
+    strong = weight >= weight[best] * RUN_SHARE
+    lo = hi = best
+    while lo > 0 and strong[lo - 1]:
+        lo -= 1
+    while hi + 1 < len(weight) and strong[hi + 1]:
+        hi += 1
+    lo = max(lo, hi + 1 - (term.end - term.start))  # its last words, at most one a source token
+    return bounds[lo], bounds[hi + 1]
+
+
+def _named(anchor: tuple[int, ...], tokens: Sequence[int], bounds: Sequence[int]) -> tuple[int, int] | None:
+    """The tokens [a, b) of the one word of `tokens` that starts with a token of `anchor` (the
+    spellings of the first token of the model's word for the term alone); None where no word or
+    more than one does."""
+    at = [(a, b) for a, b in zip(bounds, bounds[1:]) if tokens[a] in anchor]
+    return at[0] if len(at) == 1 else None
 
 
 def positioned(
     terms: Sequence[SourceTerm],
     tokens: Sequence[int],
     alignment: np.ndarray | None,
-    pieces: np.ndarray,
+    words: TargetWords,
     cut: bool = False,
+    anchors: Sequence[tuple[int, ...]] = (),
 ) -> tuple[SourceTerm, ...]:
     """`terms` with the output positions pass 1's output (`tokens`, `alignment`: (len(tokens) +
     1, S)) gives them (module doc); a term it gives none keeps position -1. `cut`: pass 1 reached
-    its length limit, so a run of words that reaches its end may go on past it (no position)."""
+    its length limit, so a run of words that reaches its end may go on past it (no position).
+    `anchors`: per term, the spellings of the first token of the last word of its span's
+    translation alone (empty: none), whose one occurrence places a term the attention does not."""
     n = len(tokens)
     if alignment is None or n == 0 or len(alignment) < n:
         return tuple(terms)
     att = np.asarray(alignment[:n], dtype=np.float64)
-    starts = _words(tokens, pieces)
+    starts = _words(tokens, words.pieces)
     bounds = [*starts, n]
     runs: list[tuple[int, int] | None] = []  # per term: the tokens [a, b) it replaces
-    for term in terms:
-        on_span = att[:, term.start : term.end].sum(axis=1)
-        weight = np.array([on_span[a:b].max() for a, b in zip(bounds, bounds[1:])])  # per word
-        best = int(np.argmax(weight))
-        if weight[best] < MIN_SHARE:
+    for j, term in enumerate(terms):
+        run = _attended(term, att, bounds)
+        if run is not None and cut and run[1] == n:
+            run = None  # it may go on past the cut
+        if run is None and j < len(anchors) and anchors[j]:
+            run = _named(anchors[j], tokens, bounds)
+        if run is None:
             runs.append(None)
-            continue
-        strong = weight >= weight[best] * RUN_SHARE
-        lo = hi = best
-        while lo > 0 and strong[lo - 1]:
-            lo -= 1
-        while hi + 1 < len(weight) and strong[hi + 1]:
-            hi += 1
-        lo = max(lo, hi + 1 - (term.end - term.start))  # its last words, at most one a source token
-        run = (bounds[lo], bounds[hi + 1])
-        if cut and run[1] == n:
-            runs.append(None)  # it may go on past the cut
             continue
         if any(r is not None and r[0] < run[1] and run[0] < r[1] for r in runs):
             runs.append(None)  # the place of another term
@@ -138,7 +215,7 @@ def positioned(
         shift[j] = a + moved
         moved += len(terms[j].target) - (b - a)
     return tuple(
-        SourceTerm(t.start, t.end, t.target, shift[j], int(tokens[runs[j][0]]))  # type: ignore[index]
+        SourceTerm(t.start, t.end, t.target, shift[j], words.spellings(int(tokens[runs[j][0]])))  # type: ignore[index]
         if j in shift
         else t
         for j, t in enumerate(terms)
@@ -150,23 +227,29 @@ class Decoding:
     with their pass 1 and decoded once. Made on the event loop, it queues the first pass (all the
     rows, or none: the backend's error); `results` awaits them."""
 
-    def __init__(self, backend: Backend, sentences: list[Sentence], pieces: np.ndarray):
-        self.backend, self.sentences, self.pieces = backend, sentences, pieces
+    def __init__(self, backend: Backend, sentences: list[Sentence], words: TargetWords, lead: int = 0):
+        self.backend, self.sentences, self.words = backend, sentences, words
         self.twice = [i for i, s in enumerate(sentences) if two_pass(s)]
         self.firsts = [first_pass(sentences[i]) for i in self.twice]
+        # Each term's span alone, decoded with pass 1 (`anchor`; `lead`: the tokens that open
+        # every source row, a source language's).
+        self.alone = [[alone(sentences[i], t, lead) for t in sentences[i].terms] for i in self.twice]
         self.once = [s for s in sentences if not two_pass(s)]
-        backend.submit(self.firsts + self.once)
+        backend.submit(self.firsts + [a for row in self.alone for a in row] + self.once)
 
     async def results(self) -> list[Finished]:
         """Each row's `Finished`, in order. A failure or cancellation of any row, in either pass,
         cancels them all."""
         once = [asyncio.wrap_future(s.future) for s in self.once]
         if self.twice:
-            drafts = await _gather([asyncio.wrap_future(s.future) for s in self.firsts], once)
-            for i, first, draft in zip(self.twice, self.firsts, drafts):
+            alone = [asyncio.wrap_future(a.future) for row in self.alone for a in row]
+            drafts = await _gather([asyncio.wrap_future(s.future) for s in self.firsts] + alone, once)
+            words = iter(drafts[len(self.firsts) :])
+            for i, first, draft, row in zip(self.twice, self.firsts, drafts, self.alone):
                 s = self.sentences[i]
                 cut = len(draft.tokens) + 1 >= first.max_len - len(first.target_prefix)
-                s.terms = positioned(s.terms, draft.tokens, draft.alignment, self.pieces, cut)
+                anchors = [anchor(next(words).tokens, self.words) for _ in row]
+                s.terms = positioned(s.terms, draft.tokens, draft.alignment, self.words, cut, anchors)
                 s.enqueued = time.monotonic()
             try:
                 self.backend.submit([self.sentences[i] for i in self.twice])

@@ -72,32 +72,37 @@ def test_beam_search_drops_the_eos_candidates_of_a_sentence_under_its_minimum() 
     ]
 
 
-def term_step(forced: list[int], no_eos: list[bool], banned: list[int]) -> TermStep:
-    return TermStep(np.array(forced), np.array(no_eos), np.array(banned), np.zeros(len(forced), dtype=bool))
+def term_step(forced: list[int], no_eos: list[bool], dropped: list[list[bool]] | None = None) -> TermStep:
+    step = TermStep(np.array(forced), np.array(no_eos), [()] * len(forced), np.zeros(len(forced), dtype=bool))
+    step.dropped = None if dropped is None else np.array(dropped)
+    return step
 
 
-def test_greedy_takes_the_best_candidate_neither_banned_nor_a_forbidden_eos() -> None:
+def test_greedy_takes_the_best_candidate_neither_dropped_nor_a_forbidden_eos() -> None:
+    ids = np.array([[7, EOS, 8], [7, EOS, 8], [6, 5, 8]])
     rules = rules_at(1, [1, 1, 1], [3, 3, 0], [[], [], []]).with_terms(  # rows 0 and 1 under their minimum
-        term_step([-1, -1, -1], [False] * 3, [7, -1, 5])
+        term_step([-1, -1, -1], [False] * 3, (ids == np.array([[7], [-1], [5]])).tolist())
     )
     assert rules.binding
-    ids = np.array([[7, EOS, 8], [7, EOS, 8], [6, 5, 8]])
     lp = np.array([[-0.1, -0.5, -1.5], [-0.1, -0.5, -1.5], [-0.1, -0.5, -1.5]], dtype=np.float32)
     got_ids, got_lp = rules.apply(ids, lp)
     assert got_ids[:, 0].tolist() == [8, 7, 6]  # 7 banned and </s> forbidden; nothing banned; 5 not first
     assert got_lp is not None and got_lp[:, 0].tolist() == [np.float32(-1.5), np.float32(-0.1), np.float32(-0.1)]
 
 
-def test_beam_search_drops_a_rows_banned_candidate() -> None:
-    rules = rules_at(2, [1, 1], [0], [[]]).with_terms(term_step([-1, -1], [False, False], [7, -1]))
+def test_beam_search_drops_a_rows_dropped_candidate() -> None:
     ids = np.array([[7, 5, 6, 8], [7, 5, 6, 8]])
+    rules = rules_at(2, [1, 1], [0], [[]]).with_terms(
+        term_step([-1, -1], [False, False], (ids == [[7], [-1]]).tolist())
+    )
     _, got_lp = rules.apply(ids, np.full((2, 4), -1.0, dtype=np.float32))
     assert got_lp is not None and (got_lp == NEG_INF).tolist() == [[True, False, False, False], [False] * 4]
 
 
 def test_dropped_candidates_are_passed_over_greedy_and_beam() -> None:
-    step = term_step([-1, -1], [False, False], [-1, -1])
-    step.dropped = np.array([[True, True, False], [False, False, False]])  # row 0: its first two are glue
+    step = term_step(
+        [-1, -1], [False, False], [[True, True, False], [False, False, False]]
+    )  # row 0: its first two are glue
     greedy = rules_at(1, [1, 1], [0, 0], [[], []]).with_terms(step)
     ids = np.array([[7, 5, 6], [7, 5, 6]])
     lp = np.array([[-0.1, -0.5, -1.5], [-0.1, -0.5, -1.5]], dtype=np.float32)

@@ -36,14 +36,14 @@ def test_after_a_term_the_row_may_not_write_the_token_it_wanted_where_the_term_s
     att[0, 3] = 1.0
     s = TermState.new(1)
     step, s = decide(terms, s, att, np.array([9]), np.array([True]), np.array([50]), EOS)  # wants 9 there
-    assert step.forced.tolist() == [40] and step.banned.tolist() == [-1]
+    assert step.forced.tolist() == [40] and step.banned == [()]
     s = advance(terms, s, step.forced)
     banned = []
     for _ in range(terms_module.BAN_STEPS + 1):
         step, s = decide(terms, s, np.zeros((1, 10)), np.array([9]), np.array([True]), np.array([50]), EOS)
-        banned += step.banned.tolist()
+        banned += step.banned
         s = advance(terms, s, step.forced)
-    assert banned == [9] * terms_module.BAN_STEPS + [-1]
+    assert banned == [(9,)] * terms_module.BAN_STEPS + [()]
 
 
 def test_no_ban_where_the_row_wanted_the_terms_own_token_or_to_end():
@@ -54,11 +54,11 @@ def test_no_ban_where_the_row_wanted_the_terms_own_token_or_to_end():
         step, s = decide(terms, TermState.new(1), att, np.array([wanted]), np.array([True]), np.array([50]), EOS)
         s = advance(terms, s, step.forced)
         step, s = decide(terms, s, np.zeros((1, 10)), np.array([9]), np.array([True]), np.array([50]), EOS)
-        assert step.banned.tolist() == [-1]
+        assert step.banned == [()]
 
 
 def test_a_term_with_a_position_starts_there_whatever_the_attention():
-    terms = [(SourceTerm(3, 4, (40, 41), position=2, replaces=9),)]
+    terms = [(SourceTerm(3, 4, (40, 41), position=2, replaces=(9, 19)),)]
     on_span = np.zeros((1, 10))
     on_span[0, 3] = 1.0
     s = TermState.new(1)
@@ -69,13 +69,13 @@ def test_a_term_with_a_position_starts_there_whatever_the_attention():
     off_span = np.zeros((1, 10))
     off_span[0, 8] = 1.0
     step, s = decide(terms, s, off_span, np.array([7]), np.array([True]), np.array([50]), EOS, np.array([2]))
-    assert step.forced.tolist() == [40] and s.ban.tolist() == [9]  # the replaced token, not the row's best (7)
+    assert step.forced.tolist() == [40] and s.ban.tolist() == [0]  # the term's replaced tokens, not the row's best (7)
     s = advance(terms, s, step.forced)
     step, s = decide(terms, s, off_span, np.array([7]), np.array([True]), np.array([50]), EOS, np.array([3]))
     assert step.forced.tolist() == [41]
     s = advance(terms, s, step.forced)
     step, s = decide(terms, s, off_span, np.array([7]), np.array([True]), np.array([50]), EOS, np.array([4]))
-    assert step.glued.tolist() == [True] and step.banned.tolist() == [9] and step.no_eos.tolist() == [False]
+    assert step.glued.tolist() == [True] and step.banned == [(9, 19)] and step.no_eos.tolist() == [False]
     s = advance(terms, s, step.forced)
     step, s = decide(terms, s, off_span, np.array([7]), np.array([True]), np.array([50]), EOS, np.array([5]))
     assert step.glued.tolist() == [False]  # only the step right after the term
@@ -228,7 +228,7 @@ def test_a_term_with_a_position_starts_at_it_and_the_piece_after_it_is_passed_ov
     terms = []
     for i, t in enumerate(texts):
         base = term_for(model, t, "Hund", "wolfhound")
-        terms.append((SourceTerm(base.start, base.end, base.target, position=2, replaces=plain[i].tokens[2]),))
+        terms.append((SourceTerm(base.start, base.end, base.target, position=2, replaces=(plain[i].tokens[2],)),))
     got = decode(model, DecodeBatch.from_sources(model, src, keys, beam=beam, terms=terms))
     after = []
     for i, (term,) in enumerate(terms):
@@ -258,9 +258,45 @@ def test_a_positioned_term_also_starts_where_the_row_would_write_the_token_it_re
     from service.decoding.terms import _start
 
     att = np.array([0.9, 0.05, 0.05])
-    terms = [SourceTerm(1, 2, (7, 8), position=5, replaces=42), SourceTerm(2, 3, (9,), position=8, replaces=43)]
+    terms = [
+        SourceTerm(1, 2, (7, 8), position=5, replaces=(42, 52)),
+        SourceTerm(2, 3, (9,), position=8, replaces=(43,)),
+    ]
     assert _start(terms, 0, att, ending=False, here=1, best=3) == -1  # before its place, another token
     assert _start(terms, 0, att, ending=False, here=1, best=42) == 0  # the model's own word for it, early
+    assert _start(terms, 0, att, ending=False, here=1, best=52) == 0  # in another case ("Boy" for "boy")
     assert _start(terms, 0, att, ending=False, here=5, best=3) == 0  # its place
     assert _start(terms, 1, att, ending=False, here=2, best=43) == 1  # the second, once the first is placed
     assert _start(terms, 1, att, ending=False, here=2, best=42) == -1  # a placed term's token starts nothing
+
+
+def test_beams_keep_a_terms_replaced_tokens_out_before_it_greedy_rows_start_it_there():
+    terms = [(SourceTerm(3, 4, (40,), position=3, replaces=(9, 19, 40)),)] * 2
+    att = np.zeros((2, 10))
+    live, room, here = np.array([True, True]), np.array([50, 50]), np.array([1, 1])
+    step, _ = decide(terms, TermState.new(2), att, np.array([7, 7]), live, room, EOS, here, ahead=True)
+    assert step.forced.tolist() == [-1, -1] and step.banned == [(9, 19), (9, 19)]  # not the term's own token
+    step, _ = decide(terms, TermState.new(2), att, np.array([7, 7]), live, room, EOS, here)
+    assert step.banned == [(), ()]  # greedy: its best starts the term, its others may be anything
+    step, s = decide(terms, TermState.new(2), att, np.array([19, 7]), live, room, EOS, here, ahead=True)
+    assert step.forced.tolist() == [40, -1] and s.ban.tolist() == [0, -1]
+
+
+def test_a_sentence_whose_live_beams_have_no_candidate_left_keeps_them(model, test_split):
+    """After a term, every candidate of every live beam is a banned token or a word-internal
+    piece (all the vocabulary but one token is made a piece, and that one is the banned one): the
+    sentence keeps its candidates instead of ending with nothing (it came back empty)."""
+    de, _ = test_split
+    text = next(t for t in de if " Hund " in t)
+    (src,) = model.source_ids([text])
+    (plain,) = decode(model, DecodeBatch.from_sources(model, [src], [0], beam=4)).values()
+    base = term_for(model, text, "Hund", "wolfhound")
+    left = plain.tokens[1]  # the one token that is not a piece, banned after the term
+    term = SourceTerm(base.start, base.end, base.target, position=0, replaces=(left,))
+    pieces = np.ones(model.vocab_size, dtype=bool)
+    pieces[left] = False
+    (got,) = decode(
+        model, DecodeBatch.from_sources(model, [src], [0], beam=4, terms=[(term,)], pieces=[pieces])
+    ).values()
+    ((_, s, e),) = got.terms
+    assert (s, tuple(got.tokens[s:e])) == (0, term.target) and len(got.tokens) > e

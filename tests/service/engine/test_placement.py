@@ -15,9 +15,12 @@ from service.decoding.results import Finished
 from service.decoding.terms import SourceTerm
 from service.engine import placement
 
-# Output tokens: 10 "▁A", 11 "▁man", 12 "▁in", 13 "▁hat", 14 "den" (a piece), 15 "."
+# Output tokens: 10 "▁A", 11 "▁man", 12 "▁in", 13 "▁hat", 14 "den" (a piece), 15 ".", 16 "▁Man"
 PIECES = np.zeros(20, dtype=bool)
 PIECES[14] = True
+LETTERS = np.ones(20, dtype=bool)
+LETTERS[15] = False
+WORDS = placement.TargetWords(PIECES, {11: (11, 16), 16: (11, 16)}, LETTERS)
 
 
 def rows(*weights: list[float]) -> np.ndarray:
@@ -29,8 +32,8 @@ def rows(*weights: list[float]) -> np.ndarray:
 def test_the_term_takes_the_last_word_of_the_run_that_attends_to_its_span():
     # source: 0 Ein, 1 Mann, 2 mit, 3 Hut, 4 ., 5 </s>; the article's row attends to "Mann" most of all
     att = rows([0.4, 0.5, 0, 0, 0, 0.1], [0, 0.45, 0.3, 0, 0, 0.25], [0, 0, 0.9, 0, 0, 0.1], [0, 0, 0, 1, 0, 0])
-    (term,) = placement.positioned([SourceTerm(1, 2, (7, 8))], [10, 11, 12, 13], att, PIECES)
-    assert (term.position, term.replaces) == (1, 11)  # "man", not "A"
+    (term,) = placement.positioned([SourceTerm(1, 2, (7, 8))], [10, 11, 12, 13], att, WORDS)
+    assert (term.position, term.replaces) == (1, (11, 16))  # "man" (in both cases), not "A"
 
 
 def test_a_word_of_several_pieces_is_replaced_whole_and_later_terms_move():
@@ -44,21 +47,38 @@ def test_a_word_of_several_pieces_is_replaced_whole_and_later_terms_move():
         [0, 0, 0, 0, 1, 0],
     )
     hat, man = placement.positioned(
-        [SourceTerm(3, 4, (7,)), SourceTerm(1, 2, (8, 9, 9))], [10, 13, 14, 12, 11, 15], att, PIECES
+        [SourceTerm(3, 4, (7,)), SourceTerm(1, 2, (8, 9, 9))], [10, 13, 14, 12, 11, 15], att, WORDS
     )
-    assert (hat.position, hat.replaces) == (1, 13)  # "▁hat den" (two tokens) becomes one
-    assert (man.position, man.replaces) == (3, 11)  # 4 in pass 1, one token earlier after "hat"
+    assert (hat.position, hat.replaces) == (1, (13,))  # "▁hat den" (two tokens) becomes one
+    assert (man.position, man.replaces) == (3, (11, 16))  # 4 in pass 1, one token earlier after "hat"
 
 
 def test_no_place_where_nothing_attends_to_the_span_or_a_run_reaches_a_cut():
     att = rows([1, 0, 0, 0, 0, 0], [0, 0.9, 0, 0, 0, 0.1], [0, 0, 1, 0, 0, 0])
-    (unseen,) = placement.positioned([SourceTerm(3, 4, (7,))], [10, 11, 12], att, PIECES)
+    (unseen,) = placement.positioned([SourceTerm(3, 4, (7,))], [10, 11, 12], att, WORDS)
     assert unseen.position == -1
-    (cut,) = placement.positioned([SourceTerm(2, 3, (7,))], [10, 11, 12], att, PIECES, cut=True)
+    (cut,) = placement.positioned([SourceTerm(2, 3, (7,))], [10, 11, 12], att, WORDS, cut=True)
     assert cut.position == -1
-    (whole,) = placement.positioned([SourceTerm(2, 3, (7,))], [10, 11, 12], att, PIECES)
+    (whole,) = placement.positioned([SourceTerm(2, 3, (7,))], [10, 11, 12], att, WORDS)
     assert whole.position == 2
-    assert placement.positioned([SourceTerm(2, 3, (7,))], [], None, PIECES)[0].position == -1
+    assert placement.positioned([SourceTerm(2, 3, (7,))], [], None, WORDS)[0].position == -1
+
+
+def test_a_term_the_attention_does_not_place_goes_where_its_translation_alone_stands_once():
+    att = rows([1, 0, 0, 0, 0, 0], [0, 0.9, 0, 0, 0, 0.1], [0, 0, 1, 0, 0, 0], [1, 0, 0, 0, 0, 0])
+    tokens = [10, 16, 12, 13]  # "A Man in hat": nothing attends to source 4
+    (named,) = placement.positioned([SourceTerm(4, 5, (7,))], tokens, att, WORDS, anchors=[(11, 16)])
+    assert (named.position, named.replaces) == (1, (11, 16))
+    (twice,) = placement.positioned([SourceTerm(4, 5, (7,))], [10, 11, 12, 16], att, WORDS, anchors=[(11, 16)])
+    assert twice.position == -1  # the word stands twice: no place
+    (none,) = placement.positioned([SourceTerm(4, 5, (7,))], tokens, att, WORDS, anchors=[()])
+    assert none.position == -1
+
+
+def test_the_anchor_is_the_first_token_of_the_last_word_with_a_letter_in_each_case():
+    assert placement.anchor([10, 16, 15], WORDS) == (11, 16)  # "A Man ." -> man, Man
+    assert placement.anchor([13, 14, 15], WORDS) == (13,)  # "hat den ." -> hat
+    assert placement.anchor([15], WORDS) == ()
 
 
 class Vocabulary:
@@ -69,9 +89,26 @@ class Vocabulary:
         return self.entries[i] if i < len(self.entries) else None
 
 
-def test_word_pieces_are_the_entries_that_continue_a_word_with_a_letter_or_digit():
-    v = Vocabulary(["<pad>", "</s>", "▁dog", "Ġcat", "den", "7", ".", None, "é"])
-    assert placement.word_pieces(v, 10).tolist() == [False, False, False, False, True, True, False, False, True, False]
+def test_target_words_are_the_pieces_that_continue_a_word_letters_and_the_cases_of_a_token():
+    v = Vocabulary(["<pad>", "</s>", "▁dog", "Ġcat", "den", "7", ".", None, "é", "▁Dog", "▁DOG", "▁."])
+    words = placement.target_words(v, 13)
+    assert words.pieces.tolist() == [False] * 4 + [True, True, False, False, True] + [False] * 4
+    assert words.letters.tolist() == [
+        False,
+        False,
+        True,
+        True,
+        True,
+        True,
+        False,
+        False,
+        True,
+        True,
+        True,
+        False,
+        False,
+    ]
+    assert words.spellings(2) == words.spellings(10) == (2, 9, 10) and words.spellings(3) == (3,)
 
 
 class Backend:
@@ -96,12 +133,15 @@ def test_rows_with_terms_decode_twice_the_others_once():
     async def run() -> None:
         backend = Backend()
         plain, termed = sentence(), sentence((SourceTerm(1, 2, (7,)),))
-        decoding = placement.Decoding(backend, [plain, termed], PIECES)
+        decoding = placement.Decoding(backend, [plain, termed], WORDS)
         (first,) = backend.submitted
-        assert first[1] is plain and first[0] is not termed and first[0].terms == () and first[0].beam == 1
+        assert first[2] is plain and first[0] is not termed and first[0].terms == () and first[0].beam == 1
         assert first[0].want_alignment and first[0].max_len == 2 + placement.LOOKAHEAD
+        alone = first[1]  # the term's source span alone, greedy, without its terms
+        assert (alone.src_ids, alone.beam, alone.terms) == ([6, 2], 1, ())
         task = asyncio.ensure_future(decoding.results())
         done(plain, [11])
+        done(alone, [16, 15])
         done(first[0], [10, 11, 12], rows([0, 0, 1, 0, 0, 0], [0, 1, 0, 0, 0, 0], [1, 0, 0, 0, 0, 0]))
         while len(backend.submitted) < 2:
             await asyncio.sleep(0)
@@ -117,7 +157,7 @@ def test_a_failed_first_pass_cancels_every_row():
     async def run() -> None:
         backend = Backend()
         plain, termed = sentence(), sentence((SourceTerm(1, 2, (7,)),))
-        decoding = placement.Decoding(backend, [plain, termed], PIECES)
+        decoding = placement.Decoding(backend, [plain, termed], WORDS)
         first = backend.submitted[0][0]
         first.future.set_exception(RuntimeError("decoder failed"))
         with pytest.raises(RuntimeError):
