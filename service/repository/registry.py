@@ -10,7 +10,13 @@ Each model version has its own backend (sessions, decode workers, queue and limi
 Engine. A request takes a lease on the version it resolves to, and holds it until its answer is
 written; an unload first takes the version out of routing, then waits for its leases to end, so
 requests already in flight finish on the version they started on and none fails. Loads and
-unloads run one at a time. Knows nothing of gRPC."""
+unloads run one at a time. Knows nothing of gRPC.
+
+On demand (`use`): a version that is available but not loaded (NAME/serving.json's "load":
+"on_demand", one that did not fit the memory budget at start, one evicted) is loaded by the first
+request that names it; requests arriving meanwhile wait for the same load within their deadlines.
+A load that needs room under the budget evicts the least recently used loaded versions first
+(service/repository/residency.py)."""
 
 from __future__ import annotations
 
@@ -18,17 +24,18 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from service.engine.backend import Backend
 from service.engine.engine import Engine
 from service.engine.languages import LanguagePair
-from service.errors import FailedPrecondition, ModelLoadError, NotFound, Unavailable, quote
+from service.errors import DeadlineExceeded, FailedPrecondition, ModelLoadError, NotFound, Unavailable, quote
 from service.metrics import Metrics
 from service.repository.layout import VersionDir, parse_model_ref, scan
+from service.repository.residency import MB, Residency, now, rss_bytes
 from service.runtime.memory import collect_all, freeze_loaded
 
 log = logging.getLogger("mtserve.repository")
@@ -49,6 +56,8 @@ class ServedModel:
     sessions: int
     leases: int = 0
     loaded_at: float = field(default_factory=time.time)
+    last_used: float = field(default_factory=now)  # the last lease taken (least recently used: evicted first)
+    resident_bytes: int = 0  # measured by its load (service/repository/residency.py)
 
     @property
     def name(self) -> str:
@@ -65,12 +74,15 @@ class ServedModel:
 
 @dataclass(frozen=True)
 class IndexEntry:
-    """A row of RepositoryIndex: Triton's states READY, LOADING, UNLOADING, UNAVAILABLE."""
+    """A row of RepositoryIndex: Triton's states READY, LOADING, UNLOADING, UNAVAILABLE; `residency`
+    is mtserve.v1's (ServedModel.state): loaded, loading, unloading, available (loaded on its
+    first request), evicted (loaded on its next request) or unloaded (by RepositoryModelLoad only)."""
 
     name: str
     version: str
     state: str
     reason: str = ""
+    residency: str = "unloaded"
 
 
 Loader = Callable[[VersionDir], Awaitable[ServedModel]]
@@ -79,10 +91,21 @@ backends); raises ModelLoadError."""
 
 
 class ModelRegistry:
-    def __init__(self, repository: Path | None, loader: Loader, metrics: Metrics, unload_timeout_s: float):
+    def __init__(
+        self,
+        repository: Path | None,
+        loader: Loader,
+        metrics: Metrics,
+        unload_timeout_s: float,
+        residency: Residency | None = None,
+    ):
         self.repository = repository  # None: one model dir, nothing to load from
         self.loader, self.metrics = loader, metrics
         self.unload_timeout_s = unload_timeout_s
+        self.residency = residency or Residency(0, lambda source: 0)
+        self.available: dict[tuple[str, str], VersionDir] = {}  # not loaded; loaded on a request
+        self.evicted: set[tuple[str, str]] = set()  # those of `available` that the budget evicted
+        self._waiting: dict[tuple[str, str], int] = {}  # requests waiting for a version's load
         self.served: dict[tuple[str, str], ServedModel] = {}
         self.default_versions: dict[str, str] = {}  # name -> the version a request without one gets
         self.default_name = ""  # the default model; set once a model is loaded, then only on purpose
@@ -158,7 +181,7 @@ class ModelRegistry:
             "or load the default again"
         )
 
-    def set_default(self, served: ServedModel) -> None:
+    def set_default(self, served: ServedModel | VersionDir) -> None:
         """Make `served` the default model and its version the name's default version; a change
         of default model is logged and shown by the mtserve_default_model gauge."""
         self.default_versions[served.name] = served.version
@@ -183,11 +206,70 @@ class ModelRegistry:
         request: an unload waits for it."""
         served = self.resolve(ref, field, pair)
         served.leases += 1
+        served.last_used = now()
         try:
             yield served
         finally:
             served.leases -= 1
             self._leases_changed.set()
+
+    @asynccontextmanager
+    async def use(
+        self, ref: str, field: str = "model", pair: LanguagePair = LanguagePair(), timeout: float | None = None
+    ) -> AsyncIterator[ServedModel]:
+        """`lease`, loading the version `ref` names first when it is available but not loaded.
+        The load is shared with the other requests waiting for it; DEADLINE_EXCEEDED when
+        `timeout` passes first (the load goes on), FAILED_PRECONDITION with the reason when it
+        fails (the version stays available: the next request tries again), RESOURCE_EXHAUSTED
+        when it does not fit the memory budget. The version cannot be evicted between its load
+        and the lease."""
+        key = self._unloaded(ref, field)
+        if key is None:
+            with self.lease(ref, field, pair) as served:
+                yield served
+            return
+        self._waiting[key] = self._waiting.get(key, 0) + 1
+        waiting = True
+        try:
+            await self._load_within(key, field, timeout)
+            with self.lease(ref, field, pair) as served:
+                waiting = self._unwait(key)
+                yield served
+        finally:
+            if waiting:
+                self._unwait(key)
+
+    def _unwait(self, key: tuple[str, str]) -> bool:
+        self._waiting[key] -= 1
+        if not self._waiting[key]:
+            del self._waiting[key]
+        return False
+
+    def _unloaded(self, ref: str, field: str) -> tuple[str, str] | None:
+        """The available version that `ref` names (by name: the name's default version, else its
+        latest available one), when it is not loaded; None otherwise (`resolve` answers)."""
+        name, version = parse_model_ref(ref, field)
+        name = name or self.default_name
+        version = version or self.default_versions.get(name, "")
+        if version:
+            key = (name, version)
+            return key if key in self.available and key not in self.served else None
+        if any(n == name for n, _ in self.served):
+            return None
+        found = sorted((v for n, v in self.available if n == name), key=int)
+        return (name, found[-1]) if found else None
+
+    async def _load_within(self, key: tuple[str, str], field: str, timeout: float | None) -> None:
+        source = self.available[key]
+        try:
+            await asyncio.wait_for(asyncio.shield(self._load_task(source, False)), timeout)
+        except TimeoutError:
+            raise DeadlineExceeded(
+                f"{field}: the deadline passed while {key[0]}:{key[1]} was loading on demand "
+                "(the load goes on: a later request finds it loaded)"
+            ) from None
+        except ModelLoadError as e:
+            raise FailedPrecondition(f"{field}: {key[0]}:{key[1]} cannot be loaded: {e}") from e
 
     def default(self) -> ServedModel:
         return self.resolve("")
@@ -211,10 +293,16 @@ class ModelRegistry:
             for name, versions in scan(self.repository).items():
                 for v in versions:
                     entries[(name, v.version)] = IndexEntry(name, v.version, "UNAVAILABLE", "unloaded")
+        budget = f"memory_budget_mb={self.residency.budget_mb}"
+        for key in self.available:
+            reason, residency = "available: loaded on its first request", "available"
+            if key in self.evicted:
+                reason, residency = f"evicted (least recently used, {budget}): loaded on its next request", "evicted"
+            entries[key] = IndexEntry(key[0], key[1], "UNAVAILABLE", reason, residency)
         for key, served in self.served.items():
-            entries[key] = IndexEntry(served.name, served.version, "READY")
+            entries[key] = IndexEntry(served.name, served.version, "READY", residency="loaded")
         for key, state in self.busy.items():
-            entries[key] = IndexEntry(key[0], key[1], state)
+            entries[key] = IndexEntry(key[0], key[1], state, residency=state.lower())
         return sorted(entries.values(), key=lambda e: (e.name, int(e.version)))
 
     def _on_disk(self, name: str, version: str, field: str) -> VersionDir:
@@ -242,16 +330,30 @@ class ModelRegistry:
         half-way, which would leave the half-built sessions' memory in the process with nothing
         served: the load completes and is served (READY in RepositoryIndex), or fails and gives
         its memory back."""
+        served = await asyncio.shield(self._load_task(source, make_default))
+        if make_default:
+            self.set_default(served)
+        return served
+
+    def _load_task(self, source: VersionDir, make_default: bool) -> asyncio.Task[ServedModel]:
         key = (source.name, source.version)
         task = self._loads.get(key)
         if task is None:
             task = asyncio.ensure_future(self._add(source, make_default))
             self._loads[key] = task
             task.add_done_callback(functools.partial(self._load_ended, key))
-        served = await asyncio.shield(task)
-        if make_default:
-            self.set_default(served)
-        return served
+        return task
+
+    def offer(self, source: VersionDir) -> None:
+        """List `source` as available, to be loaded by its first request (`use`); the first name
+        offered or loaded is the default model unless one was set."""
+        key = (source.name, source.version)
+        if key in self.served:
+            return
+        self.available[key] = source
+        if not self.default_name:
+            self.set_default(source)
+        self.default_versions.setdefault(source.name, source.version)
 
     def _load_ended(self, key: tuple[str, str], task: asyncio.Task[ServedModel]) -> None:
         self._loads.pop(key, None)
@@ -263,26 +365,60 @@ class ModelRegistry:
         async with self._change:
             served = self.served.get(key)
             if served is None:
-                self.busy[key] = "LOADING"
-                try:
-                    t0 = time.perf_counter()
-                    served = await self.loader(source)
-                except BaseException:
-                    # The series its metrics made (a queue depth of 0...) for a version not served.
-                    self.metrics.forget_model(source.name, source.version)
-                    collect_all()
-                    raise
-                finally:
-                    del self.busy[key]
+                await self._make_room(source)
+                served = await self._load(source)
                 self.served[key] = served
-                freeze_loaded()
-                log.info("loaded %s from %s in %.1fs", served.ref, source.path, time.perf_counter() - t0)
+                self.available.pop(key, None)
+                self.evicted.discard(key)
+                await self._evict(self.residency.over_budget(self.all(), set(self._waiting), key))
             if make_default or not self.default_name:
                 self.set_default(served)
             elif source.name not in self.default_versions:
                 self.default_versions[source.name] = source.version
             await self._changed()
             return served
+
+    async def _load(self, source: VersionDir) -> ServedModel:
+        """Run the loader, measuring the load's time and the memory it took."""
+        key = (source.name, source.version)
+        self.busy[key] = "LOADING"
+        try:
+            t0, before = time.perf_counter(), rss_bytes()
+            served = await self.loader(source)
+        except BaseException as e:
+            # The series its metrics made (a queue depth of 0...) for a version not served.
+            self.metrics.forget_model(source.name, source.version)
+            if isinstance(e, Exception):
+                self.metrics.model_loads.labels(*key, "failed").inc()
+            collect_all()
+            raise
+        finally:
+            del self.busy[key]
+        seconds = time.perf_counter() - t0
+        freeze_loaded()
+        served.resident_bytes = self.residency.record(key, before, rss_bytes())
+        self.metrics.model_loads.labels(*key, "loaded").inc()
+        self.metrics.model_load_duration.labels(*key).observe(seconds)
+        self.metrics.model_resident_bytes.labels(*key).set(served.resident_bytes)
+        log.info("loaded %s from %s in %.1fs (%.1f MB)", served.ref, source.path, seconds, served.resident_bytes / MB)
+        return served
+
+    async def _make_room(self, source: VersionDir) -> None:
+        """Evict the least recently used versions that `source`'s load needs room from (none
+        without a budget); RESOURCE_EXHAUSTED naming the budget when they cannot make enough."""
+        await self._evict(self.residency.victims(source, self.all(), set(self._waiting)))
+
+    async def _evict(self, victims: list) -> None:
+        if not victims:
+            return
+        for s in victims:
+            log.info(
+                "evicting %s (least recently used, %.1f MB) to stay within the memory budget",
+                s.ref,
+                s.resident_bytes / MB,
+            )
+            self.metrics.model_evictions.labels(s.name, s.version).inc()
+        await self._retire(victims, evicted=True)
 
     async def _changed(self) -> None:
         if self.on_change is not None:
@@ -311,11 +447,27 @@ class ModelRegistry:
     async def _unload(self, name: str, version: str) -> list[str]:
         async with self._change:
             doomed = [s for s in self.versions(name) if not version or s.version == version]
+            offered = [k for k in self.available if k[0] == name and (not version or k[1] == version)]
+            for key in offered:  # no longer loaded on demand either
+                del self.available[key]
+                self.evicted.discard(key)
+            if not doomed and offered:
+                return [f"{n}:{v}" for n, v in offered]
             if not doomed:
                 raise NotFound(f"model_name: {self._unknown(name, version)}")
-            for s in doomed:
-                del self.served[(s.name, s.version)]
-                self.busy[(s.name, s.version)] = "UNLOADING"
+            return await self._retire(doomed)
+
+    async def _retire(self, doomed: list[ServedModel], evicted: bool = False) -> list[str]:
+        """Take `doomed` (versions of one name, or evicted ones) out of routing, then stop each
+        once its leases end; evicted ones stay available, loaded again on their next request
+        (their name keeps its default version)."""
+        for s in doomed:
+            del self.served[(s.name, s.version)]
+            self.busy[(s.name, s.version)] = "UNLOADING"
+            if evicted:
+                self.available[(s.name, s.version)] = s.source
+                self.evicted.add((s.name, s.version))
+        for name in [] if evicted else sorted({s.name for s in doomed}):
             left = self.versions(name)
             if not left:
                 self.default_versions.pop(name, None)
@@ -327,19 +479,19 @@ class ModelRegistry:
                     )
             elif self.default_versions.get(name) not in {s.version for s in left}:
                 self.default_versions[name] = left[-1].version
-            await self._changed()
-            refs = [s.ref for s in doomed]
-            try:
-                for s in doomed:
-                    await self._stop(s)
-            finally:
-                for s in doomed:
-                    self.busy.pop((s.name, s.version), None)
-            # The last references to the sessions go here; then the heap's free pages go back to
-            # the kernel, so the process returns to the footprint of what is still loaded.
-            del doomed, s
-            collect_all()
-            return refs
+        await self._changed()
+        refs = [s.ref for s in doomed]
+        try:
+            for s in doomed:
+                await self._stop(s)
+        finally:
+            for s in doomed:
+                self.busy.pop((s.name, s.version), None)
+        # The last references to the sessions go here; then the heap's free pages go back to
+        # the kernel, so the process returns to the footprint of what is still loaded.
+        del doomed, s
+        collect_all()
+        return refs
 
     async def _stop(self, served: ServedModel) -> None:
         end = time.monotonic() + self.unload_timeout_s
