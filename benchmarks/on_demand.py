@@ -20,14 +20,16 @@ from service.settings import Settings
 
 
 async def measure(repository: Path, budget_mb: int, precision: str, names: list[str]) -> dict:
-    st = Settings(
-        address="127.0.0.1:0",
-        model_repository=repository,
-        metrics_port=0,
-        memory_budget_mb=budget_mb,
-        decode_workers=1,
-        engine_process=False,
-        precision=precision,
+    st = Settings.model_validate(
+        {
+            "address": "127.0.0.1:0",
+            "model_repository": repository,
+            "metrics_port": 0,
+            "memory_budget_mb": budget_mb,
+            "decode_workers": 1,
+            "engine_process": False,
+            "precision": precision,
+        }
     )
     srv = Server(st)
     await srv.start()
