@@ -31,7 +31,7 @@ from service.api.mtserve.v1 import translation_pb2 as pb
 from service.api.mtserve.v1 import translation_pb2_grpc as pb_grpc
 from service.errors import DeadlineExceeded, ModelLoadError
 from service.repository import loader as loader_module
-from service.repository import registry as registry_module
+from service.repository import versions as versions_module
 
 TEXT = "Ein Hund rennt durch den Schnee."
 MODEL_MB = 100
@@ -62,7 +62,7 @@ def sized_loads(monkeypatch):
         return served
 
     monkeypatch.setattr(loader_module.ModelLoader, "load", sized)
-    monkeypatch.setattr(registry_module, "rss_bytes", lambda: rss[0])
+    monkeypatch.setattr(versions_module, "rss_bytes", lambda: rss[0])
 
 
 def slow_loads(monkeypatch, seconds: float, failing: str = "") -> list[str]:
