@@ -26,6 +26,7 @@ disable_created_metrics()
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 STEP_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
+LOAD_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0)
 SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 TOKEN_BUCKETS = (1, 4, 8, 16, 32, 64, 128, 256, 512)
 # Every metric with a model in play carries these: the served name and version (Triton's layout,
@@ -44,6 +45,7 @@ class Metrics:
         self._add_decoding_metrics(r)
         self._add_inference_metrics(r)
         self._add_detection_metrics(r)
+        self._add_residency_metrics(r)
 
     def _add_rpc_metrics(self, r: CollectorRegistry) -> None:
         """Per RPC method: calls, their latency and those in flight."""
@@ -202,6 +204,36 @@ class Metrics:
             registry=r,
         )
 
+    def _add_residency_metrics(self, r: CollectorRegistry) -> None:
+        """Per model version: its loads (at start, on demand, RepositoryModelLoad), their time,
+        its evictions under the memory budget and what it takes while loaded
+        (service/repository/residency.py). Kept across unloads, but the resident bytes."""
+        self.model_loads = Counter(
+            "mtserve_model_loads_total",
+            "loads of a model version, by outcome (loaded, failed)",
+            [*MODEL_LABELS, "outcome"],
+            registry=r,
+        )
+        self.model_evictions = Counter(
+            "mtserve_model_evictions_total",
+            "model versions evicted (least recently used) to make room under memory_budget_mb",
+            MODEL_LABELS,
+            registry=r,
+        )
+        self.model_resident_bytes = Gauge(
+            "mtserve_model_resident_bytes",
+            "what a loaded model version takes: the process's RSS after its load less before it",
+            MODEL_LABELS,
+            registry=r,
+        )
+        self.model_load_duration = Histogram(
+            "mtserve_model_load_duration_seconds",
+            "a model version's load (cold start: sessions, warm-up) until it serves, successful loads",
+            MODEL_LABELS,
+            buckets=LOAD_BUCKETS,
+            registry=r,
+        )
+
     def for_model(self, name: str, version: str) -> ModelMetrics:
         """The metrics of one served model version, its labels filled in."""
         return ModelMetrics(self, name, version)
@@ -213,6 +245,8 @@ class Metrics:
             for labels in list(_children(m)):
                 if labels[:2] == (name, version):
                     m.remove(*labels)
+        if (name, version) in _children(self.model_resident_bytes):
+            self.model_resident_bytes.remove(name, version)
         for kserve_name in (name, f"{name}-encoder"):
             for metric in ("inference_duration", "inference_phase", "inferences", "last_inference"):
                 m = getattr(self, metric)

@@ -34,9 +34,10 @@ from service.kserve.codec import served_version
 from service.kserve.servicer import SERVICE_NAME as KSERVE_SERVICE_NAME
 from service.kserve.servicer import KServeServicer
 from service.metrics import Metrics
-from service.repository.layout import VersionDir, scan, wanted
+from service.repository.layout import VersionDir, load_mode, parse_model_ref, scan, wanted
 from service.repository.loader import BackendFactory, ModelLoader, read_export
 from service.repository.registry import ModelRegistry
+from service.repository.residency import MB, Residency
 from service.runtime.gil import set_switch_interval
 from service.settings import Settings
 
@@ -65,8 +66,13 @@ class Server:
         self._health_wanted: int = health_pb2.HealthCheckResponse.NOT_SERVING  # SERVING once started, until the drain
         single = settings.model_dir is not None
         self.loader = ModelLoader(settings, self.metrics, backend_factory)
+        residency = Residency(settings.memory_budget_mb * MB, self.loader.estimate)
         self.models = ModelRegistry(
-            None if single else settings.model_repository, self.loader.load, self.metrics, settings.grace_period_s
+            None if single else settings.model_repository,
+            self.loader.load,
+            self.metrics,
+            settings.grace_period_s,
+            residency,
         )
         self.models.on_change = self._models_changed
         self.tls: bool  # set by start()
@@ -90,14 +96,9 @@ class Server:
         tokens = load_tokens(st)
         tracing.configure()  # OTEL_TRACES_EXPORTER: off unless it names an exporter
         try:
-            for source in self._start_models():
-                await self.models.add(source)
+            await self._load_start_models()
             if st.default_model:
-                try:
-                    # NAME:VERSION names the default version too
-                    self.models.set_default(self.models.resolve(st.default_model, "default_model"))
-                except ServiceError as e:
-                    raise ModelLoadError(e.message) from None
+                self._set_default_model(st.default_model)
             if before_listen is not None:
                 await before_listen()
         except BaseException:
@@ -109,6 +110,29 @@ class Server:
         self._serve_metrics()
         await self._set_health(health_pb2.HealthCheckResponse.SERVING)
         self._log_serving(tokens)
+
+    async def _load_start_models(self) -> None:
+        """Load the start models that are not on demand while they fit the memory budget; list
+        the others as available (loaded on their first request)."""
+        for source in self._start_models():
+            if load_mode(source) == "on_demand" or not self.models.residency.fits(source, self.models.all()):
+                self.models.offer(source)
+                log.info("%s:%s is available, loaded on its first request", source.name, source.version)
+            else:
+                await self.models.add(source)
+
+    def _set_default_model(self, ref: str) -> None:
+        """MTSERVE_DEFAULT_MODEL: a loaded model, or one available on demand."""
+        try:
+            name, version = parse_model_ref(ref, "default_model")
+            key = (name, version or self.models.default_versions.get(name, ""))
+            if key in self.models.available and key not in self.models.served:
+                self.models.set_default(self.models.available[key])
+                return
+            # NAME:VERSION names the default version too
+            self.models.set_default(self.models.resolve(ref, "default_model"))
+        except ServiceError as e:
+            raise ModelLoadError(e.message) from None
 
     def _start_models(self) -> list[VersionDir]:
         """What to load at start: the one model dir, or the repository's models (MTSERVE_MODELS)."""
@@ -208,7 +232,7 @@ class Server:
         """Report `status` (a HealthCheckResponse.ServingStatus) for the server and mtserve.v1;
         SERVING only while a model is loaded (`_models_changed` follows the loads and unloads)."""
         self._health_wanted = status
-        if not self.models.served:
+        if not self.models.served and not self.models.available:
             status = health_pb2.HealthCheckResponse.NOT_SERVING
         self.ready = status == health_pb2.HealthCheckResponse.SERVING
         for name in ("", SERVICE_NAME):

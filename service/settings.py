@@ -30,6 +30,14 @@ class Settings(BaseSettings):
         description="the model of requests that name none (NAME, or NAME:VERSION to pick its default version too); "
         "empty: the first model loaded at start",
     )
+    memory_budget_mb: int = Field(
+        0,
+        ge=0,
+        description="the memory the loaded model versions may take together (each one's RSS growth across its "
+        "load), in MiB: a version that does not fit at start is loaded on its first request, and a load that "
+        "needs room evicts the least recently used versions without requests in flight; 0: no budget "
+        '(every model is loaded at start but those with "load": "on_demand" in NAME/serving.json)',
+    )
     repository_control: bool = Field(
         True,
         description="KServe RepositoryModelLoad/Unload (bearer token required when authentication is on); "

@@ -125,7 +125,7 @@ class TranslationServicer(pb_grpc.TranslationServiceServicer):
                 self.models, list(request.texts), opts, timeout, pair, threshold, "", request.model
             )
             return pb.TranslateResponse(translations=[translation_pb(r, opts) for r in found], model=found[0].model)
-        with self.models.lease(request.model, pair=pair) as served:
+        async with self.models.use(request.model, pair=pair, timeout=deadline(context)) as served:
             results = await served.engine.translate(list(request.texts), opts, timeout=deadline(context), pair=pair)
             return pb.TranslateResponse(
                 translations=[translation_pb(r, opts) for r in results], model=served.engine.model_name
@@ -135,7 +135,7 @@ class TranslationServicer(pb_grpc.TranslationServiceServicer):
         self, request: pb.TranslateStreamRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.TranslateStreamResponse]:
         opts, pair = _options(request.options, target_prefix=request.target_prefix), _pair(request)
-        with contextlib.ExitStack() as lease:
+        async with contextlib.AsyncExitStack() as lease:
             if pair.source == AUTO:
                 events = stream_detected(
                     self.models,
@@ -147,7 +147,9 @@ class TranslationServicer(pb_grpc.TranslationServiceServicer):
                     request.model,
                 )
             else:
-                served = lease.enter_context(self.models.lease(request.model, pair=pair))
+                served = await lease.enter_async_context(
+                    self.models.use(request.model, pair=pair, timeout=deadline(context))
+                )
                 events = translate_stream(served.engine, request.text, opts, deadline(context), pair)
             async for event in events:
                 if isinstance(event, TranslationResult):
@@ -189,7 +191,7 @@ class TranslationServicer(pb_grpc.TranslationServiceServicer):
                 )
                 names[item.id] = found[0].model
                 return found
-            with self.models.lease(item.model, "request.model", item.pair) as served:
+            async with self.models.use(item.model, "request.model", item.pair, limit) as served:
                 names[item.id] = served.engine.model_name
                 return await served.engine.translate(item.texts, item.options, limit, item.pair, "request.")
 
@@ -210,7 +212,7 @@ class TranslationServicer(pb_grpc.TranslationServiceServicer):
 
     async def Encode(self, request: pb.EncodeRequest, context: grpc.aio.ServicerContext) -> pb.EncodeResponse:
         pair = LanguagePair(request.source_language, encoding=True)
-        with self.models.lease(request.model, pair=pair) as served:
+        async with self.models.use(request.model, pair=pair, timeout=deadline(context)) as served:
             encodings = await served.engine.encode(
                 list(request.texts), request.return_token_embeddings, deadline(context), pair
             )
@@ -223,7 +225,8 @@ class TranslationServicer(pb_grpc.TranslationServiceServicer):
         return out
 
     async def GetModelInfo(self, request: pb.GetModelInfoRequest, context: grpc.aio.ServicerContext) -> pb.ModelInfo:
-        info = self.models.resolve(request.model).engine.model_info()
+        async with self.models.use(request.model, timeout=deadline(context)) as named:
+            info = named.engine.model_info()
         limits = info.pop("limits")
         files = info.pop("files_sha256")
         tools = info.pop("tool_versions")
@@ -250,6 +253,19 @@ class TranslationServicer(pb_grpc.TranslationServiceServicer):
                     target_languages=langs.spec.target if listed else [],
                     decoder_graph=s.engine.graph,
                     glossaries=sorted(s.engine.glossaries),
+                    state="loaded",
+                    resident_bytes=s.resident_bytes,
                 )
             )
+        for e in self.models.index():
+            if e.residency not in ("loaded", "unloaded"):
+                models.append(
+                    pb.ServedModel(
+                        name=e.name,
+                        version=e.version,
+                        default_version=self.models.default_versions.get(e.name) == e.version,
+                        default_model=e.name == self.models.default_name and not default,
+                        state=e.residency,
+                    )
+                )
         return pb.ModelInfo(**info, limits=pb.Limits(**limits), files_sha256=files, tool_versions=tools, models=models)

@@ -23,7 +23,7 @@ from service.api.inference import grpc_service_pb2_grpc as pb_grpc
 from service.engine.engine import model_names
 from service.engine.languages import LanguagePair
 from service.engine.requests import TranslateOptions
-from service.errors import FailedPrecondition, InvalidArgument, NotFound, PermissionDenied, quote
+from service.errors import FailedPrecondition, InvalidArgument, NotFound, PermissionDenied, Unavailable, quote
 from service.grpc.context import deadline
 from service.kserve.codec import (
     INPUT,
@@ -76,8 +76,9 @@ class KServeServicer(pb_grpc.GRPCInferenceServiceServicer):
         self, request: pb.ModelReadyRequest, context: grpc.aio.ServicerContext
     ) -> pb.ModelReadyResponse:
         try:
-            self._model(request.name, request.version, "name", "version")
-        except (NotFound, InvalidArgument):  # no model of that name or version (tools probe with any)
+            _, ref = self._ref(request.name, request.version, "name", "version")
+            self.models.resolve(ref, "name")  # NOT_FOUND while it is available but not loaded
+        except (NotFound, InvalidArgument, Unavailable):  # no model of that name or version (tools probe with any)
             return pb.ModelReadyResponse(ready=False)
         return pb.ModelReadyResponse(ready=self.ready())
 
@@ -93,7 +94,7 @@ class KServeServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def ModelMetadata(
         self, request: pb.ModelMetadataRequest, context: grpc.aio.ServicerContext
     ) -> pb.ModelMetadataResponse:
-        spec, served = self._model(request.name, request.version, "name", "version")
+        spec, served = await self._model(request.name, request.version, "name", "version", deadline(context))
         tensor = pb.ModelMetadataResponse.TensorMetadata
         versions = [s.version for s in self.models.versions(served.name)]
         return pb.ModelMetadataResponse(
@@ -112,30 +113,40 @@ class KServeServicer(pb_grpc.GRPCInferenceServiceServicer):
             ],
         )
 
-    def _model(self, name: str, version: str, name_field: str, version_field: str) -> tuple[ModelSpec, ServedModel]:
+    async def _model(
+        self, name: str, version: str, name_field: str, version_field: str, timeout: float | None
+    ) -> tuple[ModelSpec, ServedModel]:
         """The KServe model `name` (a served model, or its encoder) at `version` (empty: the
-        model's default version). A malformed name or version is INVALID_ARGUMENT."""
+        model's default version), loaded first when it is available on demand."""
+        base, ref = self._ref(name, version, name_field, version_field)
+        async with self.models.use(ref, name_field, timeout=timeout) as served:
+            return model_specs(base, served.engine.manifest)[name], served
+
+    def _ref(self, name: str, version: str, name_field: str, version_field: str) -> tuple[str, str]:
+        """The served model `name` is (itself or its encoder) and what the registry calls the
+        version: ("NAME", "NAME" or "NAME:VERSION"), loaded or available on demand. A malformed
+        name or version is INVALID_ARGUMENT; an unknown one NOT_FOUND."""
         check_name(name, name_field)
         if version:
             check_version(version, version_field)
-        base_of = {kserve: n for n, _ in self.models.served for kserve in model_names(n)}
+        keys = set(self.models.served) | set(self.models.available)
+        base_of = {kserve: n for n, _ in keys for kserve in model_names(n)}
         if name not in base_of:
             raise NotFound(f"{name_field}: unknown model {quote(name)} (served: {', '.join(sorted(base_of))})")
         base = base_of[name]
-        loaded = [s.version for s in self.models.versions(base)]
-        if version and version not in loaded:
+        known = sorted({v for n, v in keys if n == base}, key=int)
+        if version and version not in known:
             raise NotFound(
-                f"{version_field}: model {quote(name)} has no version {quote(version)} (served: {', '.join(loaded)})"
+                f"{version_field}: model {quote(name)} has no version {quote(version)} (served: {', '.join(known)})"
             )
-        served = self.models.resolve(f"{base}:{version}" if version else base, name_field)
-        return model_specs(base, served.engine.manifest)[name], served
+        return base, f"{base}:{version}" if version else base
 
     # -- Triton extensions ----------------------------------------------------------------------
 
     async def ModelConfig(
         self, request: pb.ModelConfigRequest, context: grpc.aio.ServicerContext
     ) -> pb.ModelConfigResponse:
-        spec, served = self._model(request.name, request.version, "name", "version")
+        spec, served = await self._model(request.name, request.version, "name", "version", deadline(context))
         e = served.engine
         return pb.ModelConfigResponse(config=model_config(spec, e.manifest, e.settings, e.provider, served.version))
 
@@ -143,7 +154,7 @@ class KServeServicer(pb_grpc.GRPCInferenceServiceServicer):
         self, request: pb.ModelStatisticsRequest, context: grpc.aio.ServicerContext
     ) -> pb.ModelStatisticsResponse:
         if request.name:
-            spec, served = self._model(request.name, request.version, "name", "version")
+            spec, served = await self._model(request.name, request.version, "name", "version", deadline(context))
             wanted = [(spec, served)]
         else:
             if request.version:
@@ -264,7 +275,9 @@ class KServeServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def ModelInfer(
         self, request: pb.ModelInferRequest, context: grpc.aio.ServicerContext
     ) -> pb.ModelInferResponse:
-        spec, served = self._model(request.model_name, request.model_version, "model_name", "model_version")
+        spec, served = await self._model(
+            request.model_name, request.model_version, "model_name", "model_version", deadline(context)
+        )
         index, texts = input_texts(request)
         check_outputs(request, spec)
         params = request_parameters(request, spec)

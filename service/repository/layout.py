@@ -7,7 +7,8 @@ names is checked against that at the edge (`check_name`, `parse_model_ref`). A m
 
 `NAME/serving.json`, when present, holds the model's own values of the per-model settings
 (`PER_MODEL`: its decode workers, batching, queue and request limits), as Triton's
-config.pbtxt does; the server's settings give the rest."""
+config.pbtxt does; the server's settings give the rest. Its `"load"` says when the model is loaded:
+`"at_start"` (the default) or `"on_demand"`, on its first request (service/repository/residency.py)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,8 @@ _NAME = re.compile(rf"[A-Za-z0-9_-][A-Za-z0-9._-]{{0,{MAX_NAME_CHARS - 1}}}")
 _VERSION = re.compile(r"[1-9][0-9]{0,17}")  # ASCII digits, no leading zero, fits an int64
 
 SERVING_FILE = "serving.json"
+LOAD_KEY = "load"
+LOAD_MODES = ("at_start", "on_demand")
 PER_MODEL = frozenset(
     {
         "precision",
@@ -137,6 +140,28 @@ def wanted(repository: dict[str, list[VersionDir]], names: list[str]) -> list[Ve
 def model_overrides(source: VersionDir) -> dict:
     """The model's own settings from NAME/serving.json (empty without one); ModelLoadError for a
     file that is not a JSON object or names a setting that is not per model."""
+    values = _serving_file(source)
+    values.pop(LOAD_KEY, None)
+    foreign = sorted(set(values) - PER_MODEL)
+    if foreign:
+        path = source.path.parent / SERVING_FILE
+        raise ModelLoadError(
+            f"{path}: {', '.join(foreign)} cannot be set per model (per model: {', '.join(sorted(PER_MODEL))}, and {LOAD_KEY})"
+        )
+    return values
+
+
+def load_mode(source: VersionDir) -> str:
+    """When the model is loaded: NAME/serving.json's "load" ("at_start" without one); ModelLoadError
+    for another value or an unreadable file."""
+    mode = _serving_file(source).get(LOAD_KEY, "at_start")
+    if mode not in LOAD_MODES:
+        path = source.path.parent / SERVING_FILE
+        raise ModelLoadError(f"{path}: {LOAD_KEY} must be one of {', '.join(LOAD_MODES)}, not {quote(str(mode))}")
+    return str(mode)
+
+
+def _serving_file(source: VersionDir) -> dict:
     path = source.path.parent / SERVING_FILE
     if not path.is_file():
         return {}
@@ -146,9 +171,4 @@ def model_overrides(source: VersionDir) -> dict:
         raise ModelLoadError(f"{path}: not readable JSON: {e}") from e
     if not isinstance(values, dict):
         raise ModelLoadError(f"{path}: must hold a JSON object of settings")
-    foreign = sorted(set(values) - PER_MODEL)
-    if foreign:
-        raise ModelLoadError(
-            f"{path}: {', '.join(foreign)} cannot be set per model (per model: {', '.join(sorted(PER_MODEL))})"
-        )
     return values

@@ -79,6 +79,18 @@ class ModelLoader:
         with mapped_allocations():  # the model's memory leaves the process when it is unloaded
             return await self._load_mapped(source, st, metrics, glossaries)
 
+    def estimate(self, source: VersionDir) -> int:
+        """What `source` is expected to take in memory before its first load: the bytes of the
+        tokenizer and graph files it would load (its precision, the decoder step chosen for the
+        CPU), once per session pair when each decode worker has its own."""
+        st = self._version_settings(source)
+        graphs = resolve_onnx_dir(st.graphs_dir)
+        manifest = load_manifest(graphs, verify_checksums=False, precision=st.precision)
+        graph = choose_graph(manifest, st.precision, "cpu", st.graph)
+        files = manifest.files(st.precision, graph)
+        size = sum((graphs / f.file).stat().st_size for f in files)
+        return size if st.share_sessions else size * max(1, st.decode_workers)
+
     def _version_settings(self, source: VersionDir) -> Settings:
         """The server's settings with the version's directories and the model's own values
         (NAME/serving.json), validated together (default_beam_size <= max_beam_size, ...)."""
