@@ -63,22 +63,23 @@ def links(matrix: np.ndarray | None, targets: int, lead: int, sources: int) -> t
     row = weights.argmax(axis=1).tolist()
     # One to one, strongest first (competitive linking).
     order = np.argsort(-weights, axis=None, kind="stable").tolist()
+    flat_weights = weights.ravel().tolist()
     won: dict[int, int] = {}  # source -> target
     link = [-1] * targets
     for flat in order:
-        t, s = divmod(flat, sources)
-        if weights[t, s] <= 0:
+        if flat_weights[flat] <= 0:
             break
+        t, s = divmod(flat, sources)
         if link[t] < 0 and s not in won:
             link[t], won[s] = s, t
-        if len(won) == sources or all(x >= 0 for x in link):
-            break
+            if len(won) == sources or len(won) == targets:  # every source or every target token linked
+                break
     links = []
     for t in range(targets):
         s = row[t]
         if link[t] >= 0:
             links.append(link[t])
-        elif weights[t, s] > 0 and won.get(s) == t - 1:
+        elif flat_weights[t * sources + s] > 0 and won.get(s) == t - 1:
             links.append(s)  # the rest of the translation of a word the token before it won
         else:
             links.append(-1)
