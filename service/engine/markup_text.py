@@ -131,9 +131,11 @@ class _Piece:
     row: int | None
 
 
-def _parts(block: Block, rows: list[str], terms: list[tuple[Match, ...]]) -> list[_Piece]:
+def _parts(block: Block, rows: list[str], terms: list[tuple[Match, ...]], aligned: list[bool]) -> list[_Piece]:
     """The block's piece (none for a block of whitespace); a piece to translate is appended to
-    `rows`, and its protected spans (as do-not-translate matches in the piece's text) to `terms`."""
+    `rows`, its protected spans (as do-not-translate matches in the piece's text) to `terms`, and
+    to `aligned` whether it has markup to place (tags, markers, protected spans: else its
+    translation needs no alignment)."""
     body = block.text.strip()
     if not body:
         return []
@@ -142,6 +144,7 @@ def _parts(block: Block, rows: list[str], terms: list[tuple[Match, ...]]) -> lis
     if any(ch.isalnum() for ch in normalize_text(body)):
         row = len(rows)
         rows.append(body)
+        aligned.append(bool(block.tags or block.markers or block.protected))
         terms.append(
             tuple(dataclasses.replace(m, start=m.start - start, end=m.end - start) for m in block.do_not_translate())
         )
@@ -154,12 +157,13 @@ class _Parsed:
     parts: list[list[list[_Piece]]]  # per text, per block
     rows: list[str]  # the plain call's texts
     terms: list[tuple[Match, ...]]  # per row: its translate="no" spans
+    aligned: list[bool]  # per row: whether its block has markup to place by the alignment
     owners: list[int]  # the text each row comes from
     groups: list[int]  # rows per text
 
 
 def _parse_all(texts: list[str], kind: Kind, names: list[str], point: Checkpoint) -> _Parsed:
-    parsed = _Parsed([], [], [], [], [], [])
+    parsed = _Parsed([], [], [], [], [], [], [])
     for i, text in enumerate(texts):
         point.check()
         try:
@@ -168,7 +172,7 @@ def _parse_all(texts: list[str], kind: Kind, names: list[str], point: Checkpoint
             raise InvalidArgument(names[i], str(e)) from None
         before = len(parsed.rows)
         parsed.documents.append(document)
-        parsed.parts.append([_parts(block, parsed.rows, parsed.terms) for block in document.blocks])
+        parsed.parts.append([_parts(b, parsed.rows, parsed.terms, parsed.aligned) for b in document.blocks])
         parsed.owners += [i] * (len(parsed.rows) - before)
         parsed.groups.append(len(parsed.rows) - before)
     return parsed
@@ -215,7 +219,7 @@ async def translate_markup(
     def finish(
         plans: list[documents.Plan], src: list[list[int]], finished: list[Finished], found: TermPlan | None
     ) -> list[TranslationResult]:
-        pieces = _translated_pieces(engine, opts, lead, plans, src, finished, found)
+        pieces = _translated_pieces(engine, opts, lead, plans, src, finished, found, parsed.aligned)
         return [_finish_text(d, parts, pieces) for d, parts in zip(parsed.documents, parsed.parts)]
 
     remaining = None if deadline is None else deadline - time.monotonic()
@@ -263,17 +267,21 @@ def _translated_pieces(
     src: list[list[int]],
     finished: list[Finished],
     found: TermPlan | None,
+    aligned: list[bool],
 ) -> dict[int, _Translated]:
     """Each translated piece's result (with where its terms landed: `applied_terms`) and
-    alignment, by its row among the plain call's texts."""
+    alignment (for a piece without markup to place, none), by its row among the plain call's
+    texts."""
     out: dict[int, _Translated] = {}
     rows = [engine.result(s, f, opts) for s, f in zip(src, finished)]
     at = 0
     for index, plan in enumerate(plans):
-        matrices = [finished[r].alignment for r in range(at, at + plan.row_count)]
-        out[index] = _piece_translation(
-            engine.tokenizer, lead, plan, rows[at : at + plan.row_count], matrices, opts.split
-        )
+        results = rows[at : at + plan.row_count]
+        if aligned[index]:
+            matrices = [finished[r].alignment for r in range(at, at + plan.row_count)]
+            out[index] = _piece_translation(engine.tokenizer, lead, plan, results, matrices, opts.split)
+        else:
+            out[index] = _Translated(documents.assemble(plan, results, opts.split), Alignment((), (), ()))
         at += plan.row_count
     engine.applied_terms(found, plans, rows, finished, [out[i].result for i in range(len(plans))], opts.split)
     return out

@@ -160,6 +160,21 @@ def test_the_blocks_of_all_the_texts_are_one_call_of_the_plain_path(server, de_e
     assert calls == []  # nothing for the model
 
 
+def test_only_a_block_with_markup_to_place_is_aligned(server, de_en, monkeypatch):
+    import service.engine.markup_text as markup_text
+
+    aligned = []
+    piece_translation = markup_text._piece_translation
+    monkeypatch.setattr(
+        markup_text, "_piece_translation", lambda *a: (aligned.append(a[2].text), piece_translation(*a))[1]
+    )
+    source = "<p>Ein Hund bellt.</p><p>Eine <b>Katze</b> schläft.</p><p>Ein Mann<br>singt.</p>"
+    (result,) = html_translate(server, de_en, [source])
+    assert aligned == ["Eine Katze schläft."]
+    alone = translate(server, de_en, ["Ein Hund bellt.", "Eine Katze schläft.", "Ein Mann", "singt."])
+    assert words_of(result.text) == [collapsed(a.text) for a in alone]
+
+
 # -- the text alone is the plain translation ----------------------------------------------------
 
 
