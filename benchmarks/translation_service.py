@@ -15,7 +15,9 @@ that a text's translation never depends on its batch mates. Parts (`--only`):
   multiset of tags and attributes as the input; the share whose text (tags removed, whitespace
   collapsed) equals the plain translation (text_type TEXT) of the input's text; the share of
   translate="no" spans found byte for byte in the output; cost, HTML call time / plain call time
-  over interleaved pairs (`--rounds` rounds, alternating which goes first).
+  over interleaved pairs (`--rounds` rounds, alternating which goes first), also by kind and over
+  the "one_pass" sentences (no translate="no" element, which is decoded in two passes, and no
+  `<br>`, which makes two rows): what the markup path itself costs.
 - placement: benchmarks/data/tag_placement.tsv, hand-made German and French cases with the target
   words each tag must enclose. Figure: the share of tags enclosing exactly those words, among the
   tags whose output carries the words; outputs lacking the words, and tags lost, counted apart.
@@ -501,12 +503,17 @@ def share(flags: Sequence[bool]) -> float | None:
 
 
 def interleaved(
-    a: Callable[[Any], Any], b: Callable[[Any], Any], items: Sequence[Any], rounds: int
+    a: Callable[[Any], Any],
+    b: Callable[[Any], Any],
+    items: Sequence[Any],
+    rounds: int,
+    groups: Sequence[Sequence[str]] | None = None,
 ) -> tuple[dict[str, Any], list[Any], list[Any]]:
     """Calls a(item) and b(item) for every item, `rounds` times, the two back to back (which goes
     first alternates by item and round): the cost figures of a against b, and the answers of
     the first round (a's, b's). Per item the median time over the rounds; "median_of_ratios" is
-    the median over items of a's median / b's; "ratio_of_sums" is the sum of a's medians / b's."""
+    the median over items of a's median / b's; "ratio_of_sums" is the sum of a's medians / b's.
+    With `groups` (the names of the groups each item is in), "median_of_ratios_by_group" too."""
     ta: list[list[float]] = [[] for _ in items]
     tb: list[list[float]] = [[] for _ in items]
     first_a: list[Any] = [None] * len(items)
@@ -530,6 +537,12 @@ def interleaved(
         "median_of_ratios": round(statistics.median(x / y for x, y in zip(ma, mb)), 3) if ma else None,
         "ratio_of_sums": round(sum(ma) / sum(mb), 3) if ma else None,
     }
+    if groups is not None:
+        by_group: dict[str, list[float]] = {}
+        for names, x, y in zip(groups, ma, mb):
+            for name in names:
+                by_group.setdefault(name, []).append(x / y)
+        cost["median_of_ratios_by_group"] = {g: round(statistics.median(r), 3) for g, r in sorted(by_group.items())}
     return cost, first_a, first_b
 
 
@@ -583,11 +596,18 @@ def corpus(data_dir: Path, lang: str) -> list[str]:
 def run_html(client: Client, data_dir: Path, n: int, rounds: int, seed: int) -> dict[str, Any]:
     html_type = client.pb.TEXT_TYPE_HTML
     cases = build_html_cases(corpus(data_dir, "de"), n, seed)
+    # One pass: a sentence of one row without a translate="no" element, decoded once as its plain
+    # text is (a <br> makes two rows, a translate="no" element two passes: docs/terminology.md).
+    groups = [
+        ["+".join(c.kinds)] + (["one_pass"] if "no_translate" not in c.kinds and "<br" not in c.markup else [])
+        for c in cases
+    ]
     cost, outputs, plains = interleaved(
         lambda c: client.one(c.markup, "de", text_type=html_type).text,
         lambda c: client.one(c.text, "de").text,
         cases,
         rounds,
+        groups,
     )
     scored = [score_html(c, out, plain) for c, out, plain in zip(cases, outputs, plains)]
     kinds = Counter(k for c in cases for k in c.kinds)

@@ -5,6 +5,8 @@ the part sends. No timings."""
 
 from __future__ import annotations
 
+import types
+
 import pytest
 
 from benchmarks.translation_service import (
@@ -220,3 +222,18 @@ def test_the_detector_tells_the_detection_sentences_apart(data_dir):
         assert len(texts) == 300 and all(len(t) >= MIN_CHARS for t in texts)
         right = [ranked[0][0] == lang for ranked in detector.detect_batch(texts, ("de", "fr"))]
         assert sum(right) / len(right) >= 0.99, lang
+
+
+def test_interleaved_pairs_report_each_groups_median_ratio(monkeypatch):
+    clock = [0.0]  # a's call takes 4 units for the items of {1, 3}, 1 otherwise; b's 1
+    monkeypatch.setattr("benchmarks.translation_service.time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
+
+    def a(x):
+        clock[0] += 4.0 if x in (1, 3) else 1.0
+
+    def b(x):
+        clock[0] += 1.0
+
+    cost, _, _ = interleaved(a, b, [1, 2, 3], rounds=1, groups=[["slow"], ["fast"], ["slow", "odd"]])
+    assert cost["median_of_ratios_by_group"] == {"fast": 1.0, "odd": 4.0, "slow": 4.0}
+    assert cost["median_of_ratios"] == 4.0
