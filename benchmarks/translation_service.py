@@ -529,7 +529,7 @@ def interleaved(
                     answers[i] = answer
     ma = [statistics.median(t) for t in ta]
     mb = [statistics.median(t) for t in tb]
-    cost = {
+    cost: dict[str, Any] = {
         "n": len(items),
         "rounds": rounds,
         "a_ms_median": round(statistics.median(ma) * 1000, 2) if ma else None,
