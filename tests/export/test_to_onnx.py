@@ -125,6 +125,7 @@ def test_manifest_lists_every_variant_with_its_contract(tiny_onnx_dir, tiny_mode
     assert set(m.checksums("fp32")) == {"tokenizer.json", "weights.fp32.bin", "encoder.fp32.onnx", "decoder.fp32.onnx"}
     assert set(m.checksums("int8", "fused")) == {
         "tokenizer.json",
+        "weights.int8.bin",
         "encoder.fused.int8.onnx",
         "decoder.fused.int8.onnx",
         "decoder.fused.int8.one-row.onnx",
