@@ -19,7 +19,6 @@ from typing import BinaryIO
 
 import onnx
 from onnx import TensorProto, numpy_helper
-from onnx.external_data_helper import uses_external_data
 
 from contract.manifest import (
     FileSpec,
@@ -148,12 +147,6 @@ def share_weights(out: Path, manifest: Manifest, alignment: int = ALIGNMENT) -> 
         weights[precision] = FileSpec(file=location, sha256=sha256_file(out / location))
     variants = {k: _rehashed(out, v) for k, v in manifest.variants.items()}
     return manifest.model_copy(update={"variants": variants, "weights": weights})
-
-
-def shares_weights(path: Path) -> bool:
-    """Whether the graph at `path` refers to external data."""
-    model = onnx.load(str(path), load_external_data=False)
-    return any(uses_external_data(t) for t in model.graph.initializer)
 
 
 def convert(onnx_dir: Path) -> Manifest:
