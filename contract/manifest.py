@@ -14,6 +14,9 @@ One manifest per export dir lists every exported precision ("variant") side by s
       encoder.fused.int8.onnx  decoder.fused.int8.onnx    unscored twins)
       shortlist.npz  decoder.fused.*.shortlist.onnx       (only where `mtserve shortlist` made a
                                                           vocabulary shortlist: `contract.shortlist`)
+      weights.fp32.bin  weights.int8.bin  weights.fp16.bin  the large initializers of each
+                                                          precision's graphs, each once
+                                                          (`contract.weights`)
 
 Each precision has the portable graphs (the torch export, any execution provider) and, for the
 CPU precisions, fused graphs (`export/fused/`, ONNX Runtime's contrib operators; the decoder
@@ -23,7 +26,8 @@ portable encoder in their fused variants; they serve as they are.
 
 The manifest records everything the serving path needs without torch or the model dir: the model's
 dims and special ids, its languages (and their tokens, for multilingual models), generation defaults, each graph's input/output contract (names, dtypes and
-shapes with symbolic axis names), and the SHA-256 of every file, checked on load.
+shapes with symbolic axis names), and the SHA-256 of every file (the shared weights files
+included), checked on load.
 """
 
 from __future__ import annotations
@@ -232,6 +236,9 @@ class Manifest(_Model):
     tool_versions: dict[str, str]
     opset: int = Field(ge=17)  # of every variant
     variants: dict[str, Variant]  # by variant_key
+    # The weights the graphs of each precision share (`contract.weights`), by precision; none in
+    # exports whose graphs hold their own weights.
+    weights: dict[str, FileSpec] = {}
 
     @model_validator(mode="after")
     def _consistent(self) -> Manifest:
@@ -265,7 +272,9 @@ class Manifest(_Model):
         graphs = [g for v in variants for g in (v.encoder, *v.decoder_steps().values(), *v.shortlist_steps.values())]
         unique = {g.file: g for g in graphs}  # older fused variants share the portable encoder
         shortlist = [self.shortlist] if self.shortlist is not None else []
-        return [*self.tokenizer_files(), *shortlist, *unique.values()]
+        precisions = dict.fromkeys(v.precision for v in variants)
+        weights = [self.weights[p] for p in precisions if p in self.weights]
+        return [*self.tokenizer_files(), *shortlist, *weights, *unique.values()]
 
     def tokenizer_files(self) -> list[FileSpec]:
         """tokenizer.json, or the SentencePiece models and vocabularies (each file once)."""

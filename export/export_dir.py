@@ -32,6 +32,7 @@ from contract.manifest import (
     sha256_file,
     write_manifest,
 )
+from contract.weights import weights_file
 from export.checkpoint import TOKENIZER
 from export.graphs import OPSET
 from export.model import ModelConfig
@@ -160,9 +161,10 @@ def assemble_manifest(
 
 
 def write_export(out: Path, manifest: Manifest) -> None:
-    """Remove the graphs no variant refers to any more (e.g. from older weights) and write the manifest."""
+    """Remove the graphs and weights files no variant refers to any more (e.g. from older weights)
+    and write the manifest."""
     keep = {f.file for f in manifest.files()}
-    for f in out.glob("*.onnx"):
+    for f in [*out.glob("*.onnx"), *out.glob(weights_file("*"))]:
         if f.name not in keep:
             f.unlink()
     write_manifest(out, manifest)

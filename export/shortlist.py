@@ -38,6 +38,7 @@ from contract.shortlist import SHORTLIST_FILE, Shortlist, shortlist_file_name
 from export.checks import check_graph
 from export.fused.decoder import build_fused_decoder
 from export.model import Transformer
+from export.shared_weights import share_weights
 
 log = logging.getLogger("mtserve.shortlist")
 
@@ -206,6 +207,8 @@ def install(model: Transformer, out: Path, manifest: Manifest, shortlist: Shortl
         updated = with_shortlist(model, out, manifest.model_copy(update={"variants": bare}), spec, staging)
         for path in list(staging.iterdir()):
             path.replace(out / path.name)
+    if manifest.weights:  # the new steps' weights join the shared files
+        updated = share_weights(out, updated)
     write_manifest(out, Manifest.model_validate(updated.model_dump()))
     return updated
 

@@ -5,7 +5,8 @@ specifies them), derive each precision from them (`export.precision`), write the
 step of the CPU precisions (`export.fused`), check the graphs and their parity with PyTorch
 (`export.checks`; the variants: `export.variants`), and write the graphs, the tokenizer
 (tokenizer.json, or the SentencePiece models and vocabularies of an imported model) and
-`manifest.json` (`contract.manifest`) into the export dir (`export.export_dir`).
+`manifest.json` (`contract.manifest`) into the export dir (`export.export_dir`), the graphs of
+each precision sharing one weights file (`export.shared_weights`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from contract.manifest import MANIFEST, PRECISIONS, Manifest, ManifestError, loa
 from export.checkpoint import WEIGHTS, load_model, read_meta
 from export.export_dir import assemble_manifest, copy_tokenizer, kept_shortlist, reusable_variants, write_export
 from export.graphs import EXPORTERS
+from export.shared_weights import share_weights
 from export.shortlist import with_shortlist
 from export.variants import export_variants
 
@@ -69,7 +71,7 @@ def export_model(
     manifest = assemble_manifest(model_dir, meta, model.cfg, weights_sha, variants, tokenizer, name, version)
     if shortlist is not None:
         manifest = with_shortlist(model, out, manifest, shortlist)
-    write_export(out, manifest)
+    write_export(out, share_weights(out, manifest))
     log.info("export done in %.1fs", time.perf_counter() - t0)
     return manifest
 
@@ -135,7 +137,8 @@ def run(args) -> Manifest:
     for key, v in manifest.variants.items():
         if v.precision not in precisions:
             continue
-        sizes = sum(os.path.getsize(out / g.file) for g in (v.encoder, v.decoder)) / 2**20
+        shared = [manifest.weights[v.precision].file] if v.precision in manifest.weights else []
+        sizes = sum(os.path.getsize(out / f) for f in (v.encoder.file, v.decoder.file, *shared)) / 2**20
         print(
             f"{key}: {out / v.encoder.file}, {out / v.decoder.file} ({sizes:.1f} MiB, {v.optimization}); "
             f"max |diff| vs PyTorch: {json.dumps(v.parity)}"

@@ -17,7 +17,7 @@ def export_copy(tiny_onnx_dir, tmp_path):
     out.mkdir()
     m = json.loads((tiny_onnx_dir / "manifest.json").read_text())
     m["variants"] = {"fp32": m["variants"]["fp32"]}
-    for name in ("tokenizer.json", "encoder.fp32.onnx", "decoder.fp32.onnx"):
+    for name in ("tokenizer.json", "encoder.fp32.onnx", "decoder.fp32.onnx", "weights.fp32.bin"):
         shutil.copyfile(tiny_onnx_dir / name, out / name)
     (out / "manifest.json").write_text(json.dumps(m))
     return out

@@ -122,9 +122,10 @@ def test_manifest_lists_every_variant_with_its_contract(tiny_onnx_dir, tiny_mode
     assert dec.input("past_mask").dtype == "float32" and dec.input("src_mask").dtype == "int64"
     assert dec.output("cross_attention").shape == ["batch", "src_len"]
     assert m.variants["fp32"].parity["log_probs"] <= 1e-4
-    assert set(m.checksums("fp32")) == {"tokenizer.json", "encoder.fp32.onnx", "decoder.fp32.onnx"}
+    assert set(m.checksums("fp32")) == {"tokenizer.json", "weights.fp32.bin", "encoder.fp32.onnx", "decoder.fp32.onnx"}
     assert set(m.checksums("int8", "fused")) == {
         "tokenizer.json",
+        "weights.int8.bin",
         "encoder.fused.int8.onnx",
         "decoder.fused.int8.onnx",
         "decoder.fused.int8.one-row.onnx",
