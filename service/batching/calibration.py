@@ -4,25 +4,33 @@ machine at load.
 
 Measurement (`measure_step_costs`): greedy decoder steps of the model over batches of 1, 16 and
 64 rows (each row the same 16-token source), after `WARM_STEPS` untimed steps at each size; the
-median of `TIMED_STEPS` timed ones per size, in milliseconds. It runs on one decode worker's
-session before the workers start, so nothing else of this model competes with it.
+median of `TIMED_STEPS` timed ones per size, in milliseconds of the measuring thread's CPU time
+(ONNX Runtime runs a step on its caller's thread, its intra-op threads beside it spinning while
+they share the work), so that other processes on a busy machine do not inflate it: on the 2 cores
+of the development machine at a load average of 5, the real-size model's 16-row step measured
+5.9-7.0 ms this way in six runs, and 5.9-14.4 ms in wall time. It runs on one decode worker's
+session before the workers start, so nothing else of this model competes with it; about 0.4 s at
+real size, 0.1 s for the shipped toy models.
 
 The rule (`derive`, a pure function of those costs):
 
-- `max_queue_delay_ms` = `DELAY_STEPS` (3) x the step at 16 rows, within 1..100 ms. An idle worker
+- `max_queue_delay_ms` = `DELAY_STEPS` (6) x the step at 16 rows, within 1..100 ms. An idle worker
   waits for the closed-loop clients it has just answered (`Scheduler._wait_for_company`): they
   come back over a spread of milliseconds, and a batch started before they are back runs them in a
   batch of their own later, paying every step's fixed cost twice. The wait pays off while it is
-  short beside the batch it fills, so it scales with the step: a few mid-size steps. At the size of
-  OPUS-MT (d512, 6+6 layers, vocabulary 58,101, int8, 1 intra-op thread) a 16-row step takes
-  about 13 ms here, so 3 steps is about 40 ms, where hand-set waits of 25 and 50 ms gave the best
-  throughput at concurrency 64 (docs/models.md, "Batching settings"); the shipped toy models step
-  16 rows in about 1 ms, and their wait comes out at a few ms, where 0 and 50 ms measured the same.
+  short beside the batch it fills (30 steps or so), so it scales with the step: a few mid-size
+  steps. At the size of OPUS-MT (d512, 6+6 layers, vocabulary 58,101, int8, 1 intra-op thread) a
+  16-row step takes about 7 ms on the development machine, so the wait comes out at about 40 ms:
+  of hand-set waits of 0, 20, 50 and 100 ms, 50 was the fastest at concurrency 64 greedy
+  (docs/performance.md), and against waits of 2, 10, 25 and 50 ms the derived one was as fast or
+  faster in interleaved pairs (docs/models.md, "Batching settings"). The shipped toy models step
+  16 rows in 1-2 ms, and their wait comes out at about 10 ms, where 0 and 50 ms measured the same.
 - `max_batch_sentences`: the most rows, a power of two from 8 up to `MAX_ROWS` (64, the settings'
-  default, the fastest measured at both sizes), whose step, on the straight line through the
+  default, which every benchmark at both sizes ran with), whose step, on the straight line through the
   measured costs at 1 and 64 rows, stays within `STEP_BUDGET_MS` (150 ms): a sentence that joins
   a batch waits for the batch's steps, so a model whose steps are slow gets smaller batches.
-- `max_batch_tokens` = `TOKENS_PER_ROW` (64, the settings' ratio 4096 / 64) x `max_batch_sentences`.
+- `max_batch_tokens` = `TOKENS_PER_ROW` (64, the settings' ratio 4096 / 64) x the
+  `max_batch_sentences` in force, whoever set it.
 
 Where each value in force comes from (`resolve`): the model's `serving.json` first, then a setting
 given explicitly (an `MTSERVE_*` variable or a `mtserve serve` flag: pydantic's
