@@ -22,8 +22,9 @@ The rule (`derive`, a pure function of those costs):
   steps. At the size of OPUS-MT (d512, 6+6 layers, vocabulary 58,101, int8, 1 intra-op thread) a
   16-row step takes about 7 ms on the development machine, so the wait comes out at about 40 ms:
   of hand-set waits of 0, 20, 50 and 100 ms, 50 was the fastest at concurrency 64 greedy
-  (docs/performance.md), and against waits of 2, 10, 25 and 50 ms the derived one was as fast or
-  faster in interleaved pairs (docs/models.md, "Batching settings"). The shipped toy models step
+  (docs/performance.md), and against waits of 2, 10, 25 and 50 ms the derived one measured 1.14
+  to 1.34 in interleaved pairs on a busy machine whose noise is about as large (docs/models.md,
+  "Batching settings"). The shipped toy models step
   16 rows in 1-2 ms, and their wait comes out at about 10 ms, where 0 and 50 ms measured the same.
 - `max_batch_sentences`: the most rows, a power of two from 8 up to `MAX_ROWS` (64, the settings'
   default, which every benchmark at both sizes ran with), whose step, on the straight line through the
