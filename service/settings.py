@@ -106,15 +106,24 @@ class Settings(BaseSettings):
         "steps (off: a worker takes the waiting sentences when its batches finish, "
         "which measured faster at every concurrency from 8 up here, docs/performance.md)",
     )
-    max_batch_sentences: int = Field(64, ge=1, description="rows of one decode batch (beam rows count each)")
-    max_batch_tokens: int = Field(4096, ge=16, description="padded source tokens of one decode batch")
+    # The three batching limits below: where neither these settings (an MTSERVE_* variable, a flag)
+    # nor the model's serving.json set one, the server derives it at load from the model's decoder
+    # step cost on this machine (service/batching/calibration.py); the defaults here apply only where
+    # nothing is measured (engine processes, a custom backend).
+    max_batch_sentences: int = Field(
+        64, ge=1, description="rows of one decode batch (beam rows count each); unset: derived at load"
+    )
+    max_batch_tokens: int = Field(
+        4096, ge=16, description="padded source tokens of one decode batch; unset: derived at load"
+    )
     max_queue_delay_ms: float = Field(
         0.0,
         ge=0,
         description="an idle worker waits up to this long, from when it starts waiting, for its "
         "share of the rows in flight before starting a batch, counting rows answered within this "
         "time as about to come back (closed-loop clients); 0: it starts at once (with continuous "
-        "batching a burst joins at the next step anyway)",
+        "batching a burst joins at the next step anyway); unset: derived at load from the decoder "
+        "step's cost (a few mid-size steps, 1 to 100 ms)",
     )
     admit_fraction: float = Field(
         0.25,

@@ -15,6 +15,7 @@ from typing import TypeVar
 
 from contract.manifest import Manifest, resolve_onnx_dir
 from service import tracing
+from service.batching.calibration import Batching
 from service.batching.jobs import Sentence
 from service.decoding.results import Finished
 from service.engine import (
@@ -72,6 +73,7 @@ class Engine:
         self.eos_id = manifest.special_ids.eos_id
         self.languages = ModelLanguages(manifest.languages)
         self.notes: list[str] = []  # how this version is served where it differs from what was asked (GetModelInfo)
+        self.batching: Batching | None = None  # the batching values in force and their sources, set by its loader
         self.name, self.version = metrics.name, metrics.version  # as served: the repository's NAME/VERSION
         self.model_name = f"{self.name}:{self.version}"
         self.translation_model, self.encoder_model = model_names(self.name)
@@ -443,4 +445,5 @@ class Engine:
             self.graph,
             self.notes,
             sorted(self.glossaries),
+            self.batching,
         )

@@ -4,6 +4,7 @@ defaults, how it is served, and the server's limits with what each option left a
 from __future__ import annotations
 
 from contract.manifest import Manifest
+from service.batching.calibration import FIELDS, Batching
 from service.engine import documents
 from service.engine.terms import MAX_TERM_CHARS, MAX_TERM_WORDS
 from service.settings import Settings
@@ -19,9 +20,11 @@ def describe(
     graph: str,
     notes: list[str],
     glossaries: list[str] | None = None,
+    batching: Batching | None = None,
 ) -> dict:
     """GetModelInfo's fields of a version served as `name`:`version` with `provider` and `graph`
-    (`default_pair`: whether requests may leave the languages out; a multilingual model shows none)."""
+    (`default_pair`: whether requests may leave the languages out; a multilingual model shows none;
+    `batching`: the batching values in force and where each came from, None: the settings' own)."""
     d = m.dims
     return {
         "name": name,
@@ -46,6 +49,7 @@ def describe(
         "length_penalty": m.generation.length_penalty,
         "files_sha256": m.checksums(st.precision, graph) if m.has(st.precision, graph) else {},
         "tool_versions": dict(m.tool_versions),
+        "batching": describe_batching(st, batching),
         "limits": {
             "max_texts_per_request": st.max_texts_per_request,
             "max_input_tokens": st.max_input_tokens,
@@ -63,6 +67,20 @@ def describe(
             "detection_threshold": st.detection_threshold,
             "zero_means": zero_means(st, m),
         },
+    }
+
+
+def describe_batching(st: Settings, batching: Batching | None) -> dict:
+    """GetModelInfo's `batching`: the values in `st` (those in force), where each came from, and
+    the decoder step costs measured at load."""
+    return {
+        "max_queue_delay_ms": st.max_queue_delay_ms,
+        "max_batch_sentences": st.max_batch_sentences,
+        "max_batch_tokens": st.max_batch_tokens,
+        "sources": dict(batching.sources) if batching is not None else dict.fromkeys(FIELDS, "setting"),
+        "step_ms": {str(rows): ms for rows, ms in batching.costs.ms.items()}
+        if batching is not None and batching.costs is not None
+        else {},
     }
 
 

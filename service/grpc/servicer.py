@@ -230,6 +230,7 @@ class TranslationServicer(pb_grpc.TranslationServiceServicer):
         limits = info.pop("limits")
         files = info.pop("files_sha256")
         tools = info.pop("tool_versions")
+        batching = info.pop("batching")
         default = self.models.default_or_none()
         served = sorted(self.models.all(), key=lambda s: s is not default)
         models = []
@@ -268,4 +269,11 @@ class TranslationServicer(pb_grpc.TranslationServiceServicer):
                         state=e.residency,
                     )
                 )
-        return pb.ModelInfo(**info, limits=pb.Limits(**limits), files_sha256=files, tool_versions=tools, models=models)
+        return pb.ModelInfo(
+            **info,
+            limits=pb.Limits(**limits),
+            files_sha256=files,
+            tool_versions=tools,
+            models=models,
+            batching=pb.Batching(**batching),
+        )

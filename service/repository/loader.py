@@ -1,6 +1,10 @@
 """Loading one model version: its settings, its backend (engine processes, the in-process scheduler,
 or the caller's), its Engine, and the warm-up. The registry calls `ModelLoader.load` for every
-version it loads; the server only builds the loader."""
+version it loads; the server only builds the loader.
+
+The batching settings that neither the model's serving.json nor the server's settings set are
+derived from the decoder step's cost, measured on the in-process backend's session before its
+workers start (`service.batching.calibration`); the other backends keep the settings' values."""
 
 from __future__ import annotations
 
@@ -10,6 +14,7 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from contract.manifest import Manifest, load_manifest, resolve_onnx_dir
+from service.batching.calibration import Batching, in_force
 from service.batching.scheduler import Scheduler
 from service.engine.backend import Backend
 from service.engine.engine import Engine
@@ -39,6 +44,8 @@ class LoadedModel(NamedTuple):
     provider: str
     sessions: int  # session pairs, for the start-up log
     graph: str  # the decoder step: "fused", "portable", or the custom backend's name
+    settings: Settings  # the version's settings with the batching values in force
+    batching: Batching  # those values, where each came from, and the step costs measured
 
 
 BackendFactory = Callable[[Settings, ModelMetrics, Manifest], Backend]
@@ -72,18 +79,19 @@ class ModelLoader:
 
     async def load(self, source: VersionDir) -> ServedModel:
         """Load, start and warm up one model version (the registry's loader)."""
-        st = self._version_settings(source)
+        serving = model_overrides(source)
+        st = self._version_settings(source, serving)
         # The version's named glossaries first: a file at fault fails the load before any session.
         glossaries = await asyncio.get_running_loop().run_in_executor(None, load_glossaries, source.path)
         metrics = self.metrics.for_model(source.name, source.version)
         with mapped_allocations():  # the model's memory leaves the process when it is unloaded
-            return await self._load_mapped(source, st, metrics, glossaries)
+            return await self._load_mapped(source, st, metrics, glossaries, set(serving))
 
     def estimate(self, source: VersionDir) -> int:
         """What `source` is expected to take in memory before its first load: the bytes of the
         tokenizer and graph files it would load (its precision, the decoder step chosen for the
         CPU), once per session pair when each decode worker has its own."""
-        st = self._version_settings(source)
+        st = self._version_settings(source, model_overrides(source))
         graphs = resolve_onnx_dir(st.graphs_dir)
         manifest = load_manifest(graphs, verify_checksums=False, precision=st.precision)
         graph = choose_graph(manifest, st.precision, "cpu", st.graph)
@@ -91,12 +99,12 @@ class ModelLoader:
         size = sum((graphs / f.file).stat().st_size for f in files)
         return size if st.share_sessions else size * max(1, st.decode_workers)
 
-    def _version_settings(self, source: VersionDir) -> Settings:
+    def _version_settings(self, source: VersionDir, serving: dict) -> Settings:
         """The server's settings with the version's directories and the model's own values
         (NAME/serving.json), validated together (default_beam_size <= max_beam_size, ...)."""
         values = {
             **self.settings.model_dump(),
-            **model_overrides(source),
+            **serving,
             "model_dir": source.path,
             "onnx_dir": source.onnx_dir,
         }
@@ -106,17 +114,26 @@ class ModelLoader:
             raise ModelLoadError(f"{source.path.parent / SERVING_FILE}: {e}") from None
 
     async def _load_mapped(
-        self, source: VersionDir, st: Settings, metrics: ModelMetrics, glossaries: dict[str, NamedGlossary]
+        self,
+        source: VersionDir,
+        st: Settings,
+        metrics: ModelMetrics,
+        glossaries: dict[str, NamedGlossary],
+        serving: set[str],
     ) -> ServedModel:
         loop = asyncio.get_running_loop()
+        explicit = self.settings.model_fields_set
         if self.backend_factory is not None:
-            loaded = _load_with_factory(st, metrics, self.backend_factory)
+            loaded = _load_with_factory(st, metrics, self.backend_factory, explicit, serving)
         elif st.engine_process:
-            loaded = await _start_engine_processes(st, metrics)
+            loaded = await _start_engine_processes(st, metrics, explicit, serving)
         else:  # the sessions load off the event loop: other models keep serving meanwhile
-            loaded = await loop.run_in_executor(None, _load_in_process, st, metrics)
+            loaded = await loop.run_in_executor(None, _load_in_process, st, metrics, explicit, serving)
+        st = loaded.settings
+        log.info("%s:%s: batching: %s", source.name, source.version, loaded.batching.describe())
         engine = Engine(st, loaded.manifest, loaded.tokenizer, loaded.backend, metrics, loaded.provider, loaded.graph)
         engine.glossaries = glossaries
+        engine.batching = loaded.batching
         engine.notes = graph_notes(loaded.manifest, st, loaded.provider, loaded.graph)
         engine.notes += shortlist_notes(loaded.manifest, st, loaded.graph)
         for note in engine.notes:
@@ -129,6 +146,7 @@ class ModelLoader:
                 "graph": loaded.graph,
                 "source_language": loaded.manifest.src_lang if default_pair else "",
                 "target_language": loaded.manifest.tgt_lang if default_pair else "",
+                **batching_info(loaded.batching),
             }
         )
         loaded.backend.start()
@@ -146,6 +164,14 @@ class ModelLoader:
         opts = TranslateOptions(beam_size=1, max_output_tokens=4)
         await engine.translate(["Hallo Welt ."] * max(1, self.settings.decode_workers), opts, pair=pair)
         await engine.translate(["Hallo Welt ."], TranslateOptions(max_output_tokens=4), pair=pair)
+
+
+def batching_info(batching: Batching) -> dict[str, str]:
+    """The batching values in force and their sources, as labels of the mtserve_model info metric."""
+    info = {}
+    for field, value in batching.values.items():
+        info[field], info[f"{field}_source"] = f"{value:g}", batching.sources[field]
+    return info
 
 
 def graph_notes(manifest: Manifest, st: Settings, provider: str, graph: str) -> list[str]:
@@ -178,9 +204,12 @@ def shortlist_notes(manifest: Manifest, st: Settings, graph: str) -> list[str]:
     return [f"the version's vocabulary shortlist is not used ({why}): the output layer ranks the whole vocabulary"]
 
 
-async def _start_engine_processes(st: Settings, metrics: ModelMetrics) -> LoadedModel:
+async def _start_engine_processes(
+    st: Settings, metrics: ModelMetrics, explicit: set[str], serving: set[str]
+) -> LoadedModel:
     """Each decode worker in a child process of its own (its own GIL, its own sessions); this
     process keeps the manifest and the tokenizer for validation and tokenisation."""
+    st, batching = in_force(st, explicit, serving, None)
     pool = EnginePool(st, metrics)
     await asyncio.get_running_loop().run_in_executor(None, pool.start_process)
     try:
@@ -190,11 +219,14 @@ async def _start_engine_processes(st: Settings, metrics: ModelMetrics) -> Loaded
         raise
     # The children chose their decoder step by the same rule from the same export.
     graph = choose_graph(manifest, st.precision, pool.provider, st.graph)
-    return LoadedModel(pool, manifest, tokenizer, pool.provider, pool.sessions, graph)
+    return LoadedModel(pool, manifest, tokenizer, pool.provider, pool.sessions, graph, st, batching)
 
 
-def _load_with_factory(st: Settings, metrics: ModelMetrics, factory: BackendFactory) -> LoadedModel:
+def _load_with_factory(
+    st: Settings, metrics: ModelMetrics, factory: BackendFactory, explicit: set[str], serving: set[str]
+) -> LoadedModel:
     """The caller's backend over the export's manifest and tokenizer (no ONNX Runtime session)."""
+    st, batching = in_force(st, explicit, serving, None)
     manifest, tokenizer = read_export(st, None)
     try:
         backend = factory(st, metrics, manifest)
@@ -209,13 +241,22 @@ def _load_with_factory(st: Settings, metrics: ModelMetrics, factory: BackendFact
         str(getattr(backend, "provider", "custom")),
         1,
         str(getattr(backend, "graph", "custom")),
+        st,
+        batching,
     )
 
 
-def _load_in_process(st: Settings, metrics: ModelMetrics) -> LoadedModel:
-    """The sessions in this process, decoded by the scheduler's worker threads."""
+def _load_in_process(st: Settings, metrics: ModelMetrics, explicit: set[str], serving: set[str]) -> LoadedModel:
+    """The sessions in this process, decoded by the scheduler's worker threads, with the batching
+    values measured on the first one."""
     models = load_models(st)
     manifest = models[0].manifest
+    try:
+        st, batching = in_force(st, explicit, serving, models[0])
+    except Exception as e:  # a step that fails here would fail every request: the load fails instead
+        raise ModelLoadError(f"measuring the decoder step: {type(e).__name__}: {e}") from e
     scheduler = Scheduler(models, st, metrics)
     sessions = len({id(m) for m in models})
-    return LoadedModel(scheduler, manifest, models[0].tokenizer, models[0].provider, sessions, models[0].graph)
+    return LoadedModel(
+        scheduler, manifest, models[0].tokenizer, models[0].provider, sessions, models[0].graph, st, batching
+    )
