@@ -19,8 +19,11 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.real_size_model import DATA, REPO, Prepared
+from contract.manifest import PRECISIONS
+from contract.weights import weights_file
 
 LINKED_SUFFIXES = (".onnx", ".onnx_data", ".safetensors", ".bin", ".spm")
+SHARED_WEIGHTS = frozenset(weights_file(p) for p in PRECISIONS)
 Row = dict[str, Any]
 
 
@@ -57,11 +60,13 @@ class Size:
 
 def link_tree(src: Path, dst: Path) -> Path:
     """A copy of `src` at `dst` (replaced) whose large files (LINKED_SUFFIXES) are hard links and
-    whose others (manifests, configs: what a tool may rewrite in place) are copies."""
+    whose others (manifests, configs: what a tool may rewrite in place) are copies. The shared
+    weights files of an export are copies too: the onnx package refuses to read external data
+    through a file with more than one link."""
     shutil.rmtree(dst, ignore_errors=True)
 
     def copy(s: str, d: str) -> None:
-        if s.endswith(LINKED_SUFFIXES):
+        if s.endswith(LINKED_SUFFIXES) and Path(s).name not in SHARED_WEIGHTS:
             try:
                 os.link(s, d)
                 return

@@ -208,6 +208,7 @@ class LoadedVersions:
         freeze_loaded()
         served.resident_bytes = self.residency.record(key, before, rss_bytes())
         self.metrics.model_loads.labels(*key, "loaded").inc()
+        self.metrics.model_evictions.labels(*key)  # its series from the first load, at 0
         self.metrics.model_load_duration.labels(*key).observe(seconds)
         self.metrics.model_resident_bytes.labels(*key).set(served.resident_bytes)
         log.info("loaded %s from %s in %.1fs (%.1f MB)", served.ref, source.path, seconds, served.resident_bytes / MB)
