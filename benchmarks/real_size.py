@@ -7,6 +7,12 @@ how each engine is told), so that the work per sentence is identical.
     python -m benchmarks.real_size              # more sentences and pairs
     python -m benchmarks.real_size_profile      # where a greedy step's time goes (ORT's profiler)
     python -m benchmarks.real_size --quick --shortlist-only    # the shortlist rows alone (no server)
+    python -m benchmarks.real_size --quick --size nllb-600m    # NLLB-200-distilled-600M's size instead
+
+`--size nllb-600m` (benchmarks/real_size_nllb.py): a random M2M100 of NLLB-600M's dimensions (d_model
+1024, 12+12 layers, 16 heads, ffn 4096, vocabulary 256,206) with NLLB's tokenizer layout, imported
+int8 only, translating deu_Latn -> eng_Latn (eng_Latn forced first on every engine, the `tokens`
+after it); `nllb_plan`: fewer sentences, the engine, CTranslate2 and the server only.
 
 Engines, each in a process of its own with its model loaded once (real_size_worker.py):
   mtserve       the engine offline: service.decoding.generator over OnnxSeq2Seq int8, at the best of
@@ -26,8 +32,9 @@ Engines, each in a process of its own with its model loaded once (real_size_work
                 each against CTranslate2 int8 without a mapping, each other, and the plain engine
 Per beam, a choice of layout and ISA (one run each), then `rounds` interleaved pairs (A B, B A, ...)
 of each ratio's two sides; a ratio is the median of the pairs'. Peak RSS: VmHWM of each engine's
-offline process at its best layout after its runs (the server: once warmed up before any traffic,
-and after its runs its largest process and all its processes together). The last line printed is the JSON object `run.py --quick` nests as
+offline process at its best layout once its model is loaded (`*_after_load`) and after its runs
+(the server: once warmed up before any traffic, and after its runs its largest process and all its
+processes together); `disk_mb`: the imported version's files and CTranslate2's model dir. The last line printed is the JSON object `run.py --quick` nests as
 `real_size` (`summary`).
 """
 
@@ -41,12 +48,13 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from benchmarks.machine import machine
-from benchmarks.real_size_model import DATA, Dims, Prepared, export_optimum, hf_venv, prepare
+from benchmarks.real_size_model import DATA, MARIAN, Dims, Family, Prepared, export_optimum, hf_venv, prepare
+from benchmarks.real_size_nllb import NLLB, NLLB_600M
 from benchmarks.shortlist_copies import SHORTLIST, prepare_shortlist
 from benchmarks.shortlist_copies import candidate_counts as counts
 
@@ -93,6 +101,20 @@ def full_plan() -> RealSizePlan:
     return RealSizePlan(sentences={1: 500, 4: 250}, hf_sentences={1: 100, 4: 50}, single=20, rounds=5, requests=500)
 
 
+def nllb_plan(plan: RealSizePlan, quick: bool) -> RealSizePlan:
+    """`plan` for the NLLB-600M size (`--size nllb-600m`), whose steps take about 8 times the
+    OPUS-MT size's: a quarter of the sentences (--quick: 32 greedy, 16 beam 4, 3 single, 64
+    requests at c64), no Hugging Face engine and no shortlist rows (a version's shortlist is one
+    source -> target mapping whatever a request's target language: docs/performance.md)."""
+    sentences = {1: 32, 4: 16} if quick else {1: 128, 4: 64}
+    single, requests = (3, 64) if quick else (6, 128)
+    return replace(plan, sentences=sentences, single=single, requests=requests, hf_engines=[], shortlist_beams=[])
+
+
+# --size: the model's dimensions and family (how its folder is built and imported)
+SIZES = {"opus-mt": (Dims(), MARIAN), "nllb-600m": (NLLB_600M, NLLB)}
+
+
 class Worker:
     """One real_size_worker.py process: `ask` sends a command and returns its answer."""
 
@@ -133,10 +155,11 @@ def worker(
     python: str = sys.executable,
     isa: str = "",
     shortlist: bool = False,
+    tgt_lang: str = "",
 ) -> Worker:
     cmd = [python, "-m", "benchmarks.real_size_worker", "--engine", engine, "--dir", str(model_dir), "--hf", str(hf)]
     cmd += ["--data", str(DATA), "--threads", str(threads), "--workers", str(workers), "--batch", str(batch)]
-    cmd += ["--shortlist"] if shortlist else []
+    cmd += (["--shortlist"] if shortlist else []) + (["--tgt-lang", tgt_lang] if tgt_lang else [])
     name = f"{engine} {workers}x{max(1, threads // workers)}" + (f" ISA {isa}" if isa else "")
     name += " shortlist" if shortlist else ""
     return Worker(name, cmd, {"CT2_FORCE_CPU_ISA": isa} if isa else None)
@@ -170,11 +193,12 @@ def start_engines(plan: RealSizePlan, prep: Prepared, optimum: tuple[Path, Path]
             hf_workers[name] = worker(name, hf, hf, 1, t, b)
         elif optimum is not None:
             hf_workers[name] = worker(name, optimum[0 if name.endswith("fp32") else 1], hf, 1, t, b, python_hf)
+    lang = prep.tgt_lang
     return Engines(
-        engine={w: worker("mtserve", prep.model, hf, w, t, b) for w in plan.layouts},
-        engine_single=worker("mtserve", prep.model, hf, 1, 1, b),
-        ct2={isa: worker("ct2", prep.ct2, hf, t, t, b, isa=isa) for isa in plan.isas},
-        ct2_single={isa: worker("ct2", prep.ct2, hf, 1, 1, b, isa=isa) for isa in plan.isas},
+        engine={w: worker("mtserve", prep.model, hf, w, t, b, tgt_lang=lang) for w in plan.layouts},
+        engine_single=worker("mtserve", prep.model, hf, 1, 1, b, tgt_lang=lang),
+        ct2={isa: worker("ct2", prep.ct2, hf, t, t, b, isa=isa, tgt_lang=lang) for isa in plan.isas},
+        ct2_single={isa: worker("ct2", prep.ct2, hf, 1, 1, b, isa=isa, tgt_lang=lang) for isa in plan.isas},
         hf=hf_workers,
     )
 
@@ -417,13 +441,19 @@ def summary(rows: list[Row], rss: dict[str, float]) -> Row:
     return {"by_beam": by_beam, "peak_rss_mb": rss}
 
 
-def measure(plan: RealSizePlan, dims: Dims = Dims()) -> Row:
+def disk_mb(path: Path) -> float:
+    """The bytes of the files under `path` (each hard-linked file once), in MB."""
+    seen = {(f.stat().st_dev, f.stat().st_ino): f.stat().st_size for f in path.rglob("*") if f.is_file()}
+    return round(sum(seen.values()) / 2**20, 1)
+
+
+def measure(plan: RealSizePlan, dims: Dims = Dims(), family: Family = MARIAN) -> Row:
     """Build (or reuse) the model, start every engine and the server, measure each beam."""
     from benchmarks.plan import served_layout_real_size
     from benchmarks.processes import Server
 
     t0 = time.time()
-    prep = prepare(dims)
+    prep = prepare(dims, family=family)
     optimum, python_hf, hf_error = None, "", ""
     if any(e.startswith("hf-ort") for e in plan.hf_engines):
         try:
@@ -441,8 +471,10 @@ def measure(plan: RealSizePlan, dims: Dims = Dims()) -> Row:
             rows = [measure_beam(plan, eng, srv.address, texts, beam) for beam in plan.beams]
             replica, server_total = server_rss_mb(srv.pid)
         rss = {"service_after_warm_up": warm, "service_replica": replica, "service_all_processes": server_total}
-        rss["engine"] = rss_mb(eng.engine[rows[-1]["engine_loops"]])  # the layouts of the last beam
-        rss["ct2_int8"] = rss_mb(eng.ct2[rows[-1]["ct2_isa"].replace("default", "")])
+        ours, theirs = eng.engine[rows[-1]["engine_loops"]], eng.ct2[rows[-1]["ct2_isa"].replace("default", "")]
+        rss["engine_after_load"] = round(ours.ready["vm_hwm_kb"] / 1024, 1)  # the layouts of the last beam
+        rss["ct2_int8_after_load"] = round(theirs.ready["vm_hwm_kb"] / 1024, 1)
+        rss["engine"], rss["ct2_int8"] = rss_mb(ours), rss_mb(theirs)
         rss.update({name.replace("-", "_"): rss_mb(w) for name, w in eng.hf.items()})
         for r in rows:
             if r["beam"] in plan.shortlist_beams:
@@ -451,7 +483,8 @@ def measure(plan: RealSizePlan, dims: Dims = Dims()) -> Row:
     finally:
         for w in eng.all():
             w.close()
-    return {**result(plan, dims, rows, rss, t0, hf_error), "server_args": server_args}
+    disk = {"engine_version": disk_mb(prep.model), "ct2_int8": disk_mb(prep.ct2)}
+    return {**result(plan, dims, rows, rss, t0, hf_error), "server_args": server_args, "disk_mb": disk}
 
 
 def result(plan: RealSizePlan, dims: Dims, rows: list[Row], rss: dict[str, float], t0: float, hf_error: str) -> Row:
@@ -582,11 +615,17 @@ def main(argv: list[str] | None = None) -> None:
         help="the shortlist rows' size, PER_SOURCE:ALWAYS (mtserve shortlist --per-source, --always)",
     )
     ap.add_argument("--shortlist-only", action="store_true", help="the greedy shortlist rows alone (no server)")
+    ap.add_argument("--size", choices=sorted(SIZES), default="opus-mt", help="the model's size (default opus-mt)")
     args = ap.parse_args(argv)
     plan = (hf_plan() if args.all_hf else quick_plan()) if args.quick else full_plan()
     plan = RealSizePlan(**{**asdict(plan), "tokens": args.tokens, **({"hf_engines": []} if args.no_hf else {})})
     plan = RealSizePlan(**{**asdict(plan), "shortlist": [int(x) for x in args.shortlist.split(":")]})
-    res = measure_shortlist_only(plan) if args.shortlist_only else measure(plan)
+    dims, family = SIZES[args.size]
+    if family is NLLB:
+        if args.shortlist_only:
+            ap.error("--size nllb-600m has no shortlist rows (nllb_plan says why)")
+        plan = nllb_plan(plan, args.quick)
+    res = measure_shortlist_only(plan) if args.shortlist_only else measure(plan, dims, family)
     res["machine"] = machine()
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=1))

@@ -31,6 +31,8 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -56,10 +58,12 @@ class Dims:
     spm_pieces: int = 6000  # per language (the English side of the corpus holds fewer than 8,000)
     spm_lines: int = 29000  # training lines per language
     seed: int = 1
+    family: str = "marian"  # or "nllb" (benchmarks/real_size_nllb.py): keyed apart in the cache
 
     @property
     def key(self) -> str:
-        return f"d{self.d_model}-l{self.layers}-h{self.heads}-f{self.ffn}-v{self.vocab}-s{self.seed}"
+        lead = "" if self.family == "marian" else f"{self.family}-"
+        return f"{lead}d{self.d_model}-l{self.layers}-h{self.heads}-f{self.ffn}-v{self.vocab}-s{self.seed}"
 
 
 @dataclass(frozen=True)
@@ -69,6 +73,19 @@ class Prepared:
     hf: Path  # the Hugging Face folder (transformers, optimum)
     model: Path  # the mtserve model version dir (the engine, the server)
     ct2: Path  # the CTranslate2 int8 model dir
+    tgt_lang: str = ""  # a multilingual model's target language token, forced first on every engine
+
+
+@dataclass(frozen=True)
+class Family:
+    """How a model family's folder is built and imported: `build(out, dims, data)` writes the
+    Hugging Face folder, `mtserve import` takes it with these flags into REPOSITORY/name/1."""
+
+    build: Callable[[Path, Dims, Path], Path]
+    name: str = NAME
+    precision: str = "fp32,int8"
+    src_lang: str = ""
+    tgt_lang: str = ""
 
 
 def padded_vocab(pieces: list[str], size: int) -> dict[str, int]:
@@ -94,15 +111,15 @@ def read_lines(lang: str, split: str = "train", limit: int = 0, data: Path = DAT
     return lines[:limit] if limit else lines
 
 
-def train_spm(lines: list[str], prefix: Path, pieces: int) -> Path:
-    """A unigram SentencePiece model (Marian's kind) over `lines`: PREFIX.model."""
+def train_spm(lines: list[str], prefix: Path, pieces: int, model_type: str = "unigram") -> Path:
+    """A SentencePiece model over `lines` (unigram, Marian's kind, unless given): PREFIX.model."""
     import sentencepiece
 
     sentencepiece.SentencePieceTrainer.train(
         sentence_iterator=iter(lines),
         model_prefix=str(prefix),
         vocab_size=pieces,
-        model_type="unigram",
+        model_type=model_type,
         character_coverage=1.0,
         num_threads=2,
         minloglevel=2,
@@ -161,24 +178,19 @@ def build_folder(out: Path, dims: Dims, data: Path = DATA) -> Path:
     return out
 
 
-def import_folder(hf: Path, repository: Path) -> Path:
-    """`mtserve import` of the folder into REPOSITORY/opus-size/1 (replaced when there)."""
-    shutil.rmtree(repository / NAME, ignore_errors=True)
-    cmd = [
-        sys.executable,
-        "-m",
-        "mtserve",
-        "import",
-        str(hf),
-        "--name",
-        NAME,
-        "--version",
-        "1",
-        "--precision",
-        "fp32,int8",
+def import_folder(hf: Path, repository: Path, family: Family | None = None) -> Path:
+    """`mtserve import` of the folder into REPOSITORY/NAME/1 (replaced when there), NAME and the
+    flags the family's (MARIAN's: opus-size, fp32 and int8)."""
+    fam = family or MARIAN
+    shutil.rmtree(repository / fam.name, ignore_errors=True)
+    cmd = [sys.executable, "-m", "mtserve", "import", str(hf), "--name", fam.name, "--version", "1"]
+    cmd += ["--precision", fam.precision, "--repository", str(repository)]
+    cmd += [
+        *(["--src-lang", fam.src_lang] if fam.src_lang else []),
+        *(["--tgt-lang", fam.tgt_lang] if fam.tgt_lang else []),
     ]
-    subprocess.run([*cmd, "--repository", str(repository)], check=True, cwd=REPO, stdout=subprocess.DEVNULL)
-    return repository / NAME / "1"
+    subprocess.run(cmd, check=True, cwd=REPO, stdout=subprocess.DEVNULL)
+    return repository / fam.name / "1"
 
 
 # The code that writes an imported version's graphs: a change to any of them exports them again.
@@ -272,24 +284,43 @@ def export_optimum(hf: Path, root: Path, python: Path) -> tuple[Path, Path]:
     return fp32, int8
 
 
-def prepare(dims: Dims = Dims(), cache: Path = CACHE, data: Path = DATA) -> Prepared:
+def timed(step: str, times: dict[str, float], fn: Callable[[], object]) -> None:
+    """Run one preparation step, logging and recording (in `times`) the seconds it took."""
+    t0 = time.time()
+    print(f"real size: {step}...", file=sys.stderr, flush=True)
+    fn()
+    times[step] = round(time.time() - t0, 1)
+    print(f"real size: {step} took {times[step]} s", file=sys.stderr, flush=True)
+
+
+def prepare(dims: Dims = Dims(), cache: Path = CACHE, data: Path = DATA, family: Family | None = None) -> Prepared:
     """The model of `dims` built, imported and converted, each step only when its output is missing
-    (the int8 graphs also when the export code changed)."""
+    (the int8 graphs also when the export code changed); the family's build and import flags
+    (MARIAN's by default). The seconds each step took go to ROOT/prepare-seconds.json."""
+    fam = family or MARIAN
     root = cache / f"real-size-{dims.key}"
-    hf, model, ct2 = root / "hf", root / "models" / NAME / "1", root / "ct2-int8"
+    hf, model, ct2 = root / "hf", root / "models" / fam.name / "1", root / "ct2-int8"
+    times: dict[str, float] = {}
     if not (hf / "model.safetensors").exists():
         shutil.rmtree(hf, ignore_errors=True)
-        build_folder(hf, dims, data)
+        timed("build", times, lambda: fam.build(hf, dims, data))
     stamp, code = root / "models" / "export-code.sha256", export_code_hash()
     if not (model / "onnx" / "manifest.json").exists():
-        import_folder(hf, root / "models")
+        timed("import", times, lambda: import_folder(hf, root / "models", fam))
         stamp.write_text(code)
     elif not stamp.exists() or stamp.read_text() != code:
-        export_int8(model)
+        timed("export int8", times, lambda: export_int8(model))
         stamp.write_text(code)
     if not (ct2 / "model.bin").exists():
-        convert_ct2(hf, ct2)
-    return Prepared(hf=hf, model=model, ct2=ct2)
+        timed("ct2 convert", times, lambda: convert_ct2(hf, ct2))
+    if times:
+        log = root / "prepare-seconds.json"
+        old = json.loads(log.read_text()) if log.exists() else {}
+        log.write_text(json.dumps({**old, **times}))
+    return Prepared(hf=hf, model=model, ct2=ct2, tgt_lang=fam.tgt_lang)
+
+
+MARIAN = Family(build=build_folder)
 
 
 def main(argv: list[str] | None = None) -> None:

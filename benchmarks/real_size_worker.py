@@ -16,6 +16,11 @@ that work per sentence is identical:
              forced_eos_token_id off (it would spend the last token on </s>)
   hf-ort-*   optimum's ORTModelForSeq2SeqLM (fp32, or its graphs dynamically quantised to int8),
              the same generate arguments; runs in the optimum venv (it needs transformers 4.57)
+With --tgt-lang (a multilingual model's target language: NLLB's eng_Latn), that token is forced
+first on both mtserve (the manifest's tgt_lang, as `target_prefixes`; max_len counts it) and
+CTranslate2 (`target_prefix`; its lengths count it too) and left out of the counts, so that
+`tokens` are emitted after it; the source starts with the source language token on both (the
+manifest's src_lang, the Hugging Face tokenizer's src_lang).
 With --shortlist, mtserve ranks over its version's vocabulary shortlist (contract/shortlist.py) and
 CTranslate2 over the same mapping (`use_vmap`: vmap.txt in its model dir), so the forced tokens
 come from the shortlist on both; without it, mtserve runs the version's plain steps (shortlist=False).
@@ -69,6 +74,9 @@ def mtserve_engine(args: argparse.Namespace, texts: list[str]) -> tuple[Translat
     if args.shortlist and model.shortlist is None:
         raise SystemExit(f"{args.dir} has no vocabulary shortlist")
     models = [model] * args.workers
+    forced = model.prefixes()[1] if args.tgt_lang else []  # the manifest's tgt_lang token
+    if args.tgt_lang and model.manifest.tgt_lang != args.tgt_lang:
+        raise SystemExit(f"{args.dir} translates into {model.manifest.tgt_lang}, not {args.tgt_lang}")
 
     def translate(src: list[Any], beam: int, tokens: int) -> list[int]:
         size = balanced_batch(len(src), args.batch, args.workers)
@@ -83,9 +91,10 @@ def mtserve_engine(args: argparse.Namespace, texts: list[str]) -> tuple[Translat
                     beam=beam,
                     batch_size=size,
                     max_len_a=0.0,
-                    max_len_b=tokens + 1,
+                    max_len_b=tokens + 1 + len(forced),
                     min_len=tokens,
                     want_scores=False,
+                    target_prefixes=[forced] * len(idx) if forced else None,
                 )
                 for i, h in zip(idx, hyps):
                     out[i] = len(h.tokens)
@@ -109,17 +118,20 @@ def ct2_engine(args: argparse.Namespace, texts: list[str]) -> tuple[Translate, l
         args.dir, device="cpu", compute_type="int8", inter_threads=args.workers, intra_threads=intra
     )
 
+    prefix = [args.tgt_lang] if args.tgt_lang else []
+
     def translate(src: list[Any], beam: int, tokens: int) -> list[int]:
         res = tr.translate_batch(
             src,
+            target_prefix=[prefix] * len(src) if prefix else None,
             beam_size=beam,
-            min_decoding_length=tokens,
-            max_decoding_length=tokens,
+            min_decoding_length=tokens + len(prefix),
+            max_decoding_length=tokens + len(prefix),
             max_batch_size=balanced_batch(len(src), args.batch, args.workers),
             batch_type="examples",
             use_vmap=args.shortlist,
         )
-        return [len(r.hypotheses[0]) for r in res]
+        return [len(r.hypotheses[0]) - len(prefix) for r in res]
 
     src = [tok.convert_ids_to_tokens(ids) for ids in tok(texts).input_ids]
     return translate, src
@@ -211,6 +223,7 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="rank over the vocabulary shortlist: the version's (mtserve), vmap.txt in the model dir (ct2: use_vmap)",
     )
+    ap.add_argument("--tgt-lang", default="", help="a multilingual model's target language, forced first")
     ap.add_argument("--sentences", type=int, default=1000, help="test sentences to tokenize")
     args = ap.parse_args(argv)
     texts = read_test(Path(args.data), args.sentences)
