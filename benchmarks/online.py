@@ -90,6 +90,7 @@ async def _load(
     streams: int = 1,
     connections: int = 1,
     options: dict | None = None,
+    fields: dict | None = None,
 ) -> dict:
     # A subchannel pool of each channel's own: channels with the same arguments would otherwise share
     # one connection, and a server's replicas (SO_REUSEPORT) are spread by connection.
@@ -102,7 +103,7 @@ async def _load(
         many = [ManyStream(stubs[k % len(stubs)]) for k in range(n_streams)]
 
         async def one(i: int, w: int):
-            req = pb.TranslateRequest(texts=[texts[i % len(texts)]], options=request_options)
+            req = pb.TranslateRequest(texts=[texts[i % len(texts)]], options=request_options, **(fields or {}))
             t = time.perf_counter()
             try:
                 if many:
@@ -165,15 +166,19 @@ def run_level(
     streams: int = 1,
     connections: int = 1,
     options: dict | None = None,
+    fields: dict | None = None,
 ) -> dict:
     """`n_requests` single-sentence requests, `concurrency` at a time (or fewer when `duration`
     seconds pass first), as Translate calls or as items of `streams` TranslateMany streams, over
     `connections` client connections (at most one per concurrent request). `options`: more
-    TranslationOptions fields of every request (e.g. min_output_tokens)."""
+    TranslationOptions fields of every request (e.g. min_output_tokens); `fields`: TranslateRequest
+    fields of every request (a multilingual model's source_language and target_language)."""
     import sacrebleu
 
     out = asyncio.run(
-        _load(address, texts, concurrency, n_requests, beam, timeout, duration, api, streams, connections, options)
+        _load(
+            address, texts, concurrency, n_requests, beam, timeout, duration, api, streams, connections, options, fields
+        )
     )
     results, seconds = out["results"], out["seconds"]
     ok = [r for r in results if r[2] == "OK"]

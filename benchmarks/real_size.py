@@ -262,12 +262,18 @@ def server_rss_mb(pid: int) -> tuple[float, float]:
     return round(max(figs), 1), round(sum(figs), 1)
 
 
-def server_level(address: str, texts: list[str], plan: RealSizePlan, beam: int, concurrency: int) -> Row:
+def server_level(
+    address: str, texts: list[str], plan: RealSizePlan, beam: int, concurrency: int, languages: dict | None = None
+) -> Row:
+    """The server at `concurrency` on `texts`, every sentence forced to the plan's tokens; `languages`:
+    the source_language and target_language a multilingual model's requests name."""
     from benchmarks import online
 
     n = plan.requests if concurrency > 1 else plan.single
     options = {"min_output_tokens": plan.tokens, "max_output_tokens": plan.tokens + 1}  # + the final </s>
-    row = online.run_level(address, texts, texts, concurrency, n, beam, connections=8, options=options)
+    row = online.run_level(
+        address, texts, texts, concurrency, n, beam, connections=8, options=options, fields=languages
+    )
     if row["errors"] or row["ok"] == 0:
         raise RuntimeError(f"server at c{concurrency}: errors {row['errors']}")
     # output_tokens counts the </s>; the figures are rounded, so compare the mean per sentence
@@ -292,8 +298,11 @@ def choose_layouts(plan: RealSizePlan, eng: Engines, beam: int) -> Row:
     return row
 
 
-def measure_beam(plan: RealSizePlan, eng: Engines, address: str, texts: list[str], beam: int) -> Row:
-    """One beam: the choices of layout and ISA, then the pairs behind each ratio."""
+def measure_beam(
+    plan: RealSizePlan, eng: Engines, address: str, texts: list[str], beam: int, languages: dict | None = None
+) -> Row:
+    """One beam: the choices of layout and ISA, then the pairs behind each ratio (the server's
+    requests name `languages`: `server_level`)."""
     n, n_hf, tokens = plan.sentences[beam], plan.hf_sentences[beam], plan.tokens
     row = choose_layouts(plan, eng, beam)
     loops: int = row["engine_loops"]
@@ -307,7 +316,7 @@ def measure_beam(plan: RealSizePlan, eng: Engines, address: str, texts: list[str
         return lambda: float(w.ask(op="single", beam=beam, tokens=tokens, sentences=plan.single)["p50_ms"])
 
     def served(c: int, key: str) -> Part:
-        return lambda: float(server_level(address, texts, plan, beam, c)[key])
+        return lambda: float(server_level(address, texts, plan, beam, c, languages)[key])
 
     row["engine_over_ct2_int8"] = pairs(off(ours), off(ct2), plan.rounds)
     row["engine_latency_over_ct2"] = pairs(single(eng.engine_single), single(eng.ct2_single[single_isa]), plan.rounds)
@@ -463,12 +472,13 @@ def measure(plan: RealSizePlan, dims: Dims = Dims(), family: Family = MARIAN) ->
             hf_error = f"optimum unavailable: {e}"
             log(hf_error)
     texts = _test_texts()
+    languages = {k: v for k, v in (("source_language", family.src_lang), ("target_language", family.tgt_lang)) if v}
     eng = start_engines(plan, prep, optimum, python_hf)
     try:
         server_args = served_layout_real_size(plan.threads)
         with Server(prep.model, server_args) as srv:
             warm, _ = server_rss_mb(srv.pid)  # the model loaded and warmed up, before any traffic
-            rows = [measure_beam(plan, eng, srv.address, texts, beam) for beam in plan.beams]
+            rows = [measure_beam(plan, eng, srv.address, texts, beam, languages) for beam in plan.beams]
             replica, server_total = server_rss_mb(srv.pid)
         rss = {"service_after_warm_up": warm, "service_replica": replica, "service_all_processes": server_total}
         ours, theirs = eng.engine[rows[-1]["engine_loops"]], eng.ct2[rows[-1]["ct2_isa"].replace("default", "")]

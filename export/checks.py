@@ -13,6 +13,7 @@ import torch
 
 from contract.graphs import EOS_BIAS
 from contract.manifest import TensorSpec
+from export import onnx_files
 from export.model import ModelConfig, Transformer
 
 # The bound on the fp32 graphs' parity with PyTorch checked at export time: max |Δ log_probs| with
@@ -58,10 +59,10 @@ def source_vocab_size(cfg: ModelConfig) -> int:
 
 
 def check_graph(path: Path, inputs: list[TensorSpec], outputs: list[TensorSpec]) -> None:
-    """onnx.checker (full check) plus the graph's I/O against the contract: names, order, dtypes,
-    ranks and symbolic axes."""
-    model = onnx.load(str(path))
-    onnx.checker.check_model(model, full_check=True)
+    """onnx.checker (full check, from the file: `onnx_files.check`) plus the graph's I/O against the
+    contract: names, order, dtypes, ranks and symbolic axes."""
+    onnx_files.check(path, full_check=True)
+    model = onnx_files.load_graph(path)
     for kind, got, want in (("input", model.graph.input, inputs), ("output", model.graph.output, outputs)):
         got_names = [v.name for v in got]
         if got_names != [t.name for t in want]:

@@ -161,10 +161,10 @@ def assemble_manifest(
 
 
 def write_export(out: Path, manifest: Manifest) -> None:
-    """Remove the graphs and weights files no variant refers to any more (e.g. from older weights)
-    and write the manifest."""
+    """Remove the graphs, their external data files (`export.onnx_files`) and the weights files no
+    variant refers to any more (e.g. from older weights) and write the manifest."""
     keep = {f.file for f in manifest.files()}
-    for f in [*out.glob("*.onnx"), *out.glob(weights_file("*"))]:
+    for f in [*out.glob("*.onnx"), *out.glob("*.onnx.data"), *out.glob(weights_file("*"))]:
         if f.name not in keep:
             f.unlink()
     write_manifest(out, manifest)

@@ -17,7 +17,6 @@ import logging
 import warnings
 from pathlib import Path
 
-import onnx
 import torch
 import torch.nn as nn
 from onnx import TensorProto, helper
@@ -34,6 +33,7 @@ from contract.graphs import (
     encoder_io,
 )
 from contract.manifest import TensorSpec
+from export import onnx_files
 from export.model import ModelConfig, Transformer
 
 OPSET = 18
@@ -103,7 +103,7 @@ def add_search_outputs(path: Path, cfg: ModelConfig) -> None:
     def value_info(name: str):
         return helper.make_tensor_value_info(name, dtypes[spec[name].dtype], spec[name].shape)
 
-    model = onnx.load(str(path))
+    model = onnx_files.load_graph(path)  # its external data stays where it is
     g = model.graph
     g.input.append(value_info(SEARCH_INPUT))
     g.initializer.append(helper.make_tensor("search_eos_id", TensorProto.INT64, [], [cfg.eos_id]))
@@ -126,8 +126,8 @@ def add_search_outputs(path: Path, cfg: ModelConfig) -> None:
     exported = {o.name: o for o in g.output}
     del g.output[:]
     g.output.extend(exported[t.name] if t.name in exported else value_info(t.name) for t in specs_out)
-    onnx.checker.check_model(model)
-    onnx.save(model, str(path))
+    onnx_files.save(model, path)
+    onnx_files.check(path)
 
 
 def example_inputs(cfg: ModelConfig, B: int = 3, S: int = 5, P: int = 4, seed: int = 0, K: int = 2):
@@ -155,6 +155,10 @@ def _dynamic_axes(specs: list[TensorSpec]) -> dict[str, dict[int, str]]:
     return {t.name: {i: d for i, d in enumerate(t.shape) if isinstance(d, str)} for t in specs}
 
 
+def _module_bytes(module: nn.Module) -> int:
+    return sum(t.numel() * t.element_size() for t in (*module.parameters(), *module.buffers()))
+
+
 def _export_graph(
     module: nn.Module,
     args: tuple,
@@ -164,6 +168,10 @@ def _export_graph(
     exporter: str,
     dynamic_shapes=None,
 ) -> None:
+    """Export `module` to `path`; a module whose parameters and buffers reach
+    `onnx_files.EXTERNAL_DATA_BYTES` keeps its weights as external data (the dynamo exporter names
+    the file `path`'s name + ".data"; the TorchScript exporter writes one file per tensor beside it
+    past 2 GiB)."""
     names_in, names_out = [t.name for t in inputs], [t.name for t in outputs]
     torch_onnx_log = logging.getLogger("torch.onnx")
     level = torch_onnx_log.level
@@ -181,7 +189,7 @@ def _export_graph(
                     opset_version=OPSET,
                     dynamo=True,
                     dynamic_shapes=dynamic_shapes,
-                    external_data=False,
+                    external_data=_module_bytes(module) >= onnx_files.EXTERNAL_DATA_BYTES,
                     optimize=True,
                     verbose=False,
                 )

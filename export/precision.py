@@ -15,7 +15,6 @@ side; `manifest.json` lists them):
 from __future__ import annotations
 
 import logging
-import shutil
 import warnings
 from pathlib import Path
 
@@ -24,15 +23,20 @@ import onnxruntime as ort
 from onnxruntime.quantization import QuantType, quantize_dynamic
 from onnxruntime.transformers.float16 import DEFAULT_OP_BLOCK_LIST, convert_float_to_float16
 
+from export import onnx_files
+
 
 def ort_optimize(src: Path, dst: Path, level: str, provider: str = "cpu") -> None:
-    """Apply ORT's graph optimisations at `level` on a session of `provider` and save the result."""
+    """Apply ORT's graph optimisations at `level` on a session of `provider` and save the result,
+    its large tensors as external data where `src` is large (`onnx_files.is_large`)."""
     so = ort.SessionOptions()
     so.graph_optimization_level = {
         "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
         "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
     }[level]
     so.optimized_model_filepath = str(dst)
+    if onnx_files.is_large(src):
+        onnx_files.ort_external_data(so, dst)
     so.log_severity_level = 3
     providers = ["CUDAExecutionProvider"] if provider == "cuda" else ["CPUExecutionProvider"]
     ort.InferenceSession(str(src), so, providers=providers)
@@ -43,6 +47,11 @@ def cuda_available() -> bool:
 
 
 def quantize_int8(src: Path, dst: Path) -> None:
+    """Dynamic int8 quantisation of the MatMul weights of `src` into `dst`, with external data in
+    `onnx_files.data_location(dst)` when `src` is large (`onnx_files.is_large`)."""
+    external = onnx_files.is_large(src)
+    if external:
+        (dst.parent / onnx_files.data_location(dst)).unlink(missing_ok=True)
     root = logging.getLogger()
     level = root.level
     root.setLevel(max(level, logging.ERROR))  # quantize_dynamic logs "please run pre-processing" hints
@@ -54,13 +63,14 @@ def quantize_int8(src: Path, dst: Path) -> None:
             weight_type=QuantType.QInt8,
             per_channel=True,
             reduce_range=False,
+            use_external_data_format=external,
         )
     finally:
         root.setLevel(level)
 
 
 def convert_fp16(src: Path, dst: Path) -> None:
-    model = onnx.load(str(src))
+    model = onnx.load(str(src))  # with its external data: the converter reads the weights
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "the value is out of fp16 range, clamped" on -inf-free graphs
         model = convert_float_to_float16(
@@ -70,7 +80,7 @@ def convert_fp16(src: Path, dst: Path) -> None:
     for node in model.graph.node:  # the exporter's per-node stack traces: not needed in what ships
         del node.metadata_props[:]
         node.doc_string = ""
-    onnx.save(model, str(dst))
+    onnx_files.save(model, dst)
 
 
 def _toposort(graph) -> None:
@@ -142,7 +152,7 @@ def build_variant(precision: str, raw_enc: Path, raw_dec: Path, work: Path) -> t
         else:
             raise ValueError(f"unknown precision {precision!r}")
         if level is None:
-            shutil.copyfile(src, final)
+            onnx_files.save(onnx.load(str(src)), final)  # with its data, into final's own file
         else:
             ort_optimize(src, final, level, provider)
         out.append(final)

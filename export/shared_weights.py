@@ -6,7 +6,9 @@ precision's weights file are appended at the next multiple of `ALIGNMENT` (ONNX 
 aligned external data into memory), and the initializer becomes external data naming that offset
 and length. A graph that refers to the weights file of an earlier export (a variant kept from it)
 is read with its data first: the new file is written beside the old one and both the graphs and
-the file take their places only once every graph of the precision is written.
+the file take their places only once every graph of the precision is written. A graph that the
+export wrote with external data of its own (`export.onnx_files`: a model past 1 GiB) is read the
+same way, and its own data file removed once the graph names the shared file instead.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import onnx
 from onnx import TensorProto, numpy_helper
 
 from contract.manifest import (
+    PRECISIONS,
     FileSpec,
     GraphSpec,
     Manifest,
@@ -31,6 +34,7 @@ from contract.manifest import (
     write_manifest,
 )
 from contract.weights import ALIGNMENT, INLINE_BYTES, weights_file
+from export import onnx_files
 
 log = logging.getLogger("mtserve.export")
 
@@ -99,10 +103,13 @@ def _write_precision(out: Path, files: list[str], precision: str, alignment: int
     location = weights_file(precision)
     tmp_weights = out / f".{location}.tmp"
     written: list[tuple[Path, Path]] = []
+    own_data: set[Path] = set()  # the graphs' own external data files (`export.onnx_files`), dropped after
+    shared = {weights_file(p) for p in PRECISIONS}
     try:
         with open(tmp_weights, "wb") as f:
             writer = _WeightsWriter(f, alignment)
             for name in files:
+                own_data.update(f for f in onnx_files.data_files(out / name) if f.name not in shared)
                 model = onnx.load(str(out / name), load_external_data=True)  # an earlier shared file too
                 _externalize(model, writer, location)
                 tmp = out / f".{name}.tmp"
@@ -112,6 +119,8 @@ def _write_precision(out: Path, files: list[str], precision: str, alignment: int
         for tmp, final in written:
             tmp.replace(final)
         tmp_weights.replace(out / location)
+        for data in own_data:
+            data.unlink(missing_ok=True)
     finally:
         tmp_weights.unlink(missing_ok=True)
         for tmp, _ in written:

@@ -35,6 +35,7 @@ from contract.manifest import (
     write_manifest,
 )
 from contract.shortlist import SHORTLIST_FILE, Shortlist, shortlist_file_name
+from export import onnx_files
 from export.checks import check_graph
 from export.fused.decoder import build_fused_decoder
 from export.model import Transformer
@@ -164,7 +165,7 @@ def shortlist_steps(
         io = fused_decoder_io(model.cfg, scored, shortlist=True)
         check_graph(built, *io)
         if not keep_in_work:
-            built = built.replace(out / name)
+            built = onnx_files.move(built, out)
         steps[field] = GraphSpec(file=name, sha256=sha256_file(built), inputs=io[0], outputs=io[1])
     return steps
 

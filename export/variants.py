@@ -13,6 +13,7 @@ from typing import cast
 
 from contract.graphs import decoder_io, encoder_io, fused_decoder_io
 from contract.manifest import GraphSpec, Precision, TensorSpec, Variant, sha256_file, variant_key
+from export import onnx_files
 from export.checks import (
     FP32_TOLERANCE,
     LOG_PROB_FLOOR,
@@ -52,8 +53,9 @@ def _check_variant(model: Transformer, precision: str, enc: Path, dec: Path) -> 
 
 
 def _place(path: Path, out: Path, io: tuple[list[TensorSpec], list[TensorSpec]]) -> GraphSpec:
-    """Move a built (and checked) graph from the scratch dir into `out`, and describe it."""
-    path.replace(out / path.name)
+    """Move a built (and checked) graph, with its external data files, from the scratch dir into
+    `out`, and describe it."""
+    onnx_files.move(path, out)
     return GraphSpec(file=path.name, sha256=sha256_file(out / path.name), inputs=io[0], outputs=io[1])
 
 

@@ -20,6 +20,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from contract.graphs import FUSED_LINEAR_KINDS
 from contract.manifest import TensorSpec
+from export import onnx_files
 from export.model import FeedForward, Transformer
 
 MS = "com.microsoft"
@@ -221,15 +222,16 @@ def save_graph(
     path: str | Path,
     value_info: Sequence[onnx.ValueInfoProto] = (),
 ) -> onnx.ModelProto:
-    """The graph of `g`'s nodes with the contract's inputs and outputs, checked and saved."""
+    """The graph of `g`'s nodes with the contract's inputs and outputs, saved (`onnx_files.save`) and
+    checked from its file. A graph saved with external data is returned without its weights."""
     graph = helper.make_graph(g.nodes, name, [_value_info(t) for t in io[0]], [_value_info(t) for t in io[1]], g.inits)
     graph.value_info.extend(value_info)
     model_proto = helper.make_model(
         graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid(MS, 1)], producer_name="mtserve.export"
     )
     model_proto.ir_version = 9
-    onnx.checker.check_model(model_proto)
-    onnx.save(model_proto, str(path))
+    onnx_files.save(model_proto, Path(path))  # its weights as external data where they reach the limit
+    onnx_files.check(Path(path))
     return model_proto
 
 
