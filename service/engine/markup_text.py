@@ -192,12 +192,13 @@ async def translate_markup(
     INVALID_ARGUMENT naming the text with the line and column."""
     inference = Inference(engine.metrics, engine.translation_model)
     try:
+        # The texts' count and bytes first, as for plain text, then the options.
+        engine.check_texts(texts)
+        size = engine.check_sizes(texts, field)
         kind = markup_kind(opts, field_prefix)
         if kind is None:
             raise ValueError("translate_markup is for html and xml")
         _check_options(opts, field_prefix, kind)
-        engine.check_texts(texts)
-        size = engine.check_sizes(texts, field)
         lead = len(engine.languages.prefixes(pair, field_prefix).source)
         deadline = None if timeout is None else time.monotonic() + timeout
         names = [

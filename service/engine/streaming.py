@@ -16,7 +16,7 @@ from service.batching.jobs import Sentence
 from service.engine import documents, glossary, markup_text
 from service.engine.inference import Inference
 from service.engine.languages import LanguagePair
-from service.engine.requests import Chunk, TranslateOptions, TranslationResult
+from service.engine.requests import TEXT, Chunk, TranslateOptions, TranslationResult
 
 if TYPE_CHECKING:
     from service.engine.engine import Engine
@@ -30,7 +30,7 @@ async def translate_stream(
     and each sentence's translation (its parts, for one cut for length, joined by a space).
     Markup (options.text_type "html" or "xml"), whose tags are placed once a block's words are
     all there, comes as one chunk, the whole translation, when it is done."""
-    if markup_text.markup_kind(opts) is not None:
+    if opts.text_type != TEXT:  # an unknown type is refused there, after the text's size
         start = time.perf_counter()
         (result,) = await markup_text.translate_markup(engine, [text], opts, timeout, pair, field="text")
         engine.metrics.time_to_first_chunk.observe(time.perf_counter() - start)

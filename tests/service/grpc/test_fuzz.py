@@ -271,6 +271,17 @@ class Oracle:
             return "options.length_penalty"
         return None
 
+    def before_markup(self, texts: list[str], o: pb.TranslationOptions, field: str = "texts") -> str | None:
+        """What is checked before a marked-up request's markup is read: the texts' count, each
+        text's bytes, then the text type."""
+        if field == "texts" and (not texts or len(texts) > LIMITS["max_texts_per_request"]):
+            return "texts"
+        names = [f"texts[{i}]" for i in range(len(texts))] if field == "texts" else ["text"]
+        for name, t in zip(names, texts):
+            if len(t.encode("utf-8")) > LIMITS["max_text_bytes"]:
+                return name
+        return None if o.text_type in pb.TextType.values() else "options.text_type"
+
     def translate(self, texts: list[str], o: pb.TranslationOptions, field: str = "texts") -> str | None:
         """The texts' count, then each text's bytes (checked first, before any work on them),
         then the options and the texts' contents."""
@@ -487,6 +498,15 @@ def check_call(fz, method: str, raw: bytes) -> None:
     except DecodeError:
         assert code == grpc.StatusCode.INVALID_ARGUMENT, (code, details)
         assert details.startswith("request: not a valid protobuf message"), details
+        return
+    if method in ("Translate", "TranslateStream") and req.options.text_type != pb.TEXT_TYPE_TEXT:
+        texts = list(req.texts) if method == "Translate" else [req.text]
+        field = "texts" if method == "Translate" else "text"
+        early = fz.check.before_markup(texts, req.options, field)
+        if early is not None or route_problem(req) is not None:
+            expect(code, details, early, route_problem(req))
+        else:  # markup (docs/markup.md): the plain-text oracle does not model its translations
+            assert code in (grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT), (code, details)
         return
     if method == "Translate":
         expect(code, details, fz.check.translate(list(req.texts), req.options), route_problem(req))

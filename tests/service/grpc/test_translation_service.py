@@ -141,6 +141,13 @@ def test_bad_inputs_name_their_fields_on_both_apis(server, client):
     req = pb.TranslateRequest(texts=["Ein Hund."], model="de-en", options=pb.TranslationOptions(text_type=7))
     got = refused(lambda: client.stub.Translate(req, timeout=30))
     assert got[0] == grpc.StatusCode.INVALID_ARGUMENT and got[1].startswith("options.text_type"), got
+    for text_type in (7, pb.TEXT_TYPE_HTML):  # the texts' count and bytes come before the text type, as for text
+        req = pb.TranslateRequest(texts=[], model="de-en", options=pb.TranslationOptions(text_type=text_type))
+        got = refused(lambda req=req: client.stub.Translate(req, timeout=30))
+        assert got[0] == grpc.StatusCode.INVALID_ARGUMENT and got[1].startswith("texts: "), got
+        stream = pb.TranslateStreamRequest(text="x" * 100_001, model="de-en", options=req.options)
+        got = refused(lambda stream=stream: list(client.stub.TranslateStream(stream, timeout=30)))
+        assert got[0] == grpc.StatusCode.INVALID_ARGUMENT and got[1].startswith("text: "), got
     with grpc.insecure_channel(server.address) as ch:
         health = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=10)
     assert health.status == health_pb2.HealthCheckResponse.SERVING
