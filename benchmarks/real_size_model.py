@@ -60,6 +60,19 @@ class Dims:
     seed: int = 1
     family: str = "marian"  # or "nllb" (benchmarks/real_size_nllb.py): keyed apart in the cache
 
+    def config(self) -> dict[str, int]:
+        """The dimensions as a transformers encoder-decoder config's fields."""
+        return dict(
+            d_model=self.d_model,
+            encoder_layers=self.layers,
+            decoder_layers=self.layers,
+            encoder_attention_heads=self.heads,
+            decoder_attention_heads=self.heads,
+            encoder_ffn_dim=self.ffn,
+            decoder_ffn_dim=self.ffn,
+            max_position_embeddings=self.max_positions,
+        )
+
     @property
     def key(self) -> str:
         lead = "" if self.family == "marian" else f"{self.family}-"
@@ -154,14 +167,7 @@ def build_folder(out: Path, dims: Dims, data: Path = DATA) -> Path:
         vocab_size=dims.vocab,
         decoder_vocab_size=dims.vocab,
         share_encoder_decoder_embeddings=True,
-        d_model=dims.d_model,
-        encoder_layers=dims.layers,
-        decoder_layers=dims.layers,
-        encoder_attention_heads=dims.heads,
-        decoder_attention_heads=dims.heads,
-        encoder_ffn_dim=dims.ffn,
-        decoder_ffn_dim=dims.ffn,
-        max_position_embeddings=dims.max_positions,
+        **dims.config(),
         activation_function="swish",
         scale_embedding=True,
         pad_token_id=pad,

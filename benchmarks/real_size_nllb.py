@@ -116,14 +116,7 @@ def build_nllb_folder(out: Path, dims: Dims, data: Path = DATA) -> Path:
     nllb_tokenizer(out, dims, data)
     config = M2M100Config(
         vocab_size=dims.vocab,
-        d_model=dims.d_model,
-        encoder_layers=dims.layers,
-        decoder_layers=dims.layers,
-        encoder_attention_heads=dims.heads,
-        decoder_attention_heads=dims.heads,
-        encoder_ffn_dim=dims.ffn,
-        decoder_ffn_dim=dims.ffn,
-        max_position_embeddings=dims.max_positions,
+        **dims.config(),
         activation_function="relu",
         scale_embedding=True,
         dropout=0.0,

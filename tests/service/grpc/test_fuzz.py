@@ -285,12 +285,9 @@ class Oracle:
     def translate(self, texts: list[str], o: pb.TranslationOptions, field: str = "texts") -> str | None:
         """The texts' count, then each text's bytes (checked first, before any work on them),
         then the options and the texts' contents."""
-        if field == "texts" and (not texts or len(texts) > LIMITS["max_texts_per_request"]):
-            return "texts"
-        names = [f"texts[{i}]" for i in range(len(texts))] if field == "texts" else ["text"]
-        for name, t in zip(names, texts):
-            if len(t.encode("utf-8")) > LIMITS["max_text_bytes"]:
-                return name
+        early = self.before_markup(texts, o, field)
+        if early is not None and early != "options.text_type":
+            return early
         if o.split not in pb.Split.values():
             return "options.split"
         rows = "none" if o.split == pb.SPLIT_NONE else "split"
