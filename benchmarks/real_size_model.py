@@ -35,6 +35,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from export.data import DEFAULT_DATA_DIR
 
@@ -60,7 +61,7 @@ class Dims:
     seed: int = 1
     family: str = "marian"  # or "nllb" (benchmarks/real_size_nllb.py): keyed apart in the cache
 
-    def config(self) -> dict[str, int]:
+    def config(self) -> dict[str, Any]:
         """The dimensions as a transformers encoder-decoder config's fields."""
         return dict(
             d_model=self.d_model,
