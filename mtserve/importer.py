@@ -7,7 +7,10 @@ NAME and VERSION must be ones the server serves (`service.repository.layout`: it
 the version is written only inside REPOSITORY. The last step loads the finished version as the
 server does and translates the parity sentences through it (`mtserve.served`). SIGTERM ends the
 import as a failure (its scratch dir removed); a SIGKILL'd import's scratch dir is removed by the
-next import."""
+next import.
+
+By default it writes the one precision the server loads (`--precision served`: MTSERVE_PRECISION,
+int8 on CPU unless set), not every one: a version is what a pod downloads and a container carries."""
 
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ import argparse
 import functools
 import json
 import logging
+import os
 import signal
 import sys
 import threading
@@ -41,21 +45,29 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--precision",
-        default="all",
-        help="the precisions to export: all (default: fp32, int8, fp16) or a comma-separated list, e.g. fp32,int8",
+        default="served",
+        help="the precisions to export: served (the default: the one the server loads, MTSERVE_PRECISION, int8 "
+        "unless set), all (fp32, int8, fp16) or a comma-separated list, e.g. fp32,int8",
     )
 
 
 def _precisions(value: str) -> tuple[str, ...]:
     from contract.manifest import PRECISIONS
 
+    if value == "served":
+        precision = served_precision()
+        if precision not in PRECISIONS:
+            raise argparse.ArgumentTypeError(
+                f"--precision served: MTSERVE_PRECISION {precision[:40]!r} is not one of {', '.join(PRECISIONS)}"
+            )
+        return (precision,)
     if value == "all":
         return PRECISIONS
     chosen = tuple(dict.fromkeys(v.strip() for v in value.split(",")))
     unknown = [v for v in chosen if v not in PRECISIONS]
     if unknown or not chosen:
         raise argparse.ArgumentTypeError(
-            f"--precision {value[:40]!r}: each must be one of {', '.join(PRECISIONS)} (or all)"
+            f"--precision {value[:40]!r}: each must be one of {', '.join(PRECISIONS)} (or served, or all)"
         )
     return chosen
 
@@ -94,6 +106,13 @@ def read_sentences(path: str | None, limit: int) -> list[str] | None:
     if not sentences:
         raise ValueError(f"--sentences {path}: no sentence in it")
     return sentences
+
+
+def served_precision() -> str:
+    """The precision the server loads: MTSERVE_PRECISION, else the server's default."""
+    from service.settings import Settings
+
+    return os.environ.get("MTSERVE_PRECISION", "").strip() or str(Settings.model_fields["precision"].default)
 
 
 def _terminated(signum: int, frame: object) -> None:

@@ -20,7 +20,7 @@ def test_import_writes_every_variant_and_reports_one_json_line(hf_marian_dir, da
     repo = tmp_path / "models"
     sentences = data_dir / "test_2016_flickr.de.gz"
     argv = ["import", str(hf_marian_dir), "--name", "opus", "--repository", str(repo), "--sentences", str(sentences)]
-    assert main([*argv, "--limit", "200"]) == 0
+    assert main([*argv, "--limit", "200", "--precision", "all"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     assert len(lines) == 1
     report = json.loads(lines[0])
@@ -32,6 +32,30 @@ def test_import_writes_every_variant_and_reports_one_json_line(hf_marian_dir, da
     assert set(report["onnx_parity"]) == set(manifest.variants)
     assert manifest.src_lang == "de" and manifest.tgt_lang == "en"
     assert sorted(p.name for p in (repo / "opus").iterdir()) == ["1"]  # no scratch dir left
+
+
+@pytest.mark.parametrize("env, variants", [(None, {"int8", "int8-fused"}), ("fp32", {"fp32", "fp32-fused"})])
+def test_import_writes_the_precision_the_server_loads_by_default(
+    hf_marian_dir, tmp_path, capsys, monkeypatch, env, variants
+):
+    if env is None:
+        monkeypatch.delenv("MTSERVE_PRECISION", raising=False)
+    else:
+        monkeypatch.setenv("MTSERVE_PRECISION", env)
+    repo = tmp_path / "models"
+    assert main(["import", str(hf_marian_dir), "--name", "opus", "--repository", str(repo), "--limit", "20"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert set(load_manifest(repo / "opus" / "1").variants) == variants
+    assert report["served"]["precision"] == (env or "int8")
+
+
+def test_a_precision_the_server_does_not_know_is_bad_usage(hf_marian_dir, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("MTSERVE_PRECISION", "int4")
+    repo = tmp_path / "models"
+    with pytest.raises(SystemExit) as e:
+        main(["import", str(hf_marian_dir), "--name", "opus", "--repository", str(repo)])
+    assert e.value.code == 2 and "MTSERVE_PRECISION 'int4'" in capsys.readouterr().err
+    assert not repo.exists()
 
 
 def test_refused_folder_exits_naming_the_field(hf_marian_dir, tmp_path, capsys):
