@@ -125,8 +125,18 @@ class _Parser(html5parser.HTMLParser):
         raise MarkupError(reason, self.source, self.tokenizer.current)
 
 
+# HTML5's whitespace, which the tokenizer reads as space characters before the first token.
+_HTML_SPACE = " \t\n\f\r"
+
+
 def _is_document(text: str) -> bool:
-    """Whether the text is a whole page (its first token a doctype or `<html>`), not a fragment."""
+    """Whether the text is a whole page (its first token a doctype or `<html>`), not a fragment.
+    A text whose first character after whitespace is not `<`, or is `<` before anything but `!`,
+    `?`, `/` or an "h" (a comment, a doctype, an end tag or `<html>` may start there; everything
+    else is text or another start tag), is a fragment without running the tokenizer."""
+    head = text.lstrip(_HTML_SPACE)[:2]
+    if len(head) < 2 or head[0] != "<" or head[1] not in "!?/hH":
+        return False
     for token in _tokenizer.HTMLTokenizer(text):
         kind = token["type"]
         if kind in (tokenTypes["SpaceCharacters"], tokenTypes["Comment"], _PARSE_ERROR):

@@ -483,3 +483,53 @@ def test_markup_nested_deeper_than_the_limit_is_refused():
     assert parse("<b>" * 150 + "x" + "</b>" * 150, strict=True).blocks[0].text == "x"
     with pytest.raises(MarkupError, match="deeper than 200"):
         parse("<span>" * 300 + "x")
+
+
+def _first_token_is_a_page(text: str) -> bool:
+    """The tokenizer's answer alone: the first token other than whitespace, comments and parse
+    errors is a doctype or `<html>`."""
+    from html5lib import _tokenizer
+    from html5lib.constants import tokenTypes
+
+    skipped = (tokenTypes["SpaceCharacters"], tokenTypes["Comment"], tokenTypes["ParseError"])
+    for token in _tokenizer.HTMLTokenizer(text):
+        if token["type"] not in skipped:
+            return token["type"] == tokenTypes["Doctype"] or (
+                token["type"] == tokenTypes["StartTag"] and token["name"] == "html"
+            )
+    return False
+
+
+@pytest.mark.parametrize(
+    "text, page",
+    [
+        (" \n<!DOCTYPE html><p>x", True),
+        ("<!-- c -->\t<HTML lang=de>", True),
+        ("<?php ?><html>", True),
+        ("</ x><html>", True),
+        ("</x><html>", False),
+        ("<p>x</p>", False),
+        ("<h1>x</h1>", False),
+        ("< html>", False),
+        ("\xa0<html>", False),
+        ("text <html>", False),
+        ("", False),
+        ("<", False),
+    ],
+)
+def test_a_page_is_told_from_a_fragment_as_the_tokenizer_tells_it(text, page):
+    from service.engine.markup.tokens import _is_document
+
+    assert _first_token_is_a_page(text) == page
+    assert _is_document(text) == page
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.sampled_from([" ", "\n", "\xa0", "<", "!", "?", "/", "h", "H", "tml", "<!--", "-->", "x", "DOCTYPE"]))
+)
+def test_the_quick_test_for_a_page_agrees_with_the_tokenizer(parts):
+    from service.engine.markup.tokens import _is_document
+
+    text = "".join(parts)
+    assert _is_document(text) == _first_token_is_a_page(text)
