@@ -3,8 +3,11 @@ ModelMesh keeps them: a version is loaded on its first request, and when a load 
 least recently used loaded versions are evicted first. A version with requests in flight (leases)
 or with requests waiting for its load is never evicted.
 
-A version's size is measured: the process's resident set (RSS) after its load less before it
-(loads run one at a time). Before its first load it is expected to take what its graph and
+A version's size is measured by its load (loads run one at a time): what the process's resident
+set (RSS) grew by, or what its allocator handed out and kept (service.runtime.memory.
+heap_in_use_bytes), whichever is more. The RSS alone measures a load small where it reuses
+memory that an eviction freed and the allocator kept: such loads let five versions in under a
+budget of four and a half, and the RSS rose a version's size over the budget. Before its first load it is expected to take what its graph and
 tokenizer files take on disk (the loader's estimate); after an eviction, what it took when it was
 last loaded. The budget counts the versions' sizes, not the process's baseline (the Python
 runtime, ONNX Runtime's libraries, the decode buffers)."""
@@ -77,9 +80,10 @@ class Residency:
         ):  # an unreadable export: the load itself fails with the reason
             return 0
 
-    def record(self, key: Key, before: int, after: int) -> int:
-        """The size of a load that took the RSS from `before` to `after` (never below 0)."""
-        size = max(0, after - before)
+    def record(self, key: Key, before: int, after: int, heap_before: int = 0, heap_after: int = 0) -> int:
+        """The size of a load that took the RSS from `before` to `after` and the allocator's bytes
+        in use from `heap_before` to `heap_after` (module doc; never below 0)."""
+        size = max(0, after - before, heap_after - heap_before)
         self.measured[key] = size
         return size
 

@@ -24,7 +24,7 @@ from service.errors import NotFound, quote
 from service.metrics import Metrics
 from service.repository.layout import VersionDir
 from service.repository.residency import MB, Residency, now, rss_bytes
-from service.runtime.memory import collect_all, freeze_loaded
+from service.runtime.memory import collect_all, freeze_loaded, heap_in_use_bytes
 
 log = logging.getLogger("mtserve.repository")
 
@@ -193,7 +193,7 @@ class LoadedVersions:
         key = (source.name, source.version)
         self.busy[key] = "LOADING"
         try:
-            t0, before = time.perf_counter(), rss_bytes()
+            t0, before, heap_before = time.perf_counter(), rss_bytes(), heap_in_use_bytes()
             served = await self.loader(source)
         except BaseException as e:
             # The series its metrics made (a queue depth of 0...) for a version not served.
@@ -206,7 +206,7 @@ class LoadedVersions:
             del self.busy[key]
         seconds = time.perf_counter() - t0
         freeze_loaded()
-        served.resident_bytes = self.residency.record(key, before, rss_bytes())
+        served.resident_bytes = self.residency.record(key, before, rss_bytes(), heap_before, heap_in_use_bytes())
         self.metrics.model_loads.labels(*key, "loaded").inc()
         self.metrics.model_evictions.labels(*key)  # its series from the first load, at 0
         self.metrics.model_load_duration.labels(*key).observe(seconds)
@@ -229,6 +229,7 @@ class LoadedVersions:
                 s.resident_bytes / MB,
             )
             self.metrics.model_evictions.labels(s.name, s.version).inc()
+        del s  # _retire holds the victims' last references (it empties `victims`)
         await self._retire(victims, evicted=True)
 
     async def _changed(self) -> None:
@@ -288,9 +289,12 @@ class LoadedVersions:
         finally:
             for s in doomed:
                 self.busy.pop((s.name, s.version), None)
-        # The last references to the sessions go here; then the heap's free pages go back to
-        # the kernel, so the process returns to the footprint of what is still loaded.
-        del doomed, s
+        # The last references to the sessions go here (the caller's list too: an eviction's
+        # victims, which would otherwise be freed only after the trim, and the load that the
+        # eviction made room for would come on top of them); then the heap's free pages go back
+        # to the kernel, so the process returns to the footprint of what is still loaded.
+        doomed.clear()
+        del s
         collect_all()
         return refs
 

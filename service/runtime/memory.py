@@ -102,6 +102,28 @@ def release_freed_memory() -> bool:
     return bool(trim(0))
 
 
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks")
+    ] + [("keepcost", ctypes.c_size_t)]
+
+
+def heap_in_use_bytes() -> int:
+    """The bytes the process's malloc has handed out and not taken back (glibc's mallinfo2: in
+    use in every arena, and in blocks mapped on their own); 0 off glibc. Unlike the resident set,
+    it grows by what a model's load allocates even where the load reuses memory that an earlier
+    unload freed and the allocator kept."""
+    name = ctypes.util.find_library("c")
+    try:
+        info = ctypes.CDLL(name or "libc.so.6").mallinfo2
+    except (OSError, AttributeError):
+        return 0
+    info.argtypes, info.restype = [], _MallInfo2
+    m = info()
+    return int(m.uordblks + m.hblkhd)
+
+
 def freeze_loaded() -> None:
     """Move every object alive now (modules, sessions, tokenizers: what loading a model made)
     out of the cycle collector's reach (`gc.freeze`). A full collection otherwise walks them all

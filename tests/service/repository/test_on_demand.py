@@ -63,6 +63,24 @@ def sized_loads(monkeypatch):
 
     monkeypatch.setattr(loader_module.ModelLoader, "load", sized)
     monkeypatch.setattr(versions_module, "rss_bytes", lambda: rss[0])
+    monkeypatch.setattr(versions_module, "heap_in_use_bytes", lambda: 0)
+
+
+@pytest.fixture()
+def reused_loads(monkeypatch):
+    """Each load takes MODEL_MB from the allocator, and the RSS the registry reads stays where it
+    was: the load reuses memory that an earlier unload freed and the allocator kept."""
+    heap = [1 << 30]
+    load = loader_module.ModelLoader.load
+
+    async def reusing(self, source):
+        served = await load(self, source)
+        heap[0] += MODEL_MB << 20
+        return served
+
+    monkeypatch.setattr(loader_module.ModelLoader, "load", reusing)
+    monkeypatch.setattr(versions_module, "rss_bytes", lambda: 1 << 30)
+    monkeypatch.setattr(versions_module, "heap_in_use_bytes", lambda: heap[0])
 
 
 def slow_loads(monkeypatch, seconds: float, failing: str = "") -> list[str]:
@@ -295,3 +313,46 @@ def test_hot_swap_under_a_budget(make_server, tmp_path, tiny_onnx_dir, sized_loa
     assert set(srv.server.models.served) == {("tiny-a", "2")}
     assert translate(srv, "tiny-a").model == "tiny-a:2"
     assert index(srv)["tiny-a"] == ("READY", "")
+
+
+def test_a_load_that_reuses_freed_memory_is_measured_by_what_it_allocated(
+    make_server, tmp_path, tiny_onnx_dir, reused_loads
+):
+    """The RSS does not grow (the load reuses freed memory) but the allocator hands out 100 MB: the
+    version measures 100 MB, and a budget of one and a half versions holds one, not all three."""
+    repo = make_repository(tmp_path, tiny_onnx_dir.parent, on_demand=("tiny-a", "tiny-b", "tiny-c"))
+    srv = serve(make_server, repo, memory_budget_mb=MODEL_MB + 50)
+    for name in ("tiny-a", "tiny-b", "tiny-c"):
+        translate(srv, name)
+        assert {k[0] for k in srv.server.models.served} == {name}
+    assert sample(srv, "mtserve_model_resident_bytes", model="tiny-c", version="1") == MODEL_MB << 20
+
+
+def test_an_evicted_version_is_freed_when_the_heap_is_trimmed(
+    make_server, tmp_path, tiny_onnx_dir, sized_loads, monkeypatch
+):
+    """Under a budget of one version: tiny-a, then tiny-b (which evicts tiny-a once it has measured
+    itself), then tiny-a again, measured before, whose load evicts tiny-b first. When the eviction
+    collects and trims the heap, nothing holds tiny-b's served version any more: its memory goes
+    back to the kernel before tiny-a's load, instead of staying in the heap on top of it (the
+    RSS then rose a version's size over the budget)."""
+    import weakref
+
+    evicted: list[weakref.ref] = []
+    freed: list[bool] = []  # after each collection and trim, once tiny-b is watched
+    collect = versions_module.collect_all
+
+    def watched() -> None:
+        collect()
+        if evicted:
+            freed.append(evicted[0]() is None)
+
+    monkeypatch.setattr(versions_module, "collect_all", watched)
+    repo = make_repository(tmp_path, tiny_onnx_dir.parent, on_demand=("tiny-a", "tiny-b", "tiny-c"))
+    srv = serve(make_server, repo, memory_budget_mb=MODEL_MB + 50)
+    translate(srv, "tiny-a")
+    translate(srv, "tiny-b")
+    evicted.append(weakref.ref(srv.server.models.served[("tiny-b", "1")]))
+    translate(srv, "tiny-a")
+    assert {k[0] for k in srv.server.models.served} == {"tiny-a"}
+    assert freed == [True]

@@ -40,3 +40,20 @@ def test_what_loading_made_is_out_of_reach_of_collections_until_an_unload_collec
         assert gc.get_freeze_count() > 0  # what is still alive is set aside again
     finally:
         gc.unfreeze()
+
+
+def test_the_allocators_bytes_in_use_follow_what_is_allocated_and_freed():
+    """A model version's size counts what its load allocated even where the load reuses memory an
+    eviction freed (service.repository.residency): the allocator's own count of bytes in use."""
+    import numpy as np
+
+    from service.runtime.memory import heap_in_use_bytes
+
+    before = heap_in_use_bytes()
+    block = np.ones(64 << 20, dtype=np.uint8)  # 64 MiB through malloc
+    held = heap_in_use_bytes()
+    del block
+    after = heap_in_use_bytes()
+    assert before > 0
+    assert held - before >= 64 << 20
+    assert held - after >= 64 << 20
