@@ -222,7 +222,7 @@ class Metrics:
         )
         self.model_resident_bytes = Gauge(
             "mtserve_model_resident_bytes",
-            "what a loaded model version takes: the process's RSS after its load less before it",
+            "what a loaded model version takes, as its load measured it: the RSS it grew, or the allocator's bytes in use it added, whichever is more",
             MODEL_LABELS,
             registry=r,
         )
