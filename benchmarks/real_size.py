@@ -53,6 +53,9 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.machine import machine
+from benchmarks.real_size_memory import precision_set_mb
+from benchmarks.real_size_memory import ratios as memory_ratios
+from benchmarks.real_size_memory import report_lines as memory_report_lines
 from benchmarks.real_size_model import DATA, MARIAN, Dims, Family, Prepared, export_optimum, hf_venv, prepare
 from benchmarks.real_size_nllb import NLLB, NLLB_600M
 from benchmarks.shortlist_copies import SHORTLIST, prepare_shortlist
@@ -493,8 +496,14 @@ def measure(plan: RealSizePlan, dims: Dims = Dims(), family: Family = MARIAN) ->
     finally:
         for w in eng.all():
             w.close()
-    disk = {"engine_version": disk_mb(prep.model), "ct2_int8": disk_mb(prep.ct2)}
-    return {**result(plan, dims, rows, rss, t0, hf_error), "server_args": server_args, "disk_mb": disk}
+    disk = {
+        "engine_version": disk_mb(prep.model),
+        "engine_int8": precision_set_mb(prep.model / "onnx"),
+        "ct2_int8": disk_mb(prep.ct2),
+    }
+    out = {**result(plan, dims, rows, rss, t0, hf_error), "server_args": server_args, "disk_mb": disk}
+    out["summary"]["disk_and_memory"] = memory_ratios(disk, rss)
+    return out
 
 
 def result(plan: RealSizePlan, dims: Dims, rows: list[Row], rss: dict[str, float], t0: float, hf_error: str) -> Row:
@@ -531,14 +540,19 @@ def measure_shortlist_only(plan: RealSizePlan, dims: Dims = Dims()) -> Row:
     return result(plan, dims, rows, rss, t0, "")
 
 
-def report_lines(real: Row) -> list[str]:
+def report_lines(
+    real: Row,
+    title: str = "Real size (an OPUS-MT-sized model)",
+    how: str = "`python -m benchmarks.real_size` (part of `make bench-quick`): a random Marian",
+) -> list[str]:
     """The real-size section of docs/benchmarks.md: per beam the ratios (the medians of the
-    interleaved pairs) with the issue's targets, the figures behind them, and peak RSS."""
+    interleaved pairs) with the issue's targets, the figures behind them, peak RSS, and disk and
+    memory against CTranslate2 (benchmarks/real_size_memory.py)."""
     plan, dims = real["plan"], real["dims"]
     L = [
-        "## Real size (an OPUS-MT-sized model)",
+        f"## {title}",
         "",
-        f"`python -m benchmarks.real_size` (part of `make bench-quick`): a random Marian of d_model {dims['d_model']}, "
+        f"{how} of d_model {dims['d_model']}, "
         f"{dims['layers']}+{dims['layers']} layers, {dims['heads']} heads, ffn {dims['ffn']}, vocabulary {dims['vocab']:,}, "
         f"every engine forced to {plan['tokens']} target tokens a sentence; {plan['threads']} threads per engine; "
         f"ratios are the medians of {plan['rounds']} interleaved pairs."
@@ -556,7 +570,7 @@ def report_lines(real: Row) -> list[str]:
         hf = [("hf_ort_int8", "optimum int8"), ("hf_ort_fp32", "optimum fp32"), ("hf_torch", "PyTorch")]
         L.append(
             f"| {beam} | **{s.get('engine_over_ct2_int8')}** | **{s.get('engine_latency_over_ct2')}** | "
-            f"**{s.get('service_over_ct2_int8')}** | **{s.get('latency_c1_over_ct2')}** | {s.get('engine_over_hf')} | "
+            f"**{s.get('service_over_ct2_int8')}** | **{s.get('latency_c1_over_ct2')}** | {s.get('engine_over_hf') or '-'} | "
             f"{s['engine_sentences_per_s']} ({s['engine_loops']} loops), {s['ct2_int8_sentences_per_s']} ({s['ct2_isa']}) | "
             f"{s['engine_single_p50_ms']}, {s['ct2_single_p50_ms']} ({s.get('ct2_single_isa')}) | "
             f"{s['service_c64_sentences_per_s']}, {s['service_c1_p50_ms']} | "
@@ -572,9 +586,8 @@ def report_lines(real: Row) -> list[str]:
         "Peak RSS (VmHWM, MB; the server: its largest replica, and all its processes): "
         + ", ".join(f"{k} {v}" for k, v in rss.items())
         + (f". {real['hf_error']}" if real.get("hf_error") else ""),
-        "",
     ]
-    return L
+    return [*L, *memory_report_lines(real), ""]
 
 
 def shortlist_report_lines(by_beam: dict[str, Row]) -> list[str]:

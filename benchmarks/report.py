@@ -98,6 +98,7 @@ def write_markdown(res: Results, path: Path, plot_name: str) -> None:
         _report_what_is_measured(),
         _report_machine(res),
         *(with_cpu(section, caption) for section in measured),
+        report_real_size_nllb(),
         report_elsewhere(),
     ]
     path.write_text("\n".join(line for section in sections for line in section))
@@ -120,6 +121,30 @@ def report_real_size(real: Row | None) -> list[str]:
     from benchmarks.real_size import report_lines
 
     return report_lines(real) if real else []
+
+
+# The NLLB-600M-sized runs (`python -m benchmarks.real_size --size nllb-600m --json ...`): not part of
+# `make bench-quick` (the import alone takes minutes); the report shows the newest complete one.
+NLLB_RESULTS = Path(__file__).resolve().parent / "results"
+NLLB_PATTERN = "real_size-nllb-600m-2*.json"
+
+
+def report_real_size_nllb(results: Path = NLLB_RESULTS) -> list[str]:
+    """The real-size table of the newest NLLB-600M-sized run in `results`, captioned with the
+    machine and commit it ran on (empty when there is none)."""
+    from benchmarks.real_size import report_lines
+
+    runs = sorted(results.glob(NLLB_PATTERN))
+    if not runs:
+        return []
+    real = json.loads(runs[-1].read_text())
+    m = real.get("machine", {})
+    caption = f"Measured on {cpu_name(m)}, at commit {m.get('commit', '?')} ({m.get('date', '?')})."
+    how = (
+        f"`{real.get('command', 'python -m benchmarks.real_size --size nllb-600m')}` "
+        f"([{runs[-1].name}](../benchmarks/results/{runs[-1].name}); not part of `make bench-quick`): a random M2M100"
+    )
+    return with_cpu(report_lines(real, "NLLB-200-distilled-600M's size", how), caption)
 
 
 def report_elsewhere() -> list[str]:
