@@ -267,8 +267,19 @@ class Manifest(_Model):
     def has(self, precision: str, graph: str = "portable") -> bool:
         return variant_key(precision, graph) in self.variants
 
-    def files(self, precision: str | None = None, graph: str = "portable") -> list[FileSpec]:
-        variants = self.variants.values() if precision is None else [self.variant(precision, graph)]
+    def of_precision(self, precision: str) -> list[Variant]:
+        """The variants of `precision` (its portable and fused graphs, those exported); ExportMissing
+        naming the portable one when there is none."""
+        found = [v for v in self.variants.values() if v.precision == precision]
+        return found or [self.variant(precision)]
+
+    def files(self, precision: str | None = None, graph: str | None = "portable") -> list[FileSpec]:
+        """The files of every variant, of `precision`'s `graph`, or of all of `precision`'s
+        variants (`graph` None), with the tokenizer's, the shortlist and the shared weights."""
+        if precision is None:
+            variants = list(self.variants.values())
+        else:
+            variants = self.of_precision(precision) if graph is None else [self.variant(precision, graph)]
         graphs = [g for v in variants for g in (v.encoder, *v.decoder_steps().values(), *v.shortlist_steps.values())]
         unique = {g.file: g for g in graphs}  # older fused variants share the portable encoder
         shortlist = [self.shortlist] if self.shortlist is not None else []
@@ -283,7 +294,7 @@ class Manifest(_Model):
         assert self.sentencepiece is not None  # the validator sets exactly one of them
         return self.sentencepiece.files()
 
-    def checksums(self, precision: str | None = None, graph: str = "portable") -> dict[str, str]:
+    def checksums(self, precision: str | None = None, graph: str | None = "portable") -> dict[str, str]:
         """{file name: sha256} of the tokenizer and the graphs (of one variant only, when given)."""
         return {f.file: f.sha256 for f in self.files(precision, graph)}
 
@@ -311,11 +322,13 @@ def resolve_onnx_dir(path: str | Path) -> Path:
 
 
 def load_manifest(
-    onnx_dir: str | Path, verify_checksums: bool = True, precision: str | None = None, graph: str = "portable"
+    onnx_dir: str | Path, verify_checksums: bool = True, precision: str | None = None, graph: str | None = None
 ) -> Manifest:
     """Read and validate `onnx_dir/manifest.json` (a model dir with an `onnx/` subdir works too).
-    With `verify_checksums`, every listed file (only the tokenizer and the graphs of `precision`
-    and `graph` when a precision is given) must exist and match its SHA-256. Raises ManifestError with the reason."""
+    A `precision` must have been exported: its `graph`, or with `graph` None any of its graphs (an
+    import writes only the fused one of int8 by default). With `verify_checksums`, every listed
+    file (only the tokenizer and those graphs when a precision is given) must exist and match its
+    SHA-256. Raises ManifestError with the reason."""
     d = resolve_onnx_dir(onnx_dir)
     try:
         manifest = Manifest.model_validate_json((d / MANIFEST).read_text(encoding="utf-8"))
@@ -336,13 +349,16 @@ def load_manifest(
             ) from e
         raise ManifestError(f"{d / MANIFEST} is not a valid manifest:\n{e}") from e
     if precision is not None:
-        manifest.variant(precision, graph)
+        if graph is None:
+            manifest.of_precision(precision)
+        else:
+            manifest.variant(precision, graph)
     if verify_checksums:
         verify_files(d, manifest, precision, graph)
     return manifest
 
 
-def verify_files(onnx_dir: Path, manifest: Manifest, precision: str | None = None, graph: str = "portable") -> None:
+def verify_files(onnx_dir: Path, manifest: Manifest, precision: str | None = None, graph: str | None = None) -> None:
     """Every file the manifest lists (only the tokenizer and one variant's graphs when `precision`
     is given) exists in `onnx_dir` and matches its SHA-256; ManifestError otherwise."""
     for spec in manifest.files(precision, graph):

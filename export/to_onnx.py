@@ -17,9 +17,19 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
-from contract.manifest import MANIFEST, PRECISIONS, Manifest, ManifestError, load_manifest, sha256_file
+from contract.manifest import (
+    GRAPHS,
+    MANIFEST,
+    PRECISIONS,
+    Manifest,
+    ManifestError,
+    Variant,
+    load_manifest,
+    sha256_file,
+)
 from export.checkpoint import WEIGHTS, load_model, read_meta
 from export.export_dir import assemble_manifest, copy_tokenizer, kept_shortlist, reusable_variants, write_export
 from export.graphs import EXPORTERS
@@ -51,9 +61,12 @@ def export_model(
     name: str | None = None,
     version: str | None = None,
     check: bool = True,
+    graphs: Sequence[str] = GRAPHS,
 ) -> Manifest:
     """Export `precisions` of the model in `model_dir` into `out_dir` (default MODEL_DIR/onnx) and
-    update its manifest. Variants exported from other weights are dropped."""
+    update its manifest. Variants exported from other weights are dropped. `graphs`: the decoder
+    steps to keep of each precision (a precision without a fused form keeps its portable graphs
+    whatever it says; the fused graphs are checked against the portable ones either way)."""
     t0 = time.perf_counter()
     model_dir = Path(model_dir)
     out = Path(out_dir) if out_dir else default_out_dir(model_dir)
@@ -64,7 +77,7 @@ def export_model(
     out.mkdir(parents=True, exist_ok=True)
 
     variants = reusable_variants(out, weights_sha, precisions)
-    variants.update(export_variants(model, out, precisions, exporter, check))
+    variants.update(kept_graphs(export_variants(model, out, precisions, exporter, check), graphs))
     shortlist = kept_shortlist(out, weights_sha)
     variants = {k: v.model_copy(update={"shortlist_steps": {}}) for k, v in variants.items()}
     tokenizer = copy_tokenizer(model_dir, meta, out)
@@ -74,6 +87,19 @@ def export_model(
     write_export(out, share_weights(out, manifest))
     log.info("export done in %.1fs", time.perf_counter() - t0)
     return manifest
+
+
+def kept_graphs(variants: dict[str, Variant], graphs: Sequence[str]) -> dict[str, Variant]:
+    """`variants` less the graphs not in `graphs`, where their precision has another."""
+    unknown = set(graphs) - set(GRAPHS)
+    if unknown or not graphs:
+        raise ValueError(f"graphs: {sorted(unknown) or 'none'}; choose from {', '.join(GRAPHS)}")
+    out = {}
+    for key, v in variants.items():
+        others = [k for k, w in variants.items() if w.precision == v.precision and k != key]
+        if v.graph in graphs or not others:
+            out[key] = v
+    return out
 
 
 def ensure_exported(

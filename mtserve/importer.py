@@ -9,8 +9,10 @@ server does and translates the parity sentences through it (`mtserve.served`). S
 import as a failure (its scratch dir removed); a SIGKILL'd import's scratch dir is removed by the
 next import.
 
-By default it writes the one precision the server loads (`--precision served`: MTSERVE_PRECISION,
-int8 on CPU unless set), not every one: a version is what a pod downloads and a container carries."""
+By default it writes what the server runs and nothing more (`--precision served`): the precision it
+loads (MTSERVE_PRECISION, int8 unless set) and of it the decoder step it runs (the fused graphs on
+the CPU; the portable ones for MTSERVE_GRAPH=portable or on CUDA). A version is what a pod
+downloads and a container carries."""
 
 from __future__ import annotations
 
@@ -47,7 +49,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--precision",
         default="served",
         help="the precisions to export: served (the default: the one the server loads, MTSERVE_PRECISION, int8 "
-        "unless set), all (fp32, int8, fp16) or a comma-separated list, e.g. fp32,int8",
+        "unless set, and only the decoder step it runs: fused on the CPU), all (fp32, int8, fp16) or a "
+        "comma-separated list, e.g. fp32,int8 (each with its portable and fused graphs)",
     )
 
 
@@ -108,6 +111,34 @@ def read_sentences(path: str | None, limit: int) -> list[str] | None:
     return sentences
 
 
+def _graphs(value: str) -> tuple[str, ...]:
+    """The decoder steps to write: with `--precision served` the one the server runs (fused on the
+    CPU, where the precision has it; the portable graphs for MTSERVE_GRAPH=portable or on CUDA),
+    else both."""
+    from contract.manifest import GRAPHS
+
+    if value != "served":
+        return GRAPHS
+    graph = os.environ.get("MTSERVE_GRAPH", "").strip() or "auto"
+    if graph not in ("auto", *GRAPHS):
+        raise argparse.ArgumentTypeError(
+            f"--precision served: MTSERVE_GRAPH {graph[:40]!r} is not auto, portable or fused"
+        )
+    if graph == "auto":
+        return ("portable",) if _on_cuda() else ("fused",)
+    return (graph,)
+
+
+def _on_cuda() -> bool:
+    """Whether the server would run on CUDA here (MTSERVE_PROVIDER, or auto with CUDA available)."""
+    provider = os.environ.get("MTSERVE_PROVIDER", "").strip() or "auto"
+    if provider != "auto":
+        return provider == "cuda"
+    import onnxruntime
+
+    return "CUDAExecutionProvider" in onnxruntime.get_available_providers()
+
+
 def served_precision() -> str:
     """The precision the server loads: MTSERVE_PRECISION, else the server's default."""
     from service.settings import Settings
@@ -122,7 +153,7 @@ def _terminated(signum: int, frame: object) -> None:
 def run(args: argparse.Namespace) -> dict:
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     check_arguments(args)
-    precisions = _precisions(args.precision)
+    precisions, graphs = _precisions(args.precision), _graphs(args.precision)
     try:
         from export.hf.importer import PROBE_SENTENCES, import_model
         from mtserve.served import check_serves
@@ -144,6 +175,7 @@ def run(args: argparse.Namespace) -> dict:
             texts,
             precisions,
             final_check=final,
+            graphs=graphs,
         )
     finally:
         if main_thread:

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from contract.manifest import PRECISIONS
+from contract.manifest import GRAPHS, PRECISIONS
 from export.checkpoint import save_model_dir
 from export.hf.config import HFImportError, read_json_object
 from export.hf.families.registry import Family, family_for
@@ -194,6 +194,7 @@ def import_model(
     texts: list[str] | None = None,
     precisions: tuple[str, ...] = PRECISIONS,
     final_check: FinalCheck | None = None,
+    graphs: tuple[str, ...] = GRAPHS,
 ) -> dict[str, Any]:
     """Import the HF folder `src` as REPOSITORY/NAME/VERSION (VERSION: one past the highest there)
     and return the report: where, what, and the parity figures (with `final_check`'s under
@@ -224,7 +225,7 @@ def import_model(
         # twice the fp32 weights to its peak (4.9 GB at NLLB-600M's size).
         del model, hf
         gc.collect()
-        manifest = export_model(work, work / "onnx", precisions, name=name, version=str(version))
+        manifest = export_model(work, work / "onnx", precisions, name=name, version=str(version), graphs=graphs)
         served = final_check(work, name, version) if final_check is not None else None
         work.rename(target)
         created = []

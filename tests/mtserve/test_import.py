@@ -34,10 +34,14 @@ def test_import_writes_every_variant_and_reports_one_json_line(hf_marian_dir, da
     assert sorted(p.name for p in (repo / "opus").iterdir()) == ["1"]  # no scratch dir left
 
 
-@pytest.mark.parametrize("env, variants", [(None, {"int8", "int8-fused"}), ("fp32", {"fp32", "fp32-fused"})])
+@pytest.mark.parametrize("env, variants", [(None, {"int8-fused"}), ("fp32", {"fp32-fused"})])
 def test_import_writes_the_precision_the_server_loads_by_default(
     hf_marian_dir, tmp_path, capsys, monkeypatch, env, variants
 ):
+    """Only the precision the server loads, and of it only the fused graphs it runs on the CPU; the
+    import's last step serves them."""
+    monkeypatch.delenv("MTSERVE_GRAPH", raising=False)
+    monkeypatch.setenv("MTSERVE_PROVIDER", "cpu")
     if env is None:
         monkeypatch.delenv("MTSERVE_PRECISION", raising=False)
     else:
@@ -45,8 +49,11 @@ def test_import_writes_the_precision_the_server_loads_by_default(
     repo = tmp_path / "models"
     assert main(["import", str(hf_marian_dir), "--name", "opus", "--repository", str(repo), "--limit", "20"]) == 0
     report = json.loads(capsys.readouterr().out)
-    assert set(load_manifest(repo / "opus" / "1").variants) == variants
-    assert report["served"]["precision"] == (env or "int8")
+    manifest = load_manifest(repo / "opus" / "1")  # every listed file there, checksums verified
+    assert set(manifest.variants) == variants
+    assert (report["served"]["precision"], report["served"]["graph"]) == (env or "int8", "fused")
+    on_disk = {f.name for f in (repo / "opus" / "1" / "onnx").iterdir()}
+    assert on_disk == {f.file for f in manifest.files()} | {"manifest.json"}  # no portable graph left
 
 
 def test_a_precision_the_server_does_not_know_is_bad_usage(hf_marian_dir, tmp_path, capsys, monkeypatch):
