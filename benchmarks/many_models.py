@@ -49,7 +49,9 @@ MB = 1 << 20
 
 def linked_repository(model_dir: Path, copies: int, root: Path) -> list[str]:
     """`copies` versions `copy-NN/1` of `model_dir` under `root`, their files hard links (a copy
-    where the file system cannot link), each model's serving.json `"load": "on_demand"`."""
+    where the file system cannot link), each model's serving.json `"load": "on_demand"`. While
+    the links exist, onnx's checker refuses the original's external data ("hardlink attack"):
+    `main` removes them at the end."""
     names = []
     for i in range(copies):
         name = f"copy-{i:02d}"
