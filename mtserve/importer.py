@@ -24,7 +24,9 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from mtserve.corpus import read_lines
 from service.repository.layout import MAX_NAME_CHARS, is_name, is_version
@@ -146,8 +148,30 @@ def served_precision() -> str:
     return os.environ.get("MTSERVE_PRECISION", "").strip() or str(Settings.model_fields["precision"].default)
 
 
+# The signals that asked the import to stop. The handler's SystemExit unwinds the import (its
+# scratch dir is removed); where it lands in a finalizer that Python runs during a collection,
+# Python prints and drops it, and the import went on to write the version and exit 0: the
+# final check stops it too (`_stop_if_signalled`).
+_signalled: list[int] = []
+
+
 def _terminated(signum: int, frame: object) -> None:
-    raise SystemExit(128 + signum)  # unwinds the import: its scratch dir is removed
+    _signalled.append(signum)
+    raise SystemExit(128 + signum)
+
+
+def _stop_if_signalled() -> None:
+    if _signalled:
+        raise SystemExit(128 + _signalled[0])
+
+
+def _checked(final: Callable[..., dict], *args: Any) -> dict:
+    """`final` (the import's last step, before the version is moved into place), stopped by a
+    signal that came before or during it."""
+    _stop_if_signalled()
+    report = final(*args)
+    _stop_if_signalled()
+    return report
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -161,7 +185,7 @@ def run(args: argparse.Namespace) -> dict:
         sys.exit(f"mtserve import: needs the export extra ({e.name} is missing): pip install 'mtserve[export]'")
     texts = read_sentences(args.sentences, args.limit)
     serving_file = Path(args.repository) / args.name / "serving.json"
-    final = functools.partial(check_serves, texts or PROBE_SENTENCES, serving_file)
+    final = functools.partial(_checked, functools.partial(check_serves, texts or PROBE_SENTENCES, serving_file))
     main_thread = threading.current_thread() is threading.main_thread()  # where signal handlers can be set
     previous = signal.signal(signal.SIGTERM, _terminated) if main_thread else None
     try:

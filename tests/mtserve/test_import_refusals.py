@@ -258,6 +258,7 @@ def test_a_terminated_import_removes_its_scratch_dir(tmp_path, hf_marian_dir):
 
     repo = tmp_path / "repo"
     argv = [sys.executable, "-m", "mtserve", "import", str(hf_marian_dir), "--name", "opus", "--repository", str(repo)]
+    argv += ["--precision", "all"]  # every precision: an import long enough to be stopped half-way
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
@@ -268,3 +269,18 @@ def test_a_terminated_import_removes_its_scratch_dir(tmp_path, hf_marian_dir):
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 128 + signal.SIGTERM and "Traceback" not in err
     assert not list(repo.glob("*/.import-*")) and not list(repo.glob("*/1"))
+
+
+def test_a_termination_dropped_on_the_way_still_stops_the_import_before_its_version_is_written(
+    tmp_path, hf_marian_dir, monkeypatch
+):
+    """A SIGTERM whose SystemExit Python dropped (it landed in a finalizer during a collection) is
+    remembered: the import's last step stops with exit status 143, and no version is written."""
+    from mtserve import importer
+
+    monkeypatch.setattr(importer, "_signalled", [15])
+    repo = tmp_path / "repo"
+    with pytest.raises(SystemExit) as e:
+        main(["import", str(hf_marian_dir), "--name", "opus", "--repository", str(repo), "--limit", "4"])
+    assert e.value.code == 143
+    assert not list(repo.glob("*/1")) and not list(repo.glob("*/.import-*"))
