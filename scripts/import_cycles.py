@@ -26,8 +26,8 @@ def project_modules(packages: tuple[str, ...], root: Path = ROOT) -> dict[str, P
     for package in packages:
         for path in sorted((root / package).rglob("*.py")):
             relative = path.relative_to(root).as_posix()
-            if any(relative.startswith(skip) for skip in SKIP):
-                continue
+            if any(relative.startswith(skip) for skip in SKIP) or any(p.startswith(".") for p in relative.split("/")):
+                continue  # generated code, or a hidden folder's (benchmarks/.cache/.venv-hf: another venv's packages)
             parts = relative[: -len(".py")].split("/")
             if parts[-1] == "__init__":
                 parts = parts[:-1]

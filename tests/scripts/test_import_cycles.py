@@ -46,3 +46,10 @@ def test_no_circle(tmp_path: Path) -> None:
     ic = load()
     write(tmp_path, {"pkg/__init__.py": "", "pkg/a.py": "from pkg import b\n", "pkg/b.py": "import os\n"})
     assert ic.circles(ic.import_graph(ic.project_modules(("pkg",), tmp_path))) == []
+
+
+def test_hidden_folders_are_not_the_projects(tmp_path: Path) -> None:
+    """benchmarks/.cache/.venv-hf holds another venv's packages (some in newer Python syntax)."""
+    ic = load()
+    write(tmp_path, {"pkg/__init__.py": "", "pkg/a.py": "", "pkg/.cache/.venv/x.py": "def f[T](a): ...\n"})
+    assert set(ic.project_modules(("pkg",), tmp_path)) == {"pkg", "pkg.a"}
