@@ -39,7 +39,9 @@ from pathlib import Path
 
 import grpc
 
+from benchmarks.figures import print_result
 from benchmarks.processes import Server, free_port
+from benchmarks.soak import percentiles, rss_bytes
 from service.api.mtserve.v1 import translation_pb2 as pb
 from service.api.mtserve.v1 import translation_pb2_grpc as pb_grpc
 
@@ -70,13 +72,7 @@ def _link(src: str, dst: str) -> None:
 
 
 def rss_mb(pid: int) -> float:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return 0.0
+    return rss_bytes(pid) / MB
 
 
 class RssSampler(threading.Thread):
@@ -104,13 +100,6 @@ class RssSampler(threading.Thread):
         self.done.set()
         self.join()
         return self.peak
-
-
-def _percentile(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def _metrics(port: int) -> dict[str, float]:
@@ -148,7 +137,7 @@ def version_size_mb(model_dir: Path, root: Path) -> float:
 
 
 def run(model_dir: Path, copies: int, hold: int, clients: int, seconds: float, work: Path) -> dict:
-    size = version_size_mb(model_dir, work / "one")
+    size = round(version_size_mb(model_dir, work / "one"), 1)  # the budget follows from the size reported
     budget = int((hold + 0.5) * size)
     root = work / "many"
     names = linked_repository(model_dir, copies, root)
@@ -195,15 +184,11 @@ def run(model_dir: Path, copies: int, hold: int, clients: int, seconds: float, w
         "hold": hold,
         "clients": clients,
         "seconds": seconds,
-        "version_size_mb": round(size, 1),
+        "version_size_mb": size,
         "budget_mb": budget,
         "requests": sum(statuses.values()),
         "statuses": dict(statuses),
-        "latency_s": {
-            "p50": round(_percentile(latencies, 0.5) or 0, 3),
-            "p99": round(_percentile(latencies, 0.99) or 0, 3),
-            "max": round(max(latencies, default=0), 3),
-        },
+        "latency_s": percentiles(latencies),
         "loads": int(figures.get("mtserve_model_loads_total", 0)),
         "evictions": int(figures.get("mtserve_model_evictions_total", 0)),
         "load_s": {
@@ -235,10 +220,7 @@ def main() -> None:
     parent = a.model_dir.resolve().parent.parent.parent  # beside its repository: hard links need one file system
     with tempfile.TemporaryDirectory(prefix="many-models-", dir=parent) as work:
         result = run(a.model_dir.resolve(), a.copies, a.hold, a.clients, a.seconds, Path(work))
-    line = json.dumps(result)
-    print(line)
-    if a.json:
-        Path(a.json).write_text(line + "\n")
+    print_result(result, a.json)
 
 
 if __name__ == "__main__":

@@ -132,13 +132,10 @@ def _graphs(value: str) -> tuple[str, ...]:
 
 
 def _on_cuda() -> bool:
-    """Whether the server would run on CUDA here (MTSERVE_PROVIDER, or auto with CUDA available)."""
-    provider = os.environ.get("MTSERVE_PROVIDER", "").strip() or "auto"
-    if provider != "auto":
-        return provider == "cuda"
-    import onnxruntime
+    """Whether the server would run on CUDA here (MTSERVE_PROVIDER, auto unless set)."""
+    from service.runtime.onnx_model import choose_provider
 
-    return "CUDAExecutionProvider" in onnxruntime.get_available_providers()
+    return choose_provider(os.environ.get("MTSERVE_PROVIDER", "").strip() or "auto") == "cuda"
 
 
 def served_precision() -> str:

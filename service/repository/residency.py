@@ -7,9 +7,9 @@ A version's size is measured by its load (loads run one at a time): what the pro
 set (RSS) grew by, or what its allocator handed out and kept (service.runtime.memory.
 heap_in_use_bytes), whichever is more. The RSS alone measures a load small where it reuses
 memory that an eviction freed and the allocator kept: such loads let five versions in under a
-budget of four and a half, and the RSS rose a version's size over the budget. Before its first load it is expected to take what its graph and
-tokenizer files take on disk (the loader's estimate); after an eviction, what it took when it was
-last loaded. The budget counts the versions' sizes, not the process's baseline (the Python
+budget of four and a half, and the RSS rose a version's size over the budget. Before its first
+load a version is expected to take what its graph and tokenizer files take on disk (the
+loader's estimate); after an eviction, what it took when it was last loaded. The budget counts the versions' sizes, not the process's baseline (the Python
 runtime, ONNX Runtime's libraries, the decode buffers)."""
 
 from __future__ import annotations

@@ -18,6 +18,7 @@ import os
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 log = logging.getLogger("mtserve.memory")
 
@@ -71,16 +72,23 @@ def mapped_allocations(mmap_threshold: int = 64 << 10) -> Iterator[None]:
                 _mallopt(*_kept)
 
 
+def _glibc(function: str, argtypes: list, restype: Any) -> Any:
+    """glibc's `function`, typed; None off glibc (or where it lacks it)."""
+    try:
+        f = getattr(ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6"), function)
+    except (OSError, AttributeError):
+        return None
+    f.argtypes, f.restype = argtypes, restype
+    return f
+
+
 def _set(option: int, value: int) -> bool:
     """glibc's mallopt(option, value); False off glibc or when it refuses."""
-    name = ctypes.util.find_library("c")
-    try:
-        mallopt = ctypes.CDLL(name or "libc.so.6").mallopt
-    except (OSError, AttributeError):
+    mallopt = _glibc("mallopt", [ctypes.c_int, ctypes.c_int], ctypes.c_int)
+    if mallopt is None:
         log.debug("no glibc mallopt here; allocator left as it is")
         return False
-    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    return mallopt(option, value) == 1
+    return bool(mallopt(option, value) == 1)
 
 
 def _mallopt(mmap_threshold: int, trim_threshold: int) -> bool:
@@ -93,20 +101,26 @@ def release_freed_memory() -> bool:
     """Hand the heap's free pages back to the kernel (`malloc_trim(0)`): after a model version is
     unloaded, the memory its sessions and caches held leaves the process instead of staying at
     the high-water mark that `keep_freed_memory` keeps for steady traffic."""
-    name = ctypes.util.find_library("c")
-    try:
-        trim = ctypes.CDLL(name or "libc.so.6").malloc_trim
-    except (OSError, AttributeError):
-        return False
-    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
-    return bool(trim(0))
+    trim = _glibc("malloc_trim", [ctypes.c_size_t], ctypes.c_int)
+    return trim is not None and bool(trim(0))
 
 
 class _MallInfo2(ctypes.Structure):
     _fields_ = [
         (name, ctypes.c_size_t)
-        for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks")
-    ] + [("keepcost", ctypes.c_size_t)]
+        for name in (
+            "arena",
+            "ordblks",
+            "smblks",
+            "hblks",
+            "hblkhd",
+            "usmblks",
+            "fsmblks",
+            "uordblks",
+            "fordblks",
+            "keepcost",
+        )
+    ]
 
 
 def heap_in_use_bytes() -> int:
@@ -114,12 +128,9 @@ def heap_in_use_bytes() -> int:
     use in every arena, and in blocks mapped on their own); 0 off glibc. Unlike the resident set,
     it grows by what a model's load allocates even where the load reuses memory that an earlier
     unload freed and the allocator kept."""
-    name = ctypes.util.find_library("c")
-    try:
-        info = ctypes.CDLL(name or "libc.so.6").mallinfo2
-    except (OSError, AttributeError):
+    info = _glibc("mallinfo2", [], _MallInfo2)
+    if info is None:
         return 0
-    info.argtypes, info.restype = [], _MallInfo2
     m = info()
     return int(m.uordblks + m.hblkhd)
 

@@ -50,37 +50,33 @@ def serve(make_server, repository: Path, **settings):
     return make_server(model_dir=None, onnx_dir=None, model_repository=repository, **settings)
 
 
+def measured_loads(monkeypatch, grows: str) -> None:
+    """Each load raises by MODEL_MB what the registry reads as `grows` ("rss_bytes" or
+    "heap_in_use_bytes"); the other stays where it was."""
+    counters = {"rss_bytes": [1 << 30], "heap_in_use_bytes": [1 << 30]}
+    load = loader_module.ModelLoader.load
+
+    async def measured(self, source):
+        served = await load(self, source)
+        counters[grows][0] += MODEL_MB << 20
+        return served
+
+    monkeypatch.setattr(loader_module.ModelLoader, "load", measured)
+    for name, counter in counters.items():
+        monkeypatch.setattr(versions_module, name, lambda counter=counter: counter[0])
+
+
 @pytest.fixture()
 def sized_loads(monkeypatch):
     """Each load raises the RSS the registry reads by MODEL_MB."""
-    rss = [1 << 30]
-    load = loader_module.ModelLoader.load
-
-    async def sized(self, source):
-        served = await load(self, source)
-        rss[0] += MODEL_MB << 20
-        return served
-
-    monkeypatch.setattr(loader_module.ModelLoader, "load", sized)
-    monkeypatch.setattr(versions_module, "rss_bytes", lambda: rss[0])
-    monkeypatch.setattr(versions_module, "heap_in_use_bytes", lambda: 0)
+    measured_loads(monkeypatch, "rss_bytes")
 
 
 @pytest.fixture()
 def reused_loads(monkeypatch):
     """Each load takes MODEL_MB from the allocator, and the RSS the registry reads stays where it
     was: the load reuses memory that an earlier unload freed and the allocator kept."""
-    heap = [1 << 30]
-    load = loader_module.ModelLoader.load
-
-    async def reusing(self, source):
-        served = await load(self, source)
-        heap[0] += MODEL_MB << 20
-        return served
-
-    monkeypatch.setattr(loader_module.ModelLoader, "load", reusing)
-    monkeypatch.setattr(versions_module, "rss_bytes", lambda: 1 << 30)
-    monkeypatch.setattr(versions_module, "heap_in_use_bytes", lambda: heap[0])
+    measured_loads(monkeypatch, "heap_in_use_bytes")
 
 
 def slow_loads(monkeypatch, seconds: float, failing: str = "") -> list[str]:
