@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from service.decoding.resume import Resume
 from service.decoding.sampling import Sampling
 from service.decoding.terms import SourceTerm
 
@@ -47,6 +48,12 @@ class Sentence:
     # follow a term (service.decoding.terms); None: any may.
     pieces: np.ndarray | None = None
     want_alignment: bool = False
+    # Greedy: its `Finished.state` carries its decoder state (service.decoding.resume); stays in
+    # the process that decoded it (an engine process answers without it).
+    keep_state: bool = False
+    # It goes on from another sentence's decoder state instead of from the start: no encoder, the
+    # state's first tokens forced (service.decoding.resume). Dropped once it joins a batch.
+    resume: Resume | None = None
     want_scores: bool = True  # False: greedy search may skip the log-probabilities (score None)
     deadline: float | None = None  # time.monotonic() after which it is dropped if still queued
     on_tokens: Callable[[list[int]], None] | None = None  # streaming: called from a worker thread
@@ -58,6 +65,21 @@ class Sentence:
     # The request whose row it is (new_request()): an idle worker may batch the many rows of one
     # request (a long text's sentences) alone, past max_batch_sentences (Scheduler._admit).
     request: int | None = None
+
+    # The rows it counts as in the scheduler's closed-loop accounting (`Scheduler._share`): those
+    # of a client's request that arrive with it, and those answered to the client when it ends;
+    # None: its beam. A request decoded in passes (service.engine.placement) arrives with its
+    # first pass and is answered with its last: the passes between are the engine's own.
+    arriving_rows: int | None = None
+    answered_rows: int | None = None
+
+    @property
+    def arriving(self) -> int:
+        return self.beam if self.arriving_rows is None else self.arriving_rows
+
+    @property
+    def answered(self) -> int:
+        return self.beam if self.answered_rows is None else self.answered_rows
 
     @property
     def mode(self) -> tuple[int, float]:

@@ -182,7 +182,7 @@ class Scheduler(SentenceQueue):
         returning = self._returning
         if not returning:
             return
-        rows = sum(s.beam for s in sentences)
+        rows = sum(s.arriving for s in sentences)
         while rows and returning:
             used = min(rows, int(returning[0][1]))
             returning[0][1] -= used
@@ -254,12 +254,14 @@ class Scheduler(SentenceQueue):
                 self._step(model, batches, mode)
 
     def _join(self, model: DecoderModel, batches: Batches, admitted: list[Sentence]) -> None:
-        by_mode: dict[Mode, list[Sentence]] = {}
+        # Resumed sentences (service.decoding.resume) join as batches of their own: they run no encoder.
+        by_mode: dict[tuple[Mode, bool], list[Sentence]] = {}
         for s in admitted:
-            by_mode.setdefault(s.mode, []).append(s)
-        for (beam, lp), group in by_mode.items():
+            by_mode.setdefault((s.mode, s.resume is not None), []).append(s)
+        for ((beam, lp), resumed), group in by_mode.items():
             try:
                 t0 = time.perf_counter()
+                resume = [s.resume for s in group if s.resume is not None] if resumed else None
                 new = DecodeBatch.from_sources(
                     model,
                     [s.src_ids for s in group],
@@ -269,17 +271,23 @@ class Scheduler(SentenceQueue):
                     max_lens=[s.max_len for s in group],
                     min_lens=[s.min_len for s in group],
                     target_prefixes=[s.target_prefix for s in group],
-                    kept_prefixes=[s.output_prefix for s in group],
+                    kept_prefixes=None if resumed else [s.output_prefix for s in group],
                     num_hypotheses=[s.num_hypotheses for s in group],
                     sampling=[s.sampling for s in group],
                     want_alignment=any(s.want_alignment for s in group),
                     want_scores=[s.want_scores for s in group],
                     terms=[s.terms for s in group] if any(s.terms for s in group) else None,
                     pieces=[s.pieces for s in group] if any(s.terms for s in group) else None,
+                    keep_states=[s.keep_state for s in group] if beam == 1 else False,
+                    resume=resume,
                 )
                 encoder_s = time.perf_counter() - t0
-                self.metrics.encoder_latency.observe(encoder_s)
-                self.metrics.input_tokens.inc(sum(len(s.src_ids) for s in group))
+                if resumed:
+                    for s in group:
+                        s.resume = None  # the batch holds what it needs of the state
+                else:
+                    self.metrics.encoder_latency.observe(encoder_s)
+                    self.metrics.input_tokens.inc(sum(len(s.src_ids) for s in group))
             except Exception as exc:
                 log.exception("encoder pass failed for %d sentences", len(group))
                 self._fail(group, exc)
@@ -343,7 +351,7 @@ class Scheduler(SentenceQueue):
         done = [(s, f) for f in finished if (s := members.pop(f.key, None)) is not None]  # None: cancelled earlier
         if done and self._counts_returning:
             with self._cond:  # before the answers go: a client may send again at once
-                self._answered(sum(s.beam for s, _ in done))
+                self._answered(sum(s.answered for s, _ in done))
         for s, f in done:
             self.metrics.sentences.labels("ok").inc()
             self.metrics.generated_tokens.inc(len(f.tokens) + 1)

@@ -41,7 +41,7 @@ import numpy as np
 from service.decoding.cache import RowCache
 from service.decoding.concat_cache import ConcatCache
 from service.decoding.encoder import encode_sources
-from service.decoding.in_place_cache import new_cache
+from service.decoding.in_place_cache import new_cache, resumed_cache
 from service.decoding.layout import (
     as_list,
     batch_wide,
@@ -55,7 +55,8 @@ from service.decoding.layout import (
 )
 from service.decoding.model import DecoderModel
 from service.decoding.output_rules import NEG_INF, OutputRules, max_output_len
-from service.decoding.results import Ended, Finished, Node
+from service.decoding.results import Ended, Finished, Node, link
+from service.decoding.resume import DecoderState, Resume, encoded
 from service.decoding.rows import fill_order
 from service.decoding.sampling import Sampling
 from service.decoding.search import Search
@@ -114,6 +115,8 @@ class DecodeBatch(Search):
     with_terms: np.ndarray = per("sentence", zeros(0, dtype=bool))  # whether it has any
     # The word-internal pieces of its target vocabulary, (V,) bool, banned right after a term; None: none.
     term_pieces: list[np.ndarray | None] = per("sentence", list)
+    # Greedy only: whether its `Finished` carries its decoder state (service.decoding.resume).
+    keep_state: np.ndarray = per("sentence", zeros(0, dtype=bool))
 
     # -- per row --------------------------------------------------------------
     # The self-attention keys and values of every row, with which entries are the row's own (a
@@ -156,6 +159,8 @@ class DecodeBatch(Search):
         sampling: Sequence[Sampling | None] | None = None,
         terms: Sequence[Sequence[SourceTerm]] | None = None,
         pieces: Sequence[np.ndarray | None] | None = None,
+        keep_states: bool | Sequence[bool] = False,
+        resume: Sequence[Resume] | None = None,
     ) -> DecodeBatch:
         """Run the encoder over `src_ids_lists` (each ending with </s>) and set up their decoding.
         `keys` identify the sentences (unique, hashable); `max_lens` overrides the length rule per
@@ -166,7 +171,10 @@ class DecodeBatch(Search):
         `sampling`: greedy sentences that draw their tokens (`service.decoding.sampling`).
         `terms`: glossary terms forced on each sentence's output (`service.decoding.terms`);
         `pieces`: the word-internal pieces of each sentence's target vocabulary ((V,) bool or None),
-        which a row may not write right after a term."""
+        which a row may not write right after a term. `keep_states` (greedy): the sentences whose
+        `Finished.state` holds their decoder state. `resume`: every sentence goes on from a
+        state's first tokens (service.decoding.resume): no encoder runs, and those tokens are its
+        kept prefix (`kept_prefixes` is not given then)."""
         n = len(src_ids_lists)
         if len(keys) != n:
             raise ValueError(f"{len(keys)} keys for {n} sentences")
@@ -181,7 +189,15 @@ class DecodeBatch(Search):
             self._empty_state(model)
             return self
         K = beam
-        lens, mask, ck, cv = encode_sources(model, src_ids_lists)
+        if resume is not None:
+            if len(resume) != n:
+                raise ValueError(f"resume: {len(resume)} values for {n} sentences")
+            if kept_prefixes is not None:
+                raise ValueError("resume: the kept prefix is the state's")
+            kept_prefixes = _resumed_prefixes(resume, target_prefixes, n)
+            lens, mask, ck, cv = encoded(list(resume))
+        else:
+            lens, mask, ck, cv = encode_sources(model, src_ids_lists)
         R = n * K
         self.keys = list(keys)
         self._set_output_rules(n, min_lens, target_prefixes, kept_prefixes, num_hypotheses, sampling)
@@ -211,7 +227,37 @@ class DecodeBatch(Search):
         self.scores = scores.reshape(-1)
         self.hist = [None] * R
         self.out_ids = np.zeros((R, out_width(K, self.max_len)), dtype=np.int64)
+        self.keep_state = np.array(as_list(keep_states, n, "keep_states"), dtype=bool)
+        if self.keep_state.any() and K > 1:
+            raise ValueError("keep_states needs beam 1")
+        if resume is not None:
+            self._resume(model, resume)
         return self
+
+    def _resume(self, model: DecoderModel, resume: Sequence[Resume]) -> None:
+        """`from_sources`' rows of resumed sentences: their cache holds the states' entries, their
+        next input is the last forced token at the position after it, and their output so far
+        (beam: the first beam's nodes, the others dead) is the forced tokens."""
+        K = self.beam
+        for i, r in enumerate(resume):
+            if r.upto >= self.max_len[i]:
+                raise ValueError(f"resume: {r.upto} tokens reach max_len ({self.max_len[i]})")
+            if self.want_alignment[i] and r.attention is None:
+                raise ValueError("resume: a sentence that wants its alignment needs the attention rows")
+        self.cache = resumed_cache(model, [r.history() for r in resume], K, int(self.max_len.max()) + 1)
+        self.positions = np.repeat(np.array([r.upto for r in resume], dtype=np.int64), K)
+        last = [r.tokens[-1] if r.upto else model.start_id for r in resume]  # the next input
+        self.tokens = np.repeat(np.array(last, dtype=np.int64), K)
+        for i, r in enumerate(resume):
+            start, node = int(self.output_from[i]), None
+            for j, tok in enumerate(r.tokens):
+                att = r.attention[j - start] if self.want_alignment[i] and j >= start else None  # type: ignore[index]
+                node = link(tok, att, node)
+            if K == 1:
+                self.out_ids[i, : r.upto] = r.tokens
+                self.hist[i] = node if self.want_alignment[i] else None
+            else:
+                self.hist[i * K] = node
 
     def _set_output_rules(
         self,
@@ -340,6 +386,7 @@ class DecodeBatch(Search):
             finished, rows = self._beam(top_lp, top_ids, att, force)
         self._terms_advance(terms, rows)
         self.cache.advance(rows)
+        self._keep_states(finished)
         # Rows of finished sentences may ride along until the next filter(): they stay at their
         # last position, which is within the position table (the next ones may not be).
         self.positions = self.positions + (~self.done if K == 1 else np.repeat(~self.done, K))
@@ -400,9 +447,30 @@ class DecodeBatch(Search):
             finished, rows = self._beam_one(top_lp, top_ids, out.cross_attention, np.full(K, forced))
         self._terms_advance(terms, rows)
         self.cache.advance(rows)
+        self._keep_states(finished)
         self.positions += not self.done[0]
         self.steps[0] += live
         return finished
+
+    def _keep_states(self, finished: list[Finished]) -> None:
+        """The decoder state of the sentences that finished at this step and keep theirs (greedy:
+        a sentence is a row), after the step's entries went into the cache."""
+        if not finished or not self.keep_state.any():
+            return
+        at = {k: i for i, k in enumerate(self.keys)}
+        for f in finished:
+            i = at[f.key]
+            if not self.keep_state[i]:
+                continue
+            ks, vs = self.cache.history(i)
+            S = int(self.src_lens[i])
+            f.state = DecoderState(
+                self.out_ids[i, : int(self.positions[i]) + 1].tolist(),
+                [np.ascontiguousarray(k) for k in ks],
+                [np.ascontiguousarray(v) for v in vs],
+                [np.ascontiguousarray(c[i, :, :S]) for c in self.cross_k],
+                [np.ascontiguousarray(c[i, :, :S]) for c in self.cross_v],
+            )
 
     # -- batch surgery --------------------------------------------------------
 
@@ -454,6 +522,20 @@ class DecodeBatch(Search):
             for name, layout in layouts(cls)
         }
         return cls(**merged)
+
+
+def _resumed_prefixes(
+    resume: Sequence[Resume], target_prefixes: Sequence[Sequence[int]] | None, n: int
+) -> list[list[int]]:
+    """The kept prefix of each resumed sentence: its state's forced tokens after its target prefix
+    (a language token), which they must start with."""
+    prefixes = [list(p) for p in target_prefixes] if target_prefixes is not None else [[] for _ in range(n)]
+    kept = []
+    for r, p in zip(resume, prefixes):
+        if r.tokens[: len(p)] != p or r.upto < len(p):
+            raise ValueError("resume: the state's tokens do not start with the sentence's target prefix")
+        kept.append(r.tokens[len(p) :])
+    return kept
 
 
 layouts(DecodeBatch)  # a field without a Layout fails here, at import

@@ -74,6 +74,24 @@ class RowCache(ABC):
         each row's own history in order, and which of the P entries are the row's own (R, P) bool."""
 
     @abstractmethod
+    def history(self, row: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """Per layer the keys and values (H, T, d_k) of `row`'s own entries, in order: its inputs
+        at positions 0..T-1 (service.decoding.resume)."""
+
+    @classmethod
+    @abstractmethod
+    def resumed(
+        cls,
+        model: DecoderModel,
+        histories: Sequence[tuple[list[np.ndarray], list[np.ndarray]]],
+        beam: int,
+        capacity: int,
+    ) -> Self:
+        """A cache of len(histories) sentences of `beam` rows each, every beam of sentence i
+        holding `histories[i]` (per layer keys and values (H, T_i, d_k)) as its first entries;
+        room for `capacity` entries a row (service.decoding.resume)."""
+
+    @abstractmethod
     def step(
         self,
         model: DecoderModel,

@@ -35,6 +35,32 @@ class ConcatCache(RowCache):
     def entries(self) -> tuple[list[np.ndarray], list[np.ndarray], np.ndarray]:
         return self.past_k, self.past_v, self.past_mask > 0
 
+    def history(self, row: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        own = np.flatnonzero(self.past_mask[row] > 0)
+        return [k[row][:, own] for k in self.past_k], [v[row][:, own] for v in self.past_v]
+
+    @classmethod
+    def resumed(
+        cls,
+        model: DecoderModel,
+        histories: Sequence[tuple[list[np.ndarray], list[np.ndarray]]],
+        beam: int,
+        capacity: int,
+    ) -> ConcatCache:
+        """Each history repeated over its sentence's beams, padded to the longest (past_mask 0)."""
+        P = max(int(ks[0].shape[1]) for ks, _ in histories)
+        R, L = len(histories) * beam, model.n_layers
+        past_k = [np.zeros((R, model.n_heads, P, model.d_k), dtype=np.float32) for _ in range(L)]
+        past_v = [np.zeros_like(k) for k in past_k]
+        mask = np.zeros((R, P), dtype=np.float32)
+        for i, (ks, vs) in enumerate(histories):
+            rows, T = slice(i * beam, (i + 1) * beam), int(ks[0].shape[1])
+            for layer in range(L):
+                past_k[layer][rows, :, :T] = ks[layer][None]
+                past_v[layer][rows, :, :T] = vs[layer][None]
+            mask[rows, :T] = 1.0
+        return cls(past_k, past_v, mask)
+
     def step(
         self,
         model: DecoderModel,

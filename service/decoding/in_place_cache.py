@@ -82,12 +82,11 @@ class InPlaceCache(RowCache):
 
     def __init__(self, k: list[np.ndarray], v: list[np.ndarray], mask: np.ndarray, indirection: np.ndarray, P: int):
         self.k, self.v, self.mask, self.indirection, self.P = k, v, mask, indirection, P
-        # The IO binding of these buffers and the step's inputs, made at the first step and again when
-        # the batch's sources (after a filter or a concatenation) or k change.
-        self._bound: BoundStep | None = None
-        self._bound_for: tuple[np.ndarray, int, bool] | None = None
-        self._inputs: dict[str, np.ndarray] = {}
-        self._outputs: dict[str, np.ndarray] = {}
+        # The IO bindings of these buffers and the step's inputs, one per (top_k, scored) a step
+        # asked for (a glossary row's steps switch between a few k), made at the first step of each
+        # and again when the batch's sources (after a filter or a concatenation) or shortlist change.
+        self._bindings: dict[tuple[int, bool], tuple[BoundStep, dict[str, np.ndarray], dict[str, np.ndarray]]] = {}
+        self._bound_for: tuple[np.ndarray, np.ndarray | None] | None = None
         # The batch's vocab_ids (a shortlist's candidates), worked out when its sentences change.
         self._vocab_for: Sequence[np.ndarray] | None = None
         self._vocab_ids: np.ndarray | None = None
@@ -113,6 +112,39 @@ class InPlaceCache(RowCache):
     def entries(self) -> tuple[list[np.ndarray], list[np.ndarray], np.ndarray]:
         k, v = self._resolved(np.arange(len(self.mask)), np.arange(self.P))
         return k, v, self.mask[:, : self.P] > 0
+
+    def history(self, row: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        own = np.flatnonzero(self.mask[row, : self.P] > 0)
+        k, v = self._resolved(np.array([row]), own)
+        return [x[0] for x in k], [x[0] for x in v]
+
+    @classmethod
+    def resumed(
+        cls,
+        model: DecoderModel,
+        histories: Sequence[tuple[list[np.ndarray], list[np.ndarray]]],
+        beam: int,
+        capacity: int,
+    ) -> InPlaceCache:
+        """Each history in its sentence's first beam's first slots, which the indirection names for
+        every beam of it; the slots after a shorter history are padding (mask 0), zeroed."""
+        P = max(int(ks[0].shape[1]) for ks, _ in histories)
+        n, L = len(histories), model.n_layers
+        capacity = max(capacity, P + 1)
+        shape = (n * beam, model.n_heads, capacity, model.d_k)
+        k = [np.zeros(shape, dtype=np.float32) for _ in range(L)]
+        v = [np.zeros(shape, dtype=np.float32) for _ in range(L)]
+        mask = np.zeros((n * beam, capacity), dtype=np.int32)
+        indirection = np.empty((n, beam, capacity), dtype=np.int32)
+        indirection[...] = np.arange(beam, dtype=np.int32)[None, :, None]
+        for i, (ks, vs) in enumerate(histories):
+            T = int(ks[0].shape[1])
+            for layer in range(L):
+                k[layer][i * beam, :, :T] = ks[layer]
+                v[layer][i * beam, :, :T] = vs[layer]
+            mask[i * beam : (i + 1) * beam, :T] = 1
+            indirection[i, :, :T] = 0
+        return cls(k, v, mask, indirection, P)
 
     @property
     def capacity(self) -> int:
@@ -141,16 +173,13 @@ class InPlaceCache(RowCache):
         vocab_ids = self._batch_vocab(model, vocab)
         if vocab_ids is not None:
             top_k = min(top_k, len(vocab_ids))
-        bound = self._bound
-        if (
-            bound is None
-            or self._bound_for is None
-            or self._bound_for[0] is not cross_k[0]
-            or self._bound_for[1:] != (top_k, scored)
-            or (vocab_ids is not None and self._inputs.get(VOCAB_IDS) is not vocab_ids)
-        ):
-            bound = self._bind(model, cross_k, cross_v, src_mask, top_k, scored, vocab_ids)
-        ins = self._inputs
+        if self._bound_for is None or self._bound_for[0] is not cross_k[0] or self._bound_for[1] is not vocab_ids:
+            self._bindings.clear()
+            self._bound_for = (cross_k[0], vocab_ids)
+        binding = self._bindings.get((top_k, scored))
+        if binding is None:
+            binding = self._bind(model, cross_k, cross_v, src_mask, top_k, scored, vocab_ids)
+        bound, ins, out = binding
         ins[TOKENS][:, 0] = tokens
         ins[POSITIONS][:, 0] = positions
         ins[PAST_SEQUENCE_LENGTH][0] = self.P
@@ -162,7 +191,6 @@ class InPlaceCache(RowCache):
                 np.copyto(bias[:, 0], np.where(no_eos, -np.inf, 0.0))
         self.mask[:, self.P] = 1
         bound.run()
-        out = self._outputs
         # The output buffers are the next step's too: the search keeps what it needs as copies.
         return StepResult(
             out[TOP_LOG_PROBS].copy() if scored else None,
@@ -213,7 +241,7 @@ class InPlaceCache(RowCache):
         top_k: int,
         scored: bool,
         vocab_ids: np.ndarray | None,
-    ) -> BoundStep:
+    ) -> tuple[BoundStep, dict[str, np.ndarray], dict[str, np.ndarray]]:
         R = len(self.mask)
         tokens, positions = np.zeros((R, 1), dtype=np.int64), np.zeros((R, 1), dtype=np.int64)
         ins = _fused_inputs(
@@ -240,9 +268,9 @@ class InPlaceCache(RowCache):
             outs[EOS_LOG_PROB] = np.empty(R, dtype=np.float32)
         for i in range(len(self.k)):
             outs[present_key(i)], outs[present_value(i)] = self.k[i], self.v[i]  # the inputs' buffers
-        self._inputs, self._outputs = ins, outs
-        self._bound, self._bound_for = model.bind_step(ins, outs, scored), (cross_k[0], top_k, scored)
-        return self._bound
+        binding = (model.bind_step(ins, outs, scored), ins, outs)
+        self._bindings[(top_k, scored)] = binding
+        return binding
 
     def _batch_vocab(self, model: DecoderModel, vocab: Sequence[np.ndarray]) -> np.ndarray | None:
         """The batch's vocab_ids where the model ranks over a shortlist (None: it does not), made
@@ -344,7 +372,7 @@ class InPlaceCache(RowCache):
         """Larger buffers (a batch that admitted rows late decodes past its first capacity)."""
         grown = InPlaceCache._packed([self], [np.arange(len(self.mask))], [np.arange(self.P)], capacity)
         self.k, self.v, self.mask, self.indirection = grown.k, grown.v, grown.mask, grown.indirection
-        self._bound = None
+        self._bindings.clear()
 
 
 def new_cache(model: DecoderModel, rows: int, beam: int, capacity: int) -> RowCache:
@@ -352,3 +380,15 @@ def new_cache(model: DecoderModel, rows: int, beam: int, capacity: int) -> RowCa
     buffers, else the portable graph's concatenated past; room for `capacity` steps."""
     cls = InPlaceCache if model.graph == "fused" else ConcatCache
     return cls.empty(model, rows, beam, capacity)
+
+
+def resumed_cache(
+    model: DecoderModel,
+    histories: Sequence[tuple[list[np.ndarray], list[np.ndarray]]],
+    beam: int,
+    capacity: int,
+) -> RowCache:
+    """`new_cache`'s class for `model`, with each sentence's beams holding its history
+    (`RowCache.resumed`)."""
+    cls = InPlaceCache if model.graph == "fused" else ConcatCache
+    return cls.resumed(model, histories, beam, capacity)

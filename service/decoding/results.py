@@ -13,6 +13,8 @@ from typing import TypeAlias
 
 import numpy as np
 
+from service.decoding.resume import DecoderState
+
 
 @dataclass
 class Hypothesis:
@@ -40,6 +42,8 @@ class Finished:
     # Glossary terms (`service.decoding.terms`): (term, start, end) token positions in `tokens`
     # where each term's target stands, in output order.
     terms: list[tuple[int, int, int]] = field(default_factory=list)
+    # Its decoder state, where its sentence kept it (service.decoding.resume); else None.
+    state: DecoderState | None = None
 
     def hypothesis(self) -> Hypothesis:
         return Hypothesis(self.tokens, self.score, self.log_prob, self.alignment)

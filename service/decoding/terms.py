@@ -41,6 +41,7 @@ batch with no terms at all skips this module.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -64,6 +65,7 @@ BAN_STEPS = 6
 # of the target vocabulary may not follow it ("lad" + "den" after the term "lad"), nor the
 # replaced tokens for BAN_STEPS steps.
 GLUE_CANDIDATES = 8
+GLUE_BEAM_EXTRA = 64
 
 
 @dataclass(frozen=True)
@@ -122,9 +124,14 @@ class TermState:
 def _banned(row_terms: Sequence[SourceTerm], ban: int) -> tuple[int, ...]:
     """The tokens a row's `TermState.ban` stands for."""
     if ban >= 0:
-        term = row_terms[ban]
-        return tuple(t for t in term.replaces if t != term.target[0])
+        return _replaced(row_terms[ban])
     return (-2 - ban,) if ban <= -2 else ()
+
+
+@functools.lru_cache(maxsize=4096)
+def _replaced(term: SourceTerm) -> tuple[int, ...]:
+    """The tokens a term replaces but its own first."""
+    return tuple(t for t in term.replaces if t != term.target[0])
 
 
 def all_placed(n_terms: int) -> int:
@@ -186,8 +193,7 @@ def decide(
                     t
                     for k, term in enumerate(row_terms)
                     if not done >> k & 1 and term.position >= 0
-                    for t in term.replaces
-                    if t != term.target[0]
+                    for t in _replaced(term)
                 )
             banned[r] = avoid
         else:
@@ -324,8 +330,8 @@ class TermRows:
 
     def _term_step(self, top_ids: np.ndarray, att: np.ndarray, prefix: np.ndarray | None) -> TermStep | None:
         """The terms' forced tokens, </s> bans and dropped candidates (of `top_ids`, (R, k)) at
-        this step (None: no sentence has terms); rows at a forced `prefix` token (-1: none) start
-        no term."""
+        this step (None: no sentence has terms, or none has a rule left); rows at a forced
+        `prefix` token (-1: none) start no term."""
         if not self.with_terms.any():
             return None
         K = self.beam
@@ -334,30 +340,58 @@ class TermRows:
             return a if K == 1 else np.repeat(a, K)
 
         live = ~per_row(self.done)
-        if prefix is not None:
-            live &= prefix < 0
-        room = per_row(self.max_len) - 1 - self.positions
-        at_output = self.positions - per_row(self.output_from)
-        per = self._per_row()
-        step, state = decide(per, self._term_state(), att, top_ids[:, 0], live, room, self.eos_id, at_output, K > 1)
-        self._set_term_state(state)
-        banned = [r for r, b in enumerate(step.banned) if b]
-        if step.glued.any() or banned:
-            dropped = np.zeros(top_ids.shape, dtype=bool)
-            for r in np.flatnonzero(step.glued).tolist():
-                mask = self.term_pieces[r // K]
-                if mask is not None:
-                    dropped[r] = mask[top_ids[r]]
-            for r in banned:
-                dropped[r] |= np.isin(top_ids[r], step.banned[r])
-            # A sentence whose live rows have no candidate left (after "lad" a model may want
-            # only "boy" and word pieces) keeps them all: it would die otherwise.
-            live_rows = (self.scores > NEG_INF) if K > 1 else np.ones(len(dropped), dtype=bool)
-            stuck = (dropped.all(axis=1) | ~live_rows).reshape(-1, K).all(axis=1)
-            dropped[np.repeat(stuck, K)] = False
-            if dropped.any():
-                step.dropped = dropped
+        full = np.array([all_placed(len(t)) for t in self.terms], dtype=np.int64)
+        if ((self.terms_placed == per_row(full)) | ~live).all():
+            # Every row still decoding has placed all its terms: only the bans after them are left
+            # (its rows' term states are alike then, so the beams' reordering may skip them too).
+            if not self.term_ban_left[live].any():
+                return None
+            step = self._bans_only(live)
+        else:
+            if prefix is not None:
+                live &= prefix < 0
+            room = per_row(self.max_len) - 1 - self.positions
+            at_output = self.positions - per_row(self.output_from)
+            step, state = decide(
+                self._per_row(), self._term_state(), att, top_ids[:, 0], live, room, self.eos_id, at_output, K > 1
+            )
+            self._set_term_state(state)
+        step.dropped = self._dropped(step, top_ids)
         return step
+
+    def _bans_only(self, live: np.ndarray) -> TermStep:
+        """`decide`'s step where every live row has placed all its terms: no token forced, no
+        </s> banned, the tokens banned after a term (`TermState.ban`) while its ban holds; the
+        state stays as it is."""
+        R, per = len(live), self._per_row()
+        left, ban = self.term_ban_left.tolist(), self.term_ban.tolist()
+        banned = [_banned(per[r], ban[r]) if alive and left[r] > 0 else () for r, alive in enumerate(live.tolist())]
+        glued = live & (self.term_ban_left == BAN_STEPS)
+        return TermStep(np.full(R, -1, dtype=np.int64), np.zeros(R, dtype=bool), banned, glued)
+
+    def _dropped(self, step: TermStep, top_ids: np.ndarray) -> np.ndarray | None:
+        """The candidates (of `top_ids`) the step's rows may not take: a glued row's word-internal
+        pieces and a row's banned tokens (None: none)."""
+        K = self.beam
+        banned: dict[tuple[int, ...], list[int]] = {}  # the rows of each set of banned tokens (beams share theirs)
+        for r, b in enumerate(step.banned):
+            if b:
+                banned.setdefault(b, []).append(r)
+        if not (step.glued.any() or banned):
+            return None
+        dropped = np.zeros(top_ids.shape, dtype=bool)
+        for r in np.flatnonzero(step.glued).tolist():
+            mask = self.term_pieces[r // K]
+            if mask is not None:
+                dropped[r] = mask[top_ids[r]]
+        for avoid, rows in banned.items():
+            dropped[rows] |= (top_ids[rows][:, :, None] == np.array(avoid)).any(axis=2)
+        # A sentence whose live rows have no candidate left (after "lad" a model may want
+        # only "boy" and word pieces) keeps them all: it would die otherwise.
+        live_rows = (self.scores > NEG_INF) if K > 1 else np.ones(len(dropped), dtype=bool)
+        stuck = (dropped.all(axis=1) | ~live_rows).reshape(-1, K).all(axis=1)
+        dropped[np.repeat(stuck, K)] = False
+        return dropped if dropped.any() else None
 
     def _terms_candidates(self) -> int:
         """The candidates a row needs at this step, known before it (at least): 1 without a
@@ -368,7 +402,7 @@ class TermRows:
         if not self.with_terms.any() or not (self.term_ban_left > 0).any():
             return 1
         glue = bool((self.term_ban_left == BAN_STEPS).any())
-        return GLUE_CANDIDATES + (64 if glue and self.beam > 1 else 0)
+        return GLUE_CANDIDATES + (GLUE_BEAM_EXTRA if glue and self.beam > 1 else 0)
 
     def _terms_advance(self, step: TermStep | None, rows: np.ndarray | None) -> None:
         """The rows' term state after this step's tokens; beams follow their parents (`rows`)."""

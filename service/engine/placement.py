@@ -9,13 +9,15 @@ several words); the term takes the run's place. Pass 2 decodes the row with each
 start at that output position (`SourceTerm.position`, moved by the length of the terms before
 it), the first token of the run, in each of its cases ("▁boy", "▁Boy"), kept out of the
 beams before it and banned for a few steps after it (`SourceTerm.replaces`), and the search
-free everywhere else (service.decoding.terms).
+free everywhere else (service.decoding.terms). Pass 2 goes on from pass 1's decoder state
+(`resumed`, service.decoding.resume): pass 1's tokens before the first term are its forced
+prefix, and neither the encoder nor their steps run again.
 
 Where the attention gives a term no place (no output token puts MIN_SHARE of its attention on
-the span, or the run reaches pass 1's cut), the model's own word for the term does: pass 1 also
-decodes each term's source span alone (`alone`), and where the first token of that translation's
-last word (`anchor`, in any case) starts exactly one word of pass 1's output, the term takes
-that word's place. A term still without a place (or whose run overlaps another term's) keeps
+the span, or the run reaches pass 1's cut), the model's own word for the term does: a pass
+between, for those rows alone, decodes each of their terms' source spans alone (`alone`), and
+where the first token of that translation's last word (`anchor`, in any case) starts exactly one
+word of pass 1's output, the term takes that word's place. A term still without a place (or whose run overlaps another term's) keeps
 the single-pass attention trigger; so do the rows of a
 sampling request (two draws would not agree on where a word stands) and TranslateStream's rows
 (service.engine.streaming), which stream from one pass. Rows without terms go to the queue with
@@ -37,6 +39,7 @@ import numpy as np
 
 from service.batching.jobs import Sentence
 from service.decoding.results import Finished
+from service.decoding.resume import Resume
 from service.decoding.terms import SourceTerm
 from service.engine.backend import Backend
 from service.runtime.tokenizer import WORD_STARTS, TextTokenizer
@@ -113,6 +116,9 @@ def first_pass(s: Sentence) -> Sentence:
         want_alignment=True,
         want_scores=beam > 1,
         on_tokens=None,
+        keep_state=beam == 1,
+        arriving_rows=s.beam,  # the request arrives with it, and is answered with pass 2
+        answered_rows=0,
     )
 
 
@@ -132,6 +138,9 @@ def alone(s: Sentence, term: SourceTerm, lead: int) -> Sentence:
         want_alignment=False,
         want_scores=False,
         on_tokens=None,
+        keep_state=False,
+        arriving_rows=0,
+        answered_rows=0,
     )
 
 
@@ -222,42 +231,87 @@ def positioned(
     )
 
 
+def resumed(s: Sentence, draft: Finished) -> Resume | None:
+    """Where pass 2 of `s` (its terms positioned) may go on from pass 1's decoder state (`draft`):
+    from the first term's position, pass 1's tokens before it forced (service.decoding.resume).
+    None where pass 2 decodes from the start: pass 1 kept no state (an engine process), or a term
+    has no position (the attention trigger may start it anywhere)."""
+    state = draft.state
+    if state is None or not s.terms or any(t.position < 0 for t in s.terms) or draft.alignment is None:
+        return None
+    lead = len(s.target_prefix)
+    first = min(t.position for t in s.terms)
+    upto = lead + first
+    if first < len(s.output_prefix) or upto >= s.max_len - 1:
+        return None
+    if state.tokens[lead:upto] != list(draft.tokens[:first]) or upto > min(state.inputs, len(state.tokens) - 1):
+        return None
+    return Resume(state, upto, np.ascontiguousarray(draft.alignment[:first]))
+
+
 class Decoding:
     """A request's rows under way: those with terms in two passes (`two_pass`), the others queued
     with their pass 1 and decoded once. Made on the event loop, it queues the first pass (all the
-    rows, or none: the backend's error); `results` awaits them."""
+    rows, or none: the backend's error); `results` awaits them, places the terms and queues pass 2."""
 
     def __init__(self, backend: Backend, sentences: list[Sentence], words: TargetWords, lead: int = 0):
-        self.backend, self.sentences, self.words = backend, sentences, words
+        self.backend, self.sentences, self.words, self.lead = backend, sentences, words, lead
         self.twice = [i for i, s in enumerate(sentences) if two_pass(s)]
         self.firsts = [first_pass(sentences[i]) for i in self.twice]
-        # Each term's span alone, decoded with pass 1 (`anchor`; `lead`: the tokens that open
-        # every source row, a source language's).
-        self.alone = [[alone(sentences[i], t, lead) for t in sentences[i].terms] for i in self.twice]
         self.once = [s for s in sentences if not two_pass(s)]
-        backend.submit(self.firsts + [a for row in self.alone for a in row] + self.once)
+        backend.submit(self.firsts + self.once)
 
     async def results(self) -> list[Finished]:
-        """Each row's `Finished`, in order. A failure or cancellation of any row, in either pass,
+        """Each row's `Finished`, in order. A failure or cancellation of any row, in any pass,
         cancels them all."""
-        once = [asyncio.wrap_future(s.future) for s in self.once]
+        rows = [asyncio.wrap_future(s.future) for s in self.sentences]
         if self.twice:
-            alone = [asyncio.wrap_future(a.future) for row in self.alone for a in row]
-            drafts = await _gather([asyncio.wrap_future(s.future) for s in self.firsts] + alone, once)
-            words = iter(drafts[len(self.firsts) :])
-            for i, first, draft, row in zip(self.twice, self.firsts, drafts, self.alone):
-                s = self.sentences[i]
-                cut = len(draft.tokens) + 1 >= first.max_len - len(first.target_prefix)
-                anchors = [anchor(next(words).tokens, self.words) for _ in row]
-                s.terms = positioned(s.terms, draft.tokens, draft.alignment, self.words, cut, anchors)
-                s.enqueued = time.monotonic()
-            try:
-                self.backend.submit([self.sentences[i] for i in self.twice])
-            except BaseException:
-                for f in once:
-                    f.cancel()
-                raise
-        return await _gather([asyncio.wrap_future(s.future) for s in self.sentences], once)
+            drafts = await _gather([asyncio.wrap_future(s.future) for s in self.firsts], rows)
+            placed = [self._positioned(k, draft) for k, draft in enumerate(drafts)]
+            lacking = [k for k, terms in enumerate(placed) if any(t.position < 0 for t in terms)]
+            if lacking:
+                # The rows with a term the attention gives no place: each term's span alone
+                # (`anchor`; `lead`: the tokens that open every source row, a source language's).
+                spans = {k: [alone(self._row(k), t, self.lead) for t in self._row(k).terms] for k in lacking}
+                self._submit([a for row in spans.values() for a in row], rows)
+                words = iter(
+                    await _gather([asyncio.wrap_future(a.future) for row in spans.values() for a in row], rows)
+                )
+                for k, row in spans.items():
+                    placed[k] = self._positioned(k, drafts[k], [anchor(next(words).tokens, self.words) for _ in row])
+            for k, (draft, terms) in enumerate(zip(drafts, placed)):
+                self._second(k, draft, terms)
+            self._submit([self._row(k) for k in range(len(self.twice))], rows)
+        return await _gather(rows, [])
+
+    def _row(self, k: int) -> Sentence:
+        return self.sentences[self.twice[k]]
+
+    def _positioned(self, k: int, draft: Finished, anchors: Sequence[tuple[int, ...]] = ()) -> tuple[SourceTerm, ...]:
+        """Row k's terms placed by its pass 1 (`draft`; `anchors`: `positioned`'s)."""
+        first = self.firsts[k]
+        cut = len(draft.tokens) + 1 >= first.max_len - len(first.target_prefix)
+        return positioned(self._row(k).terms, draft.tokens, draft.alignment, self.words, cut, anchors)
+
+    def _second(self, k: int, draft: Finished, terms: tuple[SourceTerm, ...]) -> None:
+        """Row k made its pass 2: its terms placed, going on from pass 1's state where it can."""
+        s = self._row(k)
+        s.terms = terms
+        s.resume = resumed(s, draft)
+        s.arriving_rows = 0  # it arrived with pass 1
+        s.enqueued = time.monotonic()
+        draft.state = None  # the resume holds it, until the row joins a batch
+
+    def _submit(self, sentences: list[Sentence], rows: list[asyncio.Future]) -> None:
+        """Queue a later pass; should the backend refuse it, the request's rows go too."""
+        if not sentences:
+            return
+        try:
+            self.backend.submit(sentences)
+        except BaseException:
+            for f in rows:
+                f.cancel()
+            raise
 
 
 async def _gather(futures: list[asyncio.Future], others: list[asyncio.Future]) -> list[Finished]:

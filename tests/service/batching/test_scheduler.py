@@ -292,3 +292,36 @@ def test_a_straggler_alone_still_waits_from_when_the_worker_starts_waiting():
     with sch._cond:
         sch._wait_for_company()
     assert 0.09 <= time.monotonic() - start < 1.0
+
+
+def test_a_request_in_passes_counts_its_rows_as_it_arrives_and_as_it_is_answered():
+    """A glossary row's pass 1 (greedy, one row) brings the request's beam rows and answers none;
+    its pass 2 arrives with none and answers them (service.engine.placement): a closed-loop client
+    whose beam-4 rows were just answered and who sends its next request does not leave the worker
+    waiting for rows that are not coming."""
+    from service.decoding.results import Finished
+
+    sch = make_scheduler(continuous_batching=False, max_queue_delay_ms=1000)
+    sch.models = [object()]
+    with sch._cond:
+        sch._answered(4)  # the client's last request, at beam 4
+    first = sentence(10, beam=1)
+    first.arriving_rows, first.answered_rows = 4, 0
+    sch.submit([first])
+    with sch._cond:
+        assert sch._returning_rows() == 0 and sch._share(1) == 1  # no wait for company
+    plain = sentence(10, beam=1)
+    sch.submit([plain])
+    with sch._cond:
+        assert sch._share(2) == 2
+    fin = Finished(key=first.key, tokens=[5], score=None, log_prob=None, alignment=None, steps=2)
+    sch._answer([fin], {first.key: first})
+    with sch._cond:
+        assert sch._returning_rows() == 0  # pass 1 goes back to the engine, not to a client
+    second = sentence(10, beam=4)
+    second.arriving_rows = 0
+    sch.submit([second])
+    fin = Finished(key=second.key, tokens=[5], score=None, log_prob=None, alignment=None, steps=2)
+    sch._answer([fin], {second.key: second})
+    with sch._cond:
+        assert sch._returning_rows() == 4

@@ -12,6 +12,7 @@ import pytest
 
 from service.batching.jobs import Sentence
 from service.decoding.results import Finished
+from service.decoding.resume import DecoderState
 from service.decoding.terms import SourceTerm
 from service.engine import placement
 
@@ -125,8 +126,18 @@ def sentence(terms: tuple[SourceTerm, ...] = ()) -> Sentence:
     return Sentence(src_ids=[5, 6, 7, 2], beam=4, length_penalty=1.0, max_len=20, terms=terms)
 
 
-def done(s: Sentence, tokens: list[int], alignment: np.ndarray | None = None) -> None:
-    s.future.set_result(Finished(s.key, tokens, None, None, alignment, len(tokens) + 1))
+def done(
+    s: Sentence, tokens: list[int], alignment: np.ndarray | None = None, state: DecoderState | None = None
+) -> None:
+    s.future.set_result(Finished(s.key, tokens, None, None, alignment, len(tokens) + 1, state=state))
+
+
+def state_of(tokens: list[int], layers: int = 2, heads: int = 2, d_k: int = 3) -> DecoderState:
+    """A greedy row's decoder state after emitting `tokens` and </s> (3): one entry an input."""
+    T = len(tokens) + 1
+    ks = [np.full((heads, T, d_k), float(i), dtype=np.float32) for i in range(layers)]
+    cross = [np.zeros((heads, 4, d_k), dtype=np.float32) for _ in range(layers)]
+    return DecoderState([*tokens, 3], ks, ks, cross, cross)
 
 
 def test_rows_with_terms_decode_twice_the_others_once():
@@ -135,22 +146,68 @@ def test_rows_with_terms_decode_twice_the_others_once():
         plain, termed = sentence(), sentence((SourceTerm(1, 2, (7,)),))
         decoding = placement.Decoding(backend, [plain, termed], WORDS)
         (first,) = backend.submitted
-        assert first[2] is plain and first[0] is not termed and first[0].terms == () and first[0].beam == 1
-        assert first[0].want_alignment and first[0].max_len == 2 + placement.LOOKAHEAD
-        alone = first[1]  # the term's source span alone, greedy, without its terms
-        assert (alone.src_ids, alone.beam, alone.terms) == ([6, 2], 1, ())
+        assert first[1] is plain and first[0] is not termed and first[0].terms == () and first[0].beam == 1
+        assert first[0].want_alignment and first[0].max_len == 2 + placement.LOOKAHEAD and first[0].keep_state
+        # The request arrives with pass 1 and is answered with pass 2: pass 1 is the engine's own.
+        assert (first[0].arriving, first[0].answered) == (termed.beam, 0)
         task = asyncio.ensure_future(decoding.results())
         done(plain, [11])
-        done(alone, [16, 15])
-        done(first[0], [10, 11, 12], rows([0, 0, 1, 0, 0, 0], [0, 1, 0, 0, 0, 0], [1, 0, 0, 0, 0, 0]))
+        att = rows([0, 0, 1, 0, 0, 0], [0, 1, 0, 0, 0, 0], [1, 0, 0, 0, 0, 0])
+        done(first[0], [10, 11, 12], att, state_of([10, 11, 12]))
         while len(backend.submitted) < 2:
             await asyncio.sleep(0)
         assert backend.submitted[1] == [termed] and termed.terms[0].position == 1
+        # Pass 2 goes on from pass 1's state: "A" forced, the term next, no encoder.
+        assert termed.resume is not None and termed.resume.upto == 1 and termed.resume.tokens == [10]
+        assert termed.resume.attention is not None and np.array_equal(termed.resume.attention, att[:1])
+        assert (termed.arriving, termed.answered) == (0, termed.beam)
         done(termed, [10, 7, 12])
         got = await task
         assert [f.tokens for f in got] == [[11], [10, 7, 12]]
+        assert got[1].state is None
 
     asyncio.run(run())
+
+
+def test_a_term_the_attention_does_not_place_is_placed_by_its_span_alone_in_a_pass_between():
+    async def run() -> None:
+        backend = Backend()
+        termed = sentence((SourceTerm(4, 5, (7,)),))
+        termed.src_ids = [5, 6, 7, 8, 9, 2]
+        decoding = placement.Decoding(backend, [termed], WORDS)
+        task = asyncio.ensure_future(decoding.results())
+        (first,) = backend.submitted[0]
+        tokens = [10, 16, 12, 13]  # "A Man in hat": nothing attends to source 4
+        att = rows([1, 0, 0, 0, 0, 0], [0, 0.9, 0, 0, 0, 0.1], [0, 0, 1, 0, 0, 0], [1, 0, 0, 0, 0, 0])
+        done(first, tokens, att, state_of(tokens))
+        while len(backend.submitted) < 2:
+            await asyncio.sleep(0)
+        (alone,) = backend.submitted[1]  # the term's source span alone, greedy, without its terms
+        assert (alone.src_ids, alone.beam, alone.terms, alone.keep_state) == ([9, 2], 1, (), False)
+        assert (alone.arriving, alone.answered) == (0, 0)
+        done(alone, [16, 15])  # "Man ."
+        while len(backend.submitted) < 3:
+            await asyncio.sleep(0)
+        assert backend.submitted[2] == [termed] and termed.terms[0].position == 1
+        assert termed.resume is not None and termed.resume.tokens == [10]
+        done(termed, [10, 7, 12, 13])
+        assert [f.tokens for f in await task] == [[10, 7, 12, 13]]
+
+    asyncio.run(run())
+
+
+def test_pass_2_starts_from_the_start_without_a_state_or_where_a_term_has_no_place():
+    termed = sentence((SourceTerm(1, 2, (7,), position=1),))
+    draft = Finished(0, [10, 11, 12], None, None, rows([0, 0, 1, 0, 0, 0], [0, 1, 0, 0, 0, 0], [1, 0, 0, 0, 0, 0]), 4)
+    assert placement.resumed(termed, draft) is None  # an engine process keeps no state
+    draft.state = state_of([10, 11, 12])
+    assert placement.resumed(termed, draft).upto == 1
+    unplaced = sentence((SourceTerm(1, 2, (7,), position=1), SourceTerm(3, 4, (8,))))
+    assert placement.resumed(unplaced, draft) is None  # the attention trigger may fire anywhere
+    at_start = sentence((SourceTerm(1, 2, (7,), position=0),))
+    assert placement.resumed(at_start, draft).upto == 0  # the encoder's results alone
+    other = Finished(0, [10, 16, 12], None, None, draft.alignment, 4, state=draft.state)
+    assert placement.resumed(sentence((SourceTerm(1, 2, (7,), position=2),)), other) is None  # not its tokens
 
 
 def test_a_failed_first_pass_cancels_every_row():
