@@ -57,6 +57,12 @@ class Sentence:
     want_scores: bool = True  # False: greedy search may skip the log-probabilities (score None)
     deadline: float | None = None  # time.monotonic() after which it is dropped if still queued
     on_tokens: Callable[[list[int]], None] | None = None  # streaming: called from a worker thread
+    # Called with its `Finished` by the worker thread that decoded it: True when it took the
+    # sentence on (a request decoded in passes queued its next pass from there, without a round
+    # trip through the event loop: service.engine.placement), and will settle its future itself;
+    # False, or an exception (logged), and the future is settled with the result as ever. Stays in
+    # the process that decodes it.
+    then: Callable[[Any], bool] | None = None
     future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
     key: int = field(default_factory=lambda: next(_keys))
     enqueued: float = field(default_factory=time.monotonic)

@@ -355,8 +355,21 @@ class Scheduler(SentenceQueue):
         for s, f in done:
             self.metrics.sentences.labels("ok").inc()
             self.metrics.generated_tokens.inc(len(f.tokens) + 1)
-            settle(s.future, result=f)
+            if s.then is None or not self._taken_on(s, f):
+                settle(s.future, result=f)
         return len(done)
+
+    @staticmethod
+    def _taken_on(s: Sentence, f: Finished) -> bool:
+        """Whether the sentence's continuation (`Sentence.then`) took it on, settling its future
+        later itself."""
+        if s.future.done():  # cancelled meanwhile
+            return False
+        try:
+            return bool(s.then(f)) if s.then is not None else False
+        except Exception:
+            log.exception("a sentence's continuation failed; its caller goes on from its result")
+            return False
 
     @staticmethod
     def _stream(batch: DecodeBatch, members: dict[Hashable, Sentence]) -> None:

@@ -190,11 +190,7 @@ class DecodeBatch(Search):
             return self
         K = beam
         if resume is not None:
-            if len(resume) != n:
-                raise ValueError(f"resume: {len(resume)} values for {n} sentences")
-            if kept_prefixes is not None:
-                raise ValueError("resume: the kept prefix is the state's")
-            kept_prefixes = _resumed_prefixes(resume, target_prefixes, n)
+            kept_prefixes = _resumed_prefixes(resume, target_prefixes, kept_prefixes, n)
             lens, mask, ck, cv = encoded(list(resume))
         else:
             lens, mask, ck, cv = encode_sources(model, src_ids_lists)
@@ -219,7 +215,7 @@ class DecodeBatch(Search):
         self.steps = np.zeros(n, dtype=np.int64)
         self.finished = [[] for _ in range(n)]
         self.src_mask, self.cross_k, self.cross_v = mask, list(ck), list(cv)
-        self.cache = new_cache(model, R, K, capacity=int(self.max_len.max()) + 1)
+        self.cache = new_cache(model, R if resume is None else 0, K, capacity=int(self.max_len.max()) + 1)
         self.positions = np.zeros(R, dtype=np.int64)
         self.tokens = np.full(R, model.start_id, dtype=np.int64)
         scores = np.zeros((n, K), dtype=np.float32)
@@ -525,10 +521,17 @@ class DecodeBatch(Search):
 
 
 def _resumed_prefixes(
-    resume: Sequence[Resume], target_prefixes: Sequence[Sequence[int]] | None, n: int
+    resume: Sequence[Resume],
+    target_prefixes: Sequence[Sequence[int]] | None,
+    kept_prefixes: Sequence[Sequence[int]] | None,
+    n: int,
 ) -> list[list[int]]:
     """The kept prefix of each resumed sentence: its state's forced tokens after its target prefix
-    (a language token), which they must start with."""
+    (a language token), which they must start with; a kept prefix of its own it may not have."""
+    if len(resume) != n:
+        raise ValueError(f"resume: {len(resume)} values for {n} sentences")
+    if kept_prefixes is not None:
+        raise ValueError("resume: the kept prefix is the state's")
     prefixes = [list(p) for p in target_prefixes] if target_prefixes is not None else [[] for _ in range(n)]
     kept = []
     for r, p in zip(resume, prefixes):

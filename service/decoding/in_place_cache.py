@@ -127,22 +127,26 @@ class InPlaceCache(RowCache):
         capacity: int,
     ) -> InPlaceCache:
         """Each history in its sentence's first beam's first slots, which the indirection names for
-        every beam of it; the slots after a shorter history are padding (mask 0), zeroed."""
+        every beam of it; the slots after a shorter history are padding (mask 0), zeroed. Nothing
+        else is zeroed (as in `empty`): the other beams' rows are read only through the
+        indirection, at slots a step writes first."""
         P = max(int(ks[0].shape[1]) for ks, _ in histories)
         n, L = len(histories), model.n_layers
         capacity = max(capacity, P + 1)
         shape = (n * beam, model.n_heads, capacity, model.d_k)
-        k = [np.zeros(shape, dtype=np.float32) for _ in range(L)]
-        v = [np.zeros(shape, dtype=np.float32) for _ in range(L)]
+        k = [np.empty(shape, dtype=np.float32) for _ in range(L)]
+        v = [np.empty(shape, dtype=np.float32) for _ in range(L)]
         mask = np.zeros((n * beam, capacity), dtype=np.int32)
         indirection = np.empty((n, beam, capacity), dtype=np.int32)
         indirection[...] = np.arange(beam, dtype=np.int32)[None, :, None]
         for i, (ks, vs) in enumerate(histories):
-            T = int(ks[0].shape[1])
+            T, rows = int(ks[0].shape[1]), slice(i * beam, (i + 1) * beam)
             for layer in range(L):
                 k[layer][i * beam, :, :T] = ks[layer]
                 v[layer][i * beam, :, :T] = vs[layer]
-            mask[i * beam : (i + 1) * beam, :T] = 1
+                k[layer][rows, :, T:P] = 0.0
+                v[layer][rows, :, T:P] = 0.0
+            mask[rows, :T] = 1
             indirection[i, :, :T] = 0
         return cls(k, v, mask, indirection, P)
 

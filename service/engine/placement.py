@@ -30,6 +30,7 @@ bans right after a term (no "lad" + "den"), and for the tokens that differ only 
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 import unicodedata
 from collections.abc import Mapping, Sequence
@@ -37,11 +38,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from service.batching.jobs import Sentence
+from service.batching.jobs import Sentence, settle
 from service.decoding.results import Finished
 from service.decoding.resume import Resume
 from service.decoding.terms import SourceTerm
 from service.engine.backend import Backend
+from service.errors import ServiceError
 from service.runtime.tokenizer import WORD_STARTS, TextTokenizer
 
 # The beam of pass 1, whatever the request's: on the shipped models (int8) at beam 4, before the
@@ -258,6 +260,9 @@ class Decoding:
         self.backend, self.sentences, self.words, self.lead = backend, sentences, words, lead
         self.twice = [i for i, s in enumerate(sentences) if two_pass(s)]
         self.firsts = [first_pass(sentences[i]) for i in self.twice]
+        for k, first in enumerate(self.firsts):
+            first.then = functools.partial(self._continue, k)
+        self.continued: set[int] = set()  # the rows whose pass 2 a worker queued (`_continue`)
         self.once = [s for s in sentences if not two_pass(s)]
         backend.submit(self.firsts + self.once)
 
@@ -267,8 +272,9 @@ class Decoding:
         rows = [asyncio.wrap_future(s.future) for s in self.sentences]
         if self.twice:
             drafts = await _gather([asyncio.wrap_future(s.future) for s in self.firsts], rows)
-            placed = [self._positioned(k, draft) for k, draft in enumerate(drafts)]
-            lacking = [k for k, terms in enumerate(placed) if any(t.position < 0 for t in terms)]
+            left = [k for k in range(len(self.twice)) if k not in self.continued]
+            placed = {k: self._positioned(k, drafts[k]) for k in left}
+            lacking = [k for k in left if any(t.position < 0 for t in placed[k])]
             if lacking:
                 # The rows with a term the attention gives no place: each term's span alone
                 # (`anchor`; `lead`: the tokens that open every source row, a source language's).
@@ -279,10 +285,30 @@ class Decoding:
                 )
                 for k, row in spans.items():
                     placed[k] = self._positioned(k, drafts[k], [anchor(next(words).tokens, self.words) for _ in row])
-            for k, (draft, terms) in enumerate(zip(drafts, placed)):
-                self._second(k, draft, terms)
-            self._submit([self._row(k) for k in range(len(self.twice))], rows)
+            for k in left:
+                self._second(k, drafts[k], placed[k])
+            self._submit([self._row(k) for k in left], rows)
         return await _gather(rows, [])
+
+    def _continue(self, k: int, draft: Finished) -> bool:
+        """Pass 1 of row k finished (`draft`), on the worker thread that decoded it: where every
+        term has a place without the model's word for it alone, queue pass 2 from here and settle
+        pass 1's future once pass 2 is done (the event loop wakes once, for both); else (or where
+        the queue refuses) leave the row to `results`."""
+        placed = self._positioned(k, draft)
+        if any(t.position < 0 for t in placed):
+            return False
+        s, first = self._row(k), self.firsts[k]
+        before = (s.terms, s.resume, s.arriving_rows, s.enqueued)
+        self._second(k, draft, placed)
+        try:
+            self.backend.submit([s])
+        except ServiceError:  # refused (a full queue, a draining server): `results` says so
+            s.terms, s.resume, s.arriving_rows, s.enqueued = before
+            return False
+        self.continued.add(k)
+        s.future.add_done_callback(lambda _: settle(first.future, result=draft))
+        return True
 
     def _row(self, k: int) -> Sentence:
         return self.sentences[self.twice[k]]

@@ -325,3 +325,26 @@ def test_a_request_in_passes_counts_its_rows_as_it_arrives_and_as_it_is_answered
     sch._answer([fin], {second.key: second})
     with sch._cond:
         assert sch._returning_rows() == 4
+
+
+@pytest.mark.parametrize("then", ["takes", "declines", "raises"])
+def test_a_sentence_s_continuation_may_take_it_on_from_the_worker(then):
+    from service.decoding.results import Finished
+
+    sch = make_scheduler()
+    s = sentence(10)
+    seen = []
+
+    def go_on(f: Finished) -> bool:
+        seen.append(f.tokens)
+        if then == "raises":
+            raise RuntimeError("a bug in a continuation")
+        return then == "takes"
+
+    s.then = go_on
+    done = Finished(key=s.key, tokens=[5], score=None, log_prob=None, alignment=None, steps=2)
+    assert sch._answer([done], {s.key: s}) == 1
+    assert seen == [[5]]
+    assert s.future.done() is (then != "takes")  # taken on: the continuation settles it later
+    if then != "takes":
+        assert s.future.result() is done

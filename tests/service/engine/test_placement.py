@@ -15,6 +15,7 @@ from service.decoding.results import Finished
 from service.decoding.resume import DecoderState
 from service.decoding.terms import SourceTerm
 from service.engine import placement
+from service.errors import ResourceExhausted
 
 # Output tokens: 10 "▁A", 11 "▁man", 12 "▁in", 13 "▁hat", 14 "den" (a piece), 15 ".", 16 "▁Man"
 PIECES = np.zeros(20, dtype=bool)
@@ -230,3 +231,56 @@ def test_again_is_a_new_sentence():
     t = s.again(beam=1)
     assert t.key != s.key and t.future is not s.future and isinstance(t.future, concurrent.futures.Future)
     assert (t.beam, t.src_ids) == (1, s.src_ids)
+
+
+def test_a_worker_queues_pass_2_itself_and_pass_1_is_answered_with_it():
+    """The worker that finished pass 1 runs its continuation (`Sentence.then`, as the scheduler
+    does before settling a future): where every term has a place, pass 2 is queued from there and
+    pass 1's future is settled only once pass 2 is done, so the event loop wakes once for both."""
+
+    async def run() -> None:
+        backend = Backend()
+        termed = sentence((SourceTerm(1, 2, (7,)),))
+        decoding = placement.Decoding(backend, [termed], WORDS)
+        task = asyncio.ensure_future(decoding.results())
+        (first,) = backend.submitted[0]
+        att = rows([0, 0, 1, 0, 0, 0], [0, 1, 0, 0, 0, 0], [1, 0, 0, 0, 0, 0])
+        draft = Finished(first.key, [10, 11, 12], None, None, att, 4, state=state_of([10, 11, 12]))
+        assert first.then is not None and first.then(draft) is True
+        assert backend.submitted[1] == [termed] and termed.resume is not None and termed.resume.upto == 1
+        await asyncio.sleep(0.01)
+        assert not first.future.done() and not task.done()
+        termed.future.set_result(Finished(termed.key, [10, 7, 12], None, None, None, 3))
+        assert first.future.done()
+        assert [f.tokens for f in await task] == [[10, 7, 12]]
+        assert len(backend.submitted) == 2  # the event loop queued nothing more
+
+    asyncio.run(run())
+
+
+def test_a_row_whose_term_needs_its_span_alone_is_left_to_the_event_loop():
+    backend = Backend()
+    termed = sentence((SourceTerm(4, 5, (7,)),))
+    termed.src_ids = [5, 6, 7, 8, 9, 2]
+    decoding = placement.Decoding(backend, [termed], WORDS)
+    (first,) = backend.submitted[0]
+    att = rows([1, 0, 0, 0, 0, 0], [0, 0.9, 0, 0, 0, 0.1], [0, 0, 1, 0, 0, 0], [1, 0, 0, 0, 0, 0])
+    draft = Finished(first.key, [10, 16, 12, 13], None, None, att, 5, state=state_of([10, 16, 12, 13]))
+    assert first.then(draft) is False and len(backend.submitted) == 1 and not decoding.continued
+
+
+def test_a_refused_pass_2_is_left_to_the_event_loop_unchanged():
+    class Refusing(Backend):
+        def submit(self, sentences: list[Sentence]) -> None:
+            if self.submitted:
+                raise ResourceExhausted("queue full")
+            super().submit(sentences)
+
+    backend = Refusing()
+    termed = sentence((SourceTerm(1, 2, (7,)),))
+    placement.Decoding(backend, [termed], WORDS)
+    (first,) = backend.submitted[0]
+    att = rows([0, 0, 1, 0, 0, 0], [0, 1, 0, 0, 0, 0], [1, 0, 0, 0, 0, 0])
+    draft = Finished(first.key, [10, 11, 12], None, None, att, 4, state=state_of([10, 11, 12]))
+    assert first.then(draft) is False
+    assert termed.resume is None and termed.terms[0].position == -1 and termed.arriving == termed.beam
