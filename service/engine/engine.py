@@ -81,6 +81,8 @@ class Engine:
         self.search = SearchOptions(settings, manifest, tokenizer)
         # The named glossaries this version ships (service.engine.glossary), set by its loader.
         self.glossaries: dict[str, glossary.NamedGlossary] = {}
+        # How often its glossary rows need their terms' spans alone (service.engine.placement).
+        self.anchoring = placement.Anchoring()
 
     @functools.cached_property
     def target_words(self) -> placement.TargetWords:
@@ -331,7 +333,9 @@ class Engine:
             self.trace(self.translation_model, sentences)
             inference.submit()
             # All the rows of all the texts, or none; rows with terms in two passes (service.engine.placement).
-            decoding = placement.Decoding(self.scheduler, sentences, self.target_words, len(prefixes.source))
+            decoding = placement.Decoding(
+                self.scheduler, sentences, self.target_words, len(prefixes.source), self.anchoring
+            )
             self.count_texts(plans, groups, text_type)
             finished = await decoding.results()
             inference.compute_done(sentences)

@@ -59,6 +59,12 @@ MIN_SHARE = 0.2
 LOOKAHEAD = 4
 # The tokens a term's translation alone may take beyond two for each source token.
 ALONE_EXTRA = 4
+# `Anchoring`: the share of a model's rows with a term the attention places nowhere from which
+# their spans decode beside pass 1, and the weight of the rows before the last in that share
+# (about the last 20 rows). On the shipped models 5 of 200 benchmark rows need their spans; on the
+# random real-size model, all of them.
+EAGER_SHARE = 0.5
+ANCHOR_DECAY = 0.95
 # The words around the one that attends most to a term's span that attend to it at least this
 # share as much: the run of words that translate it. A row attends to the source word it is
 # about to translate, so an article's row often puts as much on the noun as the noun's: the term
@@ -251,53 +257,98 @@ def resumed(s: Sentence, draft: Finished) -> Resume | None:
     return Resume(state, upto, np.ascontiguousarray(draft.alignment[:first]))
 
 
+class Anchoring:
+    """How often a model's rows have a term the attention gives no place: a moving average over
+    its last rows with terms (ANCHOR_DECAY). Where most do (a model whose attention singles out no
+    word, as the random one of benchmarks/real_size_model.py), each row's terms' spans decode
+    alone beside pass 1 (`eager`), a few more rows in pass 1's steps; else only for the rows that
+    need them, after pass 1: a pass more, for those rows alone."""
+
+    def __init__(self, share: float = 0.0):
+        self.share = share
+
+    @property
+    def eager(self) -> bool:
+        return self.share >= EAGER_SHARE
+
+    def record(self, lacking: bool) -> None:
+        self.share = ANCHOR_DECAY * self.share + (1.0 - ANCHOR_DECAY) * float(lacking)
+
+
 class Decoding:
     """A request's rows under way: those with terms in two passes (`two_pass`), the others queued
     with their pass 1 and decoded once. Made on the event loop, it queues the first pass (all the
-    rows, or none: the backend's error); `results` awaits them, places the terms and queues pass 2."""
+    rows, or none: the backend's error); `results` awaits them, places the terms and queues pass
+    2, where the worker that finished pass 1 did not (`_continue`)."""
 
-    def __init__(self, backend: Backend, sentences: list[Sentence], words: TargetWords, lead: int = 0):
+    def __init__(
+        self,
+        backend: Backend,
+        sentences: list[Sentence],
+        words: TargetWords,
+        lead: int = 0,
+        anchoring: Anchoring | None = None,
+    ):
         self.backend, self.sentences, self.words, self.lead = backend, sentences, words, lead
+        self.anchoring = anchoring if anchoring is not None else Anchoring()
         self.twice = [i for i, s in enumerate(sentences) if two_pass(s)]
         self.firsts = [first_pass(sentences[i]) for i in self.twice]
         for k, first in enumerate(self.firsts):
             first.then = functools.partial(self._continue, k)
         self.continued: set[int] = set()  # the rows whose pass 2 a worker queued (`_continue`)
+        self.judged: set[int] = set()  # the rows `anchoring` counted
+        # Each row's terms' spans alone (`anchor`; `lead`: the tokens that open every source row, a
+        # source language's): beside pass 1 where the model's rows mostly need them, else later.
+        self.spans: dict[int, list[Sentence]] = {}
+        if self.anchoring.eager:
+            self.spans = {k: self._alone(k) for k in range(len(self.twice))}
         self.once = [s for s in sentences if not two_pass(s)]
-        backend.submit(self.firsts + self.once)
+        backend.submit(self.firsts + [a for row in self.spans.values() for a in row] + self.once)
 
     async def results(self) -> list[Finished]:
         """Each row's `Finished`, in order. A failure or cancellation of any row, in any pass,
         cancels them all."""
         rows = [asyncio.wrap_future(s.future) for s in self.sentences]
+        # A failure or cancellation takes the spans decoding beside pass 1 along too.
+        every = rows + [asyncio.wrap_future(a.future) for row in self.spans.values() for a in row]
         if self.twice:
-            drafts = await _gather([asyncio.wrap_future(s.future) for s in self.firsts], rows)
+            drafts = await _gather([asyncio.wrap_future(s.future) for s in self.firsts], every)
             left = [k for k in range(len(self.twice)) if k not in self.continued]
             placed = {k: self._positioned(k, drafts[k]) for k in left}
             lacking = [k for k in left if any(t.position < 0 for t in placed[k])]
+            for k in left:
+                self._judge(k, k in lacking)
             if lacking:
-                # The rows with a term the attention gives no place: each term's span alone
-                # (`anchor`; `lead`: the tokens that open every source row, a source language's).
-                spans = {k: [alone(self._row(k), t, self.lead) for t in self._row(k).terms] for k in lacking}
-                self._submit([a for row in spans.values() for a in row], rows)
+                later = {k: self._alone(k) for k in lacking if k not in self.spans}
+                self.spans.update(later)
+                self._submit([a for row in later.values() for a in row], every)
                 words = iter(
-                    await _gather([asyncio.wrap_future(a.future) for row in spans.values() for a in row], rows)
+                    await _gather([asyncio.wrap_future(a.future) for k in lacking for a in self.spans[k]], every)
                 )
-                for k, row in spans.items():
-                    placed[k] = self._positioned(k, drafts[k], [anchor(next(words).tokens, self.words) for _ in row])
+                for k in lacking:
+                    anchors = [anchor(next(words).tokens, self.words) for _ in self.spans[k]]
+                    placed[k] = self._positioned(k, drafts[k], anchors)
             for k in left:
                 self._second(k, drafts[k], placed[k])
-            self._submit([self._row(k) for k in left], rows)
-        return await _gather(rows, [])
+            self._submit([self._row(k) for k in left], every)
+        return await _gather(rows, every)
 
     def _continue(self, k: int, draft: Finished) -> bool:
-        """Pass 1 of row k finished (`draft`), on the worker thread that decoded it: where every
-        term has a place without the model's word for it alone, queue pass 2 from here and settle
-        pass 1's future once pass 2 is done (the event loop wakes once, for both); else (or where
-        the queue refuses) leave the row to `results`."""
+        """Pass 1 of row k finished (`draft`), on the worker thread that decoded it: where its
+        terms are placed (by the attention, or by their spans alone decoded already), queue pass 2
+        from here and settle pass 1's future once pass 2 is done (the event loop wakes once, for
+        both); else (or where the queue refuses) leave the row to `results`."""
         placed = self._positioned(k, draft)
         if any(t.position < 0 for t in placed):
-            return False
+            self._judge(k, True)
+            spans = self.spans.get(k)
+            if not spans or not all(a.future.done() and not a.future.cancelled() for a in spans):
+                return False
+            if any(a.future.exception() is not None for a in spans):
+                return False
+            placed = self._positioned(k, draft, [anchor(a.future.result().tokens, self.words) for a in spans])
+        else:
+            self._judge(k, False)
         s, first = self._row(k), self.firsts[k]
         before = (s.terms, s.resume, s.arriving_rows, s.enqueued)
         self._second(k, draft, placed)
@@ -309,6 +360,16 @@ class Decoding:
         self.continued.add(k)
         s.future.add_done_callback(lambda _: settle(first.future, result=draft))
         return True
+
+    def _judge(self, k: int, lacking: bool) -> None:
+        """Row k's placement, counted once in the model's `Anchoring`."""
+        if k not in self.judged:
+            self.judged.add(k)
+            self.anchoring.record(lacking)
+
+    def _alone(self, k: int) -> list[Sentence]:
+        s = self._row(k)
+        return [alone(s, t, self.lead) for t in s.terms]
 
     def _row(self, k: int) -> Sentence:
         return self.sentences[self.twice[k]]

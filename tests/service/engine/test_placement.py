@@ -284,3 +284,33 @@ def test_a_refused_pass_2_is_left_to_the_event_loop_unchanged():
     draft = Finished(first.key, [10, 11, 12], None, None, att, 4, state=state_of([10, 11, 12]))
     assert first.then(draft) is False
     assert termed.resume is None and termed.terms[0].position == -1 and termed.arriving == termed.beam
+
+
+def test_a_model_whose_rows_mostly_need_their_spans_decodes_them_beside_pass_1():
+    """`Anchoring`: after rows whose terms the attention left without a place, the spans go with
+    pass 1, and a worker places the terms by them as soon as they are there."""
+    anchoring = placement.Anchoring()
+    for _ in range(30):
+        anchoring.record(True)
+    assert anchoring.eager
+    backend = Backend()
+    termed = sentence((SourceTerm(4, 5, (7,)),))
+    termed.src_ids = [5, 6, 7, 8, 9, 2]
+    decoding = placement.Decoding(backend, [termed], WORDS, anchoring=anchoring)
+    first, alone = backend.submitted[0]
+    assert alone.src_ids == [9, 2] and alone.terms == ()
+    tokens = [10, 16, 12, 13]
+    att = rows([1, 0, 0, 0, 0, 0], [0, 0.9, 0, 0, 0, 0.1], [0, 0, 1, 0, 0, 0], [1, 0, 0, 0, 0, 0])
+    draft = Finished(first.key, tokens, None, None, att, 5, state=state_of(tokens))
+    assert first.then(draft) is False  # its span alone is not decoded yet: the event loop waits for it
+    done(alone, [16, 15])
+    again = placement.Decoding(backend, [sentence((SourceTerm(4, 5, (7,)),))], WORDS, anchoring=anchoring)
+    again.sentences[0].src_ids = [5, 6, 7, 8, 9, 2]
+    first, alone = backend.submitted[-1]
+    done(alone, [16, 15])
+    draft = Finished(first.key, tokens, None, None, att, 5, state=state_of(tokens))
+    assert first.then(draft) is True and again.sentences[0].terms[0].position == 1
+    assert decoding.judged == {0} and again.judged == {0}
+    for _ in range(60):
+        anchoring.record(False)
+    assert not anchoring.eager
