@@ -253,6 +253,9 @@ class Plan:
     text: str
     spans: list[tuple[int, int]] = field(default_factory=list)
     rows: list[list[list[int]]] = field(default_factory=list)
+    # Per segment the spans of its tokens in its normalised text (`normalize_text`), where the
+    # plan kept them (`Rules.offsets`); None: whoever needs them tokenises the segment again.
+    offsets: list[list[tuple[int, int]]] | None = None
 
     @property
     def row_count(self) -> int:
@@ -271,6 +274,9 @@ class Rules:
     max_text_bytes: int
     max_rows: int = 2**31  # rows of one text at most (the queue's size: more could never be queued)
     rows_bound: str = "the queue's size"  # max_rows as a message names it
+    # Keep each segment's token spans (`Plan.offsets`): the markup's alignment and the glossary's
+    # matching read them, where they would tokenise the segment again.
+    offsets: bool = False
 
 
 def plan_text(text: str, name: str, rules: Rules, tokenizer: TextTokenizer, point: Checkpoint = NO_CHECK) -> Plan:
@@ -280,7 +286,7 @@ def plan_text(text: str, name: str, rules: Rules, tokenizer: TextTokenizer, poin
     checked between the steps and every CHECK_EVERY segments."""
     if len(text.encode("utf-8", "surrogatepass")) > rules.max_text_bytes:
         raise InvalidArgument(name, f"text exceeds max_text_bytes ({rules.max_text_bytes})")
-    plan = Plan(text)
+    plan = Plan(text, offsets=[] if rules.offsets else None)
     room = rules.limit - 1 - len(rules.lead)
     spans = segment_spans(text, rules.split, rules.language)
     point.check()
@@ -292,7 +298,11 @@ def plan_text(text: str, name: str, rules: Rules, tokenizer: TextTokenizer, poin
         clean = normalize_text(text[a:b])
         if not clean:
             continue  # format characters alone: left in place, as the whitespace around segments
-        ids = tokenizer.encode(clean)
+        if plan.offsets is not None:
+            ids, offsets = tokenizer.encode_with_offsets(clean)
+            plan.offsets.append(offsets)
+        else:
+            ids = tokenizer.encode(clean)
         if len(ids) > room and rules.split == SPLIT_NONE:
             raise InvalidArgument(
                 name, f"{len(ids) + len(rules.lead) + 1} tokens exceed max_input_tokens ({rules.limit})"

@@ -159,8 +159,11 @@ class Engine:
 
     # -- texts as documents (service.engine.documents) ----------------------------------
 
-    def rules(self, opts: TranslateOptions, pair: LanguagePair, prefixes: Prefixes) -> documents.Rules:
-        """What planning a request's texts needs (INVALID_ARGUMENT for an unknown split mode)."""
+    def rules(
+        self, opts: TranslateOptions, pair: LanguagePair, prefixes: Prefixes, offsets: bool = False
+    ) -> documents.Rules:
+        """What planning a request's texts needs (INVALID_ARGUMENT for an unknown split mode);
+        `offsets`: keep the segments' token spans (documents.Rules.offsets)."""
         if opts.split not in documents.SPLIT_MODES:
             raise InvalidArgument(
                 "options.split", f"{quote(opts.split)} is not one of {', '.join(documents.SPLIT_MODES)}"
@@ -174,6 +177,7 @@ class Engine:
             max_text_bytes=self.settings.max_text_bytes,
             max_rows=self.search.max_request_rows,
             rows_bound=self.search.rows_bound,
+            offsets=offsets,
         )
 
     def plans(
@@ -184,11 +188,14 @@ class Engine:
         prefixes: Prefixes,
         field: str = "texts",
         point: Checkpoint = NO_CHECK,
+        offsets: bool = False,
     ) -> list[documents.Plan]:
         """Each text's segments and source rows, as `opts.split` asks; `point` checked between
-        texts and segments. INVALID_ARGUMENT for a text, or texts, of more rows than the queue
-        holds (max_queue_size): such a request could never be queued."""
-        return documents.plan_texts(texts, field, self.rules(opts, pair, prefixes), self.tokenizer, point)
+        texts and segments; `offsets`: with their token spans. INVALID_ARGUMENT for a text, or
+        texts, of more rows than the queue holds (max_queue_size): such a request could never be
+        queued."""
+        rules = self.rules(opts, pair, prefixes, offsets)
+        return documents.plan_texts(texts, field, rules, self.tokenizer, point)
 
     async def far_plans(
         self,
@@ -364,7 +371,9 @@ class Engine:
         """The CPU work before a request is queued (on the text pool, service.engine.work): the
         texts' plans (unless `planned`), their rows' source ids, the sentences to queue, and the
         matches of `terms` (request_terms) in the texts, forced on their sentences."""
-        plans = planned if planned is not None else self.plans(texts, opts, pair, prefixes, field, point)
+        # The token spans for the markup's alignment (it asks for one) and the glossary's matching.
+        offsets = opts.return_alignment or terms is not None
+        plans = planned if planned is not None else self.plans(texts, opts, pair, prefixes, field, point, offsets)
         src = [row for p in plans for segment in p.rows for row in segment]
         found = None
         if terms is not None:

@@ -208,7 +208,10 @@ def place(
                 point.check()
             here = [m for m in marks if a <= m.start and m.end <= b]
             if wanted.index is not None or here:
-                found += _segment(plan.text, (a, b), seg_rows, row, rows, wanted, here, marks, tokenizer, lead, unk_id)
+                spans = plan.offsets[k] if plan.offsets is not None else None
+                found += _segment(
+                    plan.text, (a, b), seg_rows, row, rows, wanted, here, marks, tokenizer, lead, unk_id, spans
+                )
             row += len(seg_rows)
         most = max((len(rows[r]) for r in range(first, row)), default=0)
         if most > MAX_TERMS:
@@ -234,9 +237,11 @@ def _segment(
     tokenizer: TextTokenizer,
     lead: int,
     unk_id: int,
+    token_spans: list[tuple[int, int]] | None = None,
 ) -> list[Found]:
     """The matches of one segment (`span` of `text`), each made a term of its row in `rows` where
-    it can be forced."""
+    it can be forced; `token_spans`: its tokens' spans in its normalised text, where the plan
+    kept them."""
     a, b = span
     clean, starts, ends = normalize_with_offsets(text[a:b])
     wanted_here: list[tuple[Found, int, int]] = []  # with its span of `clean`
@@ -252,8 +257,8 @@ def _segment(
             wanted_here.append((f, m.start, m.end))
     if not wanted_here:
         return []
-    ids, spans = tokenizer.encode_with_offsets(clean)
     parts = [r[lead:-1] for r in seg_rows]
+    ids, spans = _tokens(clean, parts, token_spans, tokenizer)
     if [t for p in parts for t in p] != ids:  # not the rows' tokens (a tokenizer out of step): none forced
         return [f for f, _, _ in wanted_here]
     token_starts, token_ends = [s for s, _ in spans], [e for _, e in spans]
@@ -274,6 +279,16 @@ def _segment(
         rows[r].append(SourceTerm(first - offsets[k] + lead, past - offsets[k] + lead, target))
         f.row, f.term = r, len(rows[r]) - 1
     return [f for f, _, _ in wanted_here]
+
+
+def _tokens(
+    clean: str, parts: list[list[int]], offsets: list[tuple[int, int]] | None, tokenizer: TextTokenizer
+) -> tuple[list[int], list[tuple[int, int]]]:
+    """A segment's tokens and their spans in its normalised text `clean`: its rows' tokens
+    (`parts`) with the plan's `offsets` where it kept them, else `clean` tokenised again."""
+    if offsets is not None:
+        return [t for p in parts for t in p], offsets
+    return tokenizer.encode_with_offsets(clean)
 
 
 def applied(

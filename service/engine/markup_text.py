@@ -301,12 +301,12 @@ def _piece_translation(
     joined from its rows'."""
     parts: list[tuple[int, int, Alignment]] = []
     size = at = r = 0  # the translation's length so far, the end of the last segment, the row
-    for (a, b), rows in zip(plan.spans, plan.rows):
+    for k, ((a, b), rows) in enumerate(zip(plan.spans, plan.rows)):
         size += a - at
         at = b
         segment = plan.text[a:b]
         clean, froms, tos = normalize_with_offsets(segment)
-        _, spans = tokenizer.encode_with_offsets(clean)
+        spans = plan.offsets[k] if plan.offsets is not None else tokenizer.encode_with_offsets(clean)[1]
         token = 0
         for k, row in enumerate(rows):
             if k:

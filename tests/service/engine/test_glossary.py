@@ -267,3 +267,27 @@ def test_normalized_text_maps_back_to_the_text_as_sent(text):
     for ch, a, b in zip(clean, starts, ends):
         source = unicodedata.normalize("NFC", text[a:b])
         assert ch == source or (len(source) > 1 and ch in unicodedata.normalize("NFC", normalize_text(source) or " "))
+
+
+def test_the_plans_token_spans_place_the_terms_as_tokenising_again_does(served):
+    """A request with terms keeps its segments' token spans in its plan (documents.Rules.offsets):
+    the same spans as tokenising each segment again, and the same terms placed with them."""
+    engine = served.engine
+    texts = ["Ein Hund läuft.  Zwei\u00a0Hunde  spielen am Strand.", "Der Mann und der Hund."]
+    opts = TranslateOptions(glossary=[GlossaryEntry("Hund", "canine", ["Hunde"]), GlossaryEntry("Strand", "shore")])
+    pair, prefixes = LanguagePair(), Prefixes((), ())
+    kept = engine.plans(texts, opts, pair, prefixes, offsets=True)
+    bare = engine.plans(texts, opts, pair, prefixes)
+    assert all(p.offsets is None for p in bare)
+    for plan in kept:
+        assert plan.offsets is not None and len(plan.offsets) == len(plan.spans)
+        for (a, b), spans in zip(plan.spans, plan.offsets):
+            assert spans == engine.tokenizer.encode_with_offsets(normalize_text(plan.text[a:b]))[1]
+    wanted = engine.request_terms(opts, texts=len(texts))
+    unk = engine.manifest.special_ids.unk_id
+    with_spans, again = (glossary.place(wanted, plans, engine.tokenizer, 0, unk) for plans in (kept, bare))
+    assert with_spans is not None and again is not None
+    assert with_spans.rows == again.rows and any(with_spans.rows)
+    assert [[(f.source, f.row, f.term) for f in t] for t in with_spans.texts] == [
+        [(f.source, f.row, f.term) for f in t] for t in again.texts
+    ]

@@ -175,6 +175,26 @@ def test_only_a_block_with_markup_to_place_is_aligned(server, de_en, monkeypatch
     assert words_of(result.text) == [collapsed(a.text) for a in alone]
 
 
+def test_the_plans_token_spans_align_as_tokenising_again_does(server, de_en, monkeypatch):
+    """The plain path keeps the blocks' token spans in their plans (documents.Rules.offsets); a
+    plan without them (made in a plan process) tokenises each segment again, with the same result."""
+    import service.engine.documents as documents
+
+    source = "<p>Zwei <i>junge</i> Männer  spielen <b>am   Strand</b>.  Ein <a href='x'>Hund</a> bellt.</p>"
+    (kept,) = html_translate(server, de_en, [source])
+    plan_text = documents.plan_text
+
+    def without(text, name, rules, tokenizer, point=documents.NO_CHECK):
+        plan = plan_text(text, name, rules, tokenizer, point)
+        assert plan.offsets is not None and len(plan.offsets) == 2  # two sentences, each with its spans
+        plan.offsets = None
+        return plan
+
+    monkeypatch.setattr(documents, "plan_text", without)
+    (again,) = html_translate(server, de_en, [source])
+    assert again.text == kept.text and again.alignment == kept.alignment
+
+
 # -- the text alone is the plain translation ----------------------------------------------------
 
 
