@@ -313,6 +313,8 @@ class Decoding:
         every = rows + [asyncio.wrap_future(a.future) for row in self.spans.values() for a in row]
         if self.twice:
             drafts = await _gather([asyncio.wrap_future(s.future) for s in self.firsts], every)
+            for first in self.firsts:
+                first.then = None  # no cycle through this Decoding left for the collector
             left = [k for k in range(len(self.twice)) if k not in self.continued]
             placed = {k: self._positioned(k, drafts[k]) for k in left}
             lacking = [k for k in left if any(t.position < 0 for t in placed[k])]
