@@ -59,6 +59,12 @@ MIN_SHARE = 0.2
 LOOKAHEAD = 4
 # The tokens a term's translation alone may take beyond two for each source token.
 ALONE_EXTRA = 4
+# The rows with terms of one request whose pass 2 goes on from pass 1's state, at most: a state
+# holds a row's keys and values (for a sentence of 20 source tokens and 15 decoded, about 0.9 MB at
+# OPUS-MT's size, 3.4 MB at NLLB-600M's) from pass 1's end until pass 2 joins a batch, and a long
+# document's rows would queue many of them.
+# A request of more decodes pass 2 from the start.
+MAX_RESUMED_ROWS = 16
 # `Anchoring`: the share of a model's rows with a term the attention places nowhere from which
 # their spans decode beside pass 1, and the weight of the rows before the last in that share
 # (about the last 20 rows). On the shipped models 5 of 200 benchmark rows need their spans; on the
@@ -109,9 +115,10 @@ def two_pass(s: Sentence) -> bool:
     return bool(s.terms) and s.sampling is None
 
 
-def first_pass(s: Sentence) -> Sentence:
+def first_pass(s: Sentence, keep_state: bool = True) -> Sentence:
     """Pass 1 of a row: the row without its terms, greedy (FIRST_PASS_BEAM, or the row's beam if
-    narrower), with its alignment; a sentence of its own (future, key)."""
+    narrower), with its alignment and (`keep_state`) its decoder state; a sentence of its own
+    (future, key)."""
     beam = min(FIRST_PASS_BEAM, s.beam)
     reach = len(s.target_prefix) + len(s.output_prefix) + max(t.end for t in s.terms) + LOOKAHEAD
     return s.again(
@@ -124,7 +131,7 @@ def first_pass(s: Sentence) -> Sentence:
         want_alignment=True,
         want_scores=beam > 1,
         on_tokens=None,
-        keep_state=beam == 1,
+        keep_state=keep_state and beam == 1,
         arriving_rows=s.beam,  # the request arrives with it, and is answered with pass 2
         answered_rows=0,
     )
@@ -292,7 +299,8 @@ class Decoding:
         self.backend, self.sentences, self.words, self.lead = backend, sentences, words, lead
         self.anchoring = anchoring if anchoring is not None else Anchoring()
         self.twice = [i for i, s in enumerate(sentences) if two_pass(s)]
-        self.firsts = [first_pass(sentences[i]) for i in self.twice]
+        keep = len(self.twice) <= MAX_RESUMED_ROWS
+        self.firsts = [first_pass(sentences[i], keep) for i in self.twice]
         for k, first in enumerate(self.firsts):
             first.then = functools.partial(self._continue, k)
         self.continued: set[int] = set()  # the rows whose pass 2 a worker queued (`_continue`)

@@ -314,3 +314,12 @@ def test_a_model_whose_rows_mostly_need_their_spans_decodes_them_beside_pass_1()
     for _ in range(60):
         anchoring.record(False)
     assert not anchoring.eager
+
+
+def test_a_request_of_many_rows_with_terms_keeps_no_states():
+    """A state holds a row's keys and values until pass 2 joins a batch: past MAX_RESUMED_ROWS
+    rows with terms a request decodes pass 2 from the start."""
+    for n, kept in ((placement.MAX_RESUMED_ROWS, True), (placement.MAX_RESUMED_ROWS + 1, False)):
+        backend = Backend()
+        placement.Decoding(backend, [sentence((SourceTerm(1, 2, (7,)),)) for _ in range(n)], WORDS)
+        assert all(first.keep_state is kept for first in backend.submitted[0])
