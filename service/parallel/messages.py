@@ -53,6 +53,10 @@ class SentenceSpec:
     request: int | None = None  # the request whose row it is (Sentence.request): one parent's tags
     terms: tuple[SourceTerm, ...] = ()  # glossary terms forced on its output
     pieces: np.ndarray | None = None  # with terms: the target vocabulary's word-internal pieces
+    # The rows it counts as arriving and answered (Sentence.arriving_rows, answered_rows): a
+    # request in passes counts once in the child's scheduler too. Its decoder state does not cross.
+    arriving_rows: int | None = None
+    answered_rows: int | None = None
 
     @classmethod
     def of(cls, sentence: Sentence) -> SentenceSpec:
@@ -75,6 +79,8 @@ class SentenceSpec:
             request=sentence.request,
             terms=tuple(sentence.terms),
             pieces=sentence.pieces,
+            arriving_rows=sentence.arriving_rows,
+            answered_rows=sentence.answered_rows,
         )
 
     def sentence(self, on_tokens: Callable[[list[int]], None] | None = None) -> Sentence:
@@ -98,6 +104,8 @@ class SentenceSpec:
             request=self.request,
             terms=self.terms,
             pieces=self.pieces,
+            arriving_rows=self.arriving_rows,
+            answered_rows=self.answered_rows,
         )
 
 

@@ -211,6 +211,9 @@ def test_a_sentence_crosses_as_a_spec_and_comes_back_with_its_fields():
         target_prefix=[9],
         min_len=4,
         request=23,
+        arriving_rows=3,
+        answered_rows=0,
+        keep_state=True,
     )
     spec = SentenceSpec.of(sent)
     assert (spec.target_prefix, spec.min_len) == ((9,), 4)
@@ -221,7 +224,9 @@ def test_a_sentence_crosses_as_a_spec_and_comes_back_with_its_fields():
     copy = spec.sentence(on_tokens)
     fields = ("key", "src_ids", "beam", "length_penalty", "max_len", "want_alignment", "want_scores", "deadline")
     fields += ("target_prefix", "min_len", "request")  # the request tag: one-request batching in the child
+    fields += ("arriving_rows", "answered_rows")  # a request in passes counts once in the child too
     assert all(getattr(copy, f) == getattr(sent, f) for f in fields)
+    assert not copy.keep_state  # a decoder state stays in the process that made it
     assert copy.on_tokens is on_tokens and copy.future is not sent.future
     assert spec.sentence().on_tokens is None
 
