@@ -67,8 +67,8 @@ ALONE_EXTRA = 4
 MAX_RESUMED_ROWS = 16
 # `Anchoring`: the share of a model's rows with a term the attention places nowhere from which
 # their spans decode beside pass 1, and the weight of the rows before the last in that share
-# (about the last 20 rows). On the shipped models 5 of 200 benchmark rows need their spans; on the
-# random real-size model, all of them.
+# (about the last 20 rows). On the shipped models 7 of the benchmark's 200 rows need their spans;
+# on the random real-size model, all of them.
 EAGER_SHARE = 0.5
 ANCHOR_DECAY = 0.95
 # The words around the one that attends most to a term's span that attend to it at least this
