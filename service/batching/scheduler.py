@@ -361,12 +361,12 @@ class Scheduler(SentenceQueue):
 
     @staticmethod
     def _taken_on(s: Sentence, f: Finished) -> bool:
-        """Whether the sentence's continuation (`Sentence.then`) took it on, settling its future
-        later itself."""
-        if s.future.done():  # cancelled meanwhile
+        """Whether the sentence's continuation (`Sentence.then`, set) took it on, settling its
+        future later itself."""
+        if s.future.done() or s.then is None:  # cancelled meanwhile
             return False
         try:
-            return bool(s.then(f)) if s.then is not None else False
+            return bool(s.then(f))
         except Exception:
             log.exception("a sentence's continuation failed; its caller goes on from its result")
             return False

@@ -28,7 +28,8 @@ cross-attention keys/values once, for all its beams (the graph folds them into t
 
 Its parts, in `service.decoding`: `encoder` (the encoder pass), `output_rules` (what a step may
 emit; `terms`, the glossary terms it forces), `search` (greedy and beam search over a step's candidates), `layout` (its fields through
-`filter` and `concatenate`), `results` (what it returns); `generator.generate` is the offline loop.
+`filter` and `concatenate`), `results` (what it returns), `resumed_rows` (rows that keep their
+decoder state or go on from one: `resume`); `generator.generate` is the offline loop.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ import numpy as np
 from service.decoding.cache import RowCache
 from service.decoding.concat_cache import ConcatCache
 from service.decoding.encoder import encode_sources
-from service.decoding.in_place_cache import new_cache, resumed_cache
+from service.decoding.in_place_cache import new_cache
 from service.decoding.layout import (
     as_list,
     batch_wide,
@@ -55,8 +56,9 @@ from service.decoding.layout import (
 )
 from service.decoding.model import DecoderModel
 from service.decoding.output_rules import NEG_INF, OutputRules, max_output_len
-from service.decoding.results import Ended, Finished, Node, link
-from service.decoding.resume import DecoderState, Resume, encoded
+from service.decoding.results import Ended, Finished, Node
+from service.decoding.resume import Resume, encoded
+from service.decoding.resumed_rows import ResumedRows, resumed_prefixes
 from service.decoding.rows import fill_order
 from service.decoding.sampling import Sampling
 from service.decoding.search import Search
@@ -66,7 +68,7 @@ _NO_IDS = np.zeros(0, dtype=np.int64)  # a sentence's shortlist candidates where
 
 
 @dataclass(eq=False, repr=False, slots=True)
-class DecodeBatch(Search):
+class DecodeBatch(Search, ResumedRows):
     """Decoding state of a set of sentences, `beam` consecutive rows each (see the module doc).
 
     Every field declares its `Layout`: batch-wide, per sentence (n of them) or per row (R = n x
@@ -190,7 +192,7 @@ class DecodeBatch(Search):
             return self
         K = beam
         if resume is not None:
-            kept_prefixes = _resumed_prefixes(resume, target_prefixes, kept_prefixes, n)
+            kept_prefixes = resumed_prefixes(resume, target_prefixes, kept_prefixes, n)
             lens, mask, ck, cv = encoded(list(resume))
         else:
             lens, mask, ck, cv = encode_sources(model, src_ids_lists)
@@ -229,31 +231,6 @@ class DecodeBatch(Search):
         if resume is not None:
             self._resume(model, resume)
         return self
-
-    def _resume(self, model: DecoderModel, resume: Sequence[Resume]) -> None:
-        """`from_sources`' rows of resumed sentences: their cache holds the states' entries, their
-        next input is the last forced token at the position after it, and their output so far
-        (beam: the first beam's nodes, the others dead) is the forced tokens."""
-        K = self.beam
-        for i, r in enumerate(resume):
-            if r.upto >= self.max_len[i]:
-                raise ValueError(f"resume: {r.upto} tokens reach max_len ({self.max_len[i]})")
-            if self.want_alignment[i] and r.attention is None:
-                raise ValueError("resume: a sentence that wants its alignment needs the attention rows")
-        self.cache = resumed_cache(model, [r.history() for r in resume], K, int(self.max_len.max()) + 1)
-        self.positions = np.repeat(np.array([r.upto for r in resume], dtype=np.int64), K)
-        last = [r.tokens[-1] if r.upto else model.start_id for r in resume]  # the next input
-        self.tokens = np.repeat(np.array(last, dtype=np.int64), K)
-        for i, r in enumerate(resume):
-            start, node = int(self.output_from[i]), None
-            for j, tok in enumerate(r.tokens):
-                att = r.attention[j - start] if self.want_alignment[i] and j >= start else None  # type: ignore[index]
-                node = link(tok, att, node)
-            if K == 1:
-                self.out_ids[i, : r.upto] = r.tokens
-                self.hist[i] = node if self.want_alignment[i] else None
-            else:
-                self.hist[i * K] = node
 
     def _set_output_rules(
         self,
@@ -448,26 +425,6 @@ class DecodeBatch(Search):
         self.steps[0] += live
         return finished
 
-    def _keep_states(self, finished: list[Finished]) -> None:
-        """The decoder state of the sentences that finished at this step and keep theirs (greedy:
-        a sentence is a row), after the step's entries went into the cache."""
-        if not finished or not self.keep_state.any():
-            return
-        at = {k: i for i, k in enumerate(self.keys)}
-        for f in finished:
-            i = at[f.key]
-            if not self.keep_state[i]:
-                continue
-            ks, vs = self.cache.history(i)
-            S = int(self.src_lens[i])
-            f.state = DecoderState(
-                self.out_ids[i, : int(self.positions[i]) + 1].tolist(),
-                [np.ascontiguousarray(k) for k in ks],
-                [np.ascontiguousarray(v) for v in vs],
-                [np.ascontiguousarray(c[i, :, :S]) for c in self.cross_k],
-                [np.ascontiguousarray(c[i, :, :S]) for c in self.cross_v],
-            )
-
     # -- batch surgery --------------------------------------------------------
 
     def filter(self, keep_keys: Iterable[Hashable]) -> DecodeBatch:
@@ -518,27 +475,6 @@ class DecodeBatch(Search):
             for name, layout in layouts(cls)
         }
         return cls(**merged)
-
-
-def _resumed_prefixes(
-    resume: Sequence[Resume],
-    target_prefixes: Sequence[Sequence[int]] | None,
-    kept_prefixes: Sequence[Sequence[int]] | None,
-    n: int,
-) -> list[list[int]]:
-    """The kept prefix of each resumed sentence: its state's forced tokens after its target prefix
-    (a language token), which they must start with; a kept prefix of its own it may not have."""
-    if len(resume) != n:
-        raise ValueError(f"resume: {len(resume)} values for {n} sentences")
-    if kept_prefixes is not None:
-        raise ValueError("resume: the kept prefix is the state's")
-    prefixes = [list(p) for p in target_prefixes] if target_prefixes is not None else [[] for _ in range(n)]
-    kept = []
-    for r, p in zip(resume, prefixes):
-        if r.tokens[: len(p)] != p or r.upto < len(p):
-            raise ValueError("resume: the state's tokens do not start with the sentence's target prefix")
-        kept.append(r.tokens[len(p) :])
-    return kept
 
 
 layouts(DecodeBatch)  # a field without a Layout fails here, at import

@@ -341,33 +341,20 @@ class TermRows:
 
         live = ~per_row(self.done)
         full = np.array([all_placed(len(t)) for t in self.terms], dtype=np.int64)
-        if ((self.terms_placed == per_row(full)) | ~live).all():
-            # Every row still decoding has placed all its terms: only the bans after them are left
+        if not self.term_ban_left[live].any() and ((self.terms_placed == per_row(full)) | ~live).all():
+            # Every row still decoding has placed all its terms and has no ban left: nothing to do
             # (its rows' term states are alike then, so the beams' reordering may skip them too).
-            if not self.term_ban_left[live].any():
-                return None
-            step = self._bans_only(live)
-        else:
-            if prefix is not None:
-                live &= prefix < 0
-            room = per_row(self.max_len) - 1 - self.positions
-            at_output = self.positions - per_row(self.output_from)
-            step, state = decide(
-                self._per_row(), self._term_state(), att, top_ids[:, 0], live, room, self.eos_id, at_output, K > 1
-            )
-            self._set_term_state(state)
+            return None
+        if prefix is not None:
+            live &= prefix < 0
+        room = per_row(self.max_len) - 1 - self.positions
+        at_output = self.positions - per_row(self.output_from)
+        step, state = decide(
+            self._per_row(), self._term_state(), att, top_ids[:, 0], live, room, self.eos_id, at_output, K > 1
+        )
+        self._set_term_state(state)
         step.dropped = self._dropped(step, top_ids)
         return step
-
-    def _bans_only(self, live: np.ndarray) -> TermStep:
-        """`decide`'s step where every live row has placed all its terms: no token forced, no
-        </s> banned, the tokens banned after a term (`TermState.ban`) while its ban holds; the
-        state stays as it is."""
-        R, per = len(live), self._per_row()
-        left, ban = self.term_ban_left.tolist(), self.term_ban.tolist()
-        banned = [_banned(per[r], ban[r]) if alive and left[r] > 0 else () for r, alive in enumerate(live.tolist())]
-        glued = live & (self.term_ban_left == BAN_STEPS)
-        return TermStep(np.full(R, -1, dtype=np.int64), np.zeros(R, dtype=bool), banned, glued)
 
     def _dropped(self, step: TermStep, top_ids: np.ndarray) -> np.ndarray | None:
         """The candidates (of `top_ids`) the step's rows may not take: a glued row's word-internal

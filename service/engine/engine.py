@@ -159,11 +159,8 @@ class Engine:
 
     # -- texts as documents (service.engine.documents) ----------------------------------
 
-    def rules(
-        self, opts: TranslateOptions, pair: LanguagePair, prefixes: Prefixes, offsets: bool = False
-    ) -> documents.Rules:
-        """What planning a request's texts needs (INVALID_ARGUMENT for an unknown split mode);
-        `offsets`: keep the segments' token spans (documents.Rules.offsets)."""
+    def rules(self, opts: TranslateOptions, pair: LanguagePair, prefixes: Prefixes) -> documents.Rules:
+        """What planning a request's texts needs (INVALID_ARGUMENT for an unknown split mode)."""
         if opts.split not in documents.SPLIT_MODES:
             raise InvalidArgument(
                 "options.split", f"{quote(opts.split)} is not one of {', '.join(documents.SPLIT_MODES)}"
@@ -177,7 +174,6 @@ class Engine:
             max_text_bytes=self.settings.max_text_bytes,
             max_rows=self.search.max_request_rows,
             rows_bound=self.search.rows_bound,
-            offsets=offsets,
         )
 
     def plans(
@@ -190,11 +186,10 @@ class Engine:
         point: Checkpoint = NO_CHECK,
         offsets: bool = False,
     ) -> list[documents.Plan]:
-        """Each text's segments and source rows, as `opts.split` asks; `point` checked between
-        texts and segments; `offsets`: with their token spans. INVALID_ARGUMENT for a text, or
-        texts, of more rows than the queue holds (max_queue_size): such a request could never be
-        queued."""
-        rules = self.rules(opts, pair, prefixes, offsets)
+        """Each text's segments and source rows (`offsets`: and token spans), as `opts.split` asks;
+        `point` checked between texts and segments. INVALID_ARGUMENT for a text, or texts, of more
+        rows than the queue holds (max_queue_size): such a request could never be queued."""
+        rules = dataclasses.replace(self.rules(opts, pair, prefixes), offsets=offsets)
         return documents.plan_texts(texts, field, rules, self.tokenizer, point)
 
     async def far_plans(

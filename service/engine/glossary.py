@@ -258,8 +258,8 @@ def _segment(
     if not wanted_here:
         return []
     parts = [r[lead:-1] for r in seg_rows]
-    ids, spans = _tokens(clean, parts, token_spans, tokenizer)
-    if [t for p in parts for t in p] != ids:  # not the rows' tokens (a tokenizer out of step): none forced
+    spans = token_spans if token_spans is not None else _spans_again(clean, parts, tokenizer)
+    if spans is None:  # not the rows' tokens (a tokenizer out of step): none forced
         return [f for f, _, _ in wanted_here]
     token_starts, token_ends = [s for s, _ in spans], [e for _, e in spans]
     offsets = [0]
@@ -281,14 +281,11 @@ def _segment(
     return [f for f, _, _ in wanted_here]
 
 
-def _tokens(
-    clean: str, parts: list[list[int]], offsets: list[tuple[int, int]] | None, tokenizer: TextTokenizer
-) -> tuple[list[int], list[tuple[int, int]]]:
-    """A segment's tokens and their spans in its normalised text `clean`: its rows' tokens
-    (`parts`) with the plan's `offsets` where it kept them, else `clean` tokenised again."""
-    if offsets is not None:
-        return [t for p in parts for t in p], offsets
-    return tokenizer.encode_with_offsets(clean)
+def _spans_again(clean: str, parts: list[list[int]], tokenizer: TextTokenizer) -> list[tuple[int, int]] | None:
+    """The spans in `clean` (a segment's normalised text) of its rows' tokens (`parts`), from
+    tokenising it again; None where that gives other tokens than the rows'."""
+    ids, spans = tokenizer.encode_with_offsets(clean)
+    return spans if [t for p in parts for t in p] == ids else None
 
 
 def applied(
