@@ -360,12 +360,12 @@ class Decoding:
         else:
             self._judge(k, False)
         s, first = self._row(k), self.firsts[k]
-        before = (s.terms, s.resume, s.arriving_rows, s.enqueued)
+        before = (s.terms, s.resume, s.arriving_rows, s.enqueued, draft.state)
         self._second(k, draft, placed)
         try:
             self.backend.submit([s])
         except ServiceError:  # refused (a full queue, a draining server): `results` says so
-            s.terms, s.resume, s.arriving_rows, s.enqueued = before
+            s.terms, s.resume, s.arriving_rows, s.enqueued, draft.state = before
             return False
         self.continued.add(k)
         s.future.add_done_callback(lambda _: settle(first.future, result=draft))

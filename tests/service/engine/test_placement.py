@@ -284,6 +284,7 @@ def test_a_refused_pass_2_is_left_to_the_event_loop_unchanged():
     draft = Finished(first.key, [10, 11, 12], None, None, att, 4, state=state_of([10, 11, 12]))
     assert first.then(draft) is False
     assert termed.resume is None and termed.terms[0].position == -1 and termed.arriving == termed.beam
+    assert draft.state is not None  # the event loop's pass 2 may still go on from it
 
 
 def test_a_model_whose_rows_mostly_need_their_spans_decodes_them_beside_pass_1():
