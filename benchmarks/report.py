@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from benchmarks.machine import cpu_name
 from benchmarks.summary import Results, Row, Summary, best_offline
@@ -147,6 +148,63 @@ def report_real_size_nllb(results: Path = NLLB_RESULTS) -> list[str]:
     return with_cpu(report_lines(real, "NLLB-200-distilled-600M's size", how), caption)
 
 
+def report_translation_service(results: Path = NLLB_RESULTS) -> list[str]:
+    """The headline figures of the newest translation-service run of the shipped models (and of the
+    OPUS-MT-sized one, where there is one), beside their targets (empty when there is none)."""
+    runs = sorted(results.glob("translation-service-2*.json"))
+    if not runs:
+        return []
+    r = json.loads(runs[-1].read_text())
+    rows: list[tuple[str, Any, str]] = []
+    if "html" in r:
+        h, cost = r["html"], r["html"]["cost_html_vs_plain"]
+        one_pass = cost.get("median_of_ratios_by_group", {}).get("one_pass")
+        rows += [
+            ("HTML: same tags and attributes", h["tags_preserved"], "1.0"),
+            (
+                'HTML: text as the plain translation (no `translate="no"`, no `<br>`)',
+                h["text_as_plain_applicable"],
+                "1.0",
+            ),
+            (
+                "HTML cost, median of pairs' ratios (one-pass sentences)",
+                f"{cost['median_of_ratios']} ({one_pass})",
+                "≤ 1.15",
+            ),
+        ]
+    if "placement" in r:
+        rows.append(("tag placement, exact", r["placement"]["all"]["exact_share"], "≥ 0.90"))
+    if "glossary" in r:
+        g = r["glossary"]
+        rows += [
+            ("glossary target where the model's word stood", g["matched"]["in_place"], "≥ 0.95"),
+            ("do-not-translate verbatim", g["do_not_translate"]["verbatim"], "1.0"),
+            ("glossary cost at beam 4, median of pairs' ratios", g["matched"]["cost"]["median_of_ratios"], "≤ 1.5"),
+        ]
+    if "detection" in r:
+        rows.append(("detection right", r["detection"]["accuracy"]["all"]["right"], "≥ 0.99"))
+    m = r.get("machine", {})
+    L = [
+        "",
+        f"The newest run ([{runs[-1].name}](../benchmarks/results/{runs[-1].name}); {cpu_name(m)}, commit "
+        f"{m.get('commit', '?')}, {m.get('date', '?')}; docs/markup.md and docs/terminology.md take the figures apart):",
+        "",
+        "| figure | value | target |",
+        "| --- | --- | --- |",
+        *(f"| {name} | {value} | {target} |" for name, value, target in rows),
+    ]
+    real = sorted(results.glob("translation-service-real-size-2*.json"))
+    if real:
+        q = json.loads(real[-1].read_text())
+        parts = []
+        if "glossary_cost" in q:
+            parts.append(f"a one-entry glossary {q['glossary_cost']['median_of_ratios']}x")
+        if "html" in q:
+            parts.append(f"HTML {q['html']['cost_html_vs_plain']['median_of_ratios']}x")
+        L += ["", f"At OPUS-MT's size ([{real[-1].name}](../benchmarks/results/{real[-1].name})): {', '.join(parts)}."]
+    return L
+
+
 def report_elsewhere() -> list[str]:
     """What is measured by other commands: perf_analyzer's table (docs/perf_analyzer.md, `make
     perf-analyzer`), carried into every report so that it stays beside the load generator's figures,
@@ -182,6 +240,7 @@ def report_elsewhere() -> list[str]:
         "html,placement,glossary,detection` picks the parts, `--server-arg` passes flags to the server. "
         "The module's docstring says what each part sends and counts; the hand-made tag placement cases "
         "are `benchmarks/data/tag_placement.tsv`.",
+        *report_translation_service(),
         "",
         "## GPU",
         "",

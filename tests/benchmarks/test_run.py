@@ -258,3 +258,36 @@ def test_offline_batches_split_evenly_over_the_workers():
         assert 1 <= b <= size
         loads = [sum(min(b, n - i * b) for i in range(w, batches, workers)) for w in range(workers)]
         assert max(loads) - min(loads) <= b, (n, size, workers, loads)
+
+
+def test_the_report_shows_the_newest_translation_service_run(tmp_path):
+    import json
+
+    from benchmarks.report import report_translation_service
+
+    assert report_translation_service(tmp_path) == []
+    cost = {"median_of_ratios": 1.2, "median_of_ratios_by_group": {"one_pass": 1.1}}
+    old = {
+        "glossary": {
+            "matched": {"in_place": 0.5, "cost": {"median_of_ratios": 9.0}},
+            "do_not_translate": {"verbatim": 0.0},
+        }
+    }
+    new = {
+        "machine": {"commit": "abc1234", "date": "2026-11-28"},
+        "html": {"tags_preserved": 1.0, "text_as_plain_applicable": 1.0, "cost_html_vs_plain": cost},
+        "glossary": {
+            "matched": {"in_place": 0.95, "cost": {"median_of_ratios": 1.45}},
+            "do_not_translate": {"verbatim": 1.0},
+        },
+    }
+    (tmp_path / "translation-service-20260101T000000Z.json").write_text(json.dumps(old))
+    (tmp_path / "translation-service-20260102T000000Z.json").write_text(json.dumps(new))
+    (tmp_path / "translation-service-real-size-20260102T000000Z.json").write_text(
+        json.dumps({"glossary_cost": {"median_of_ratios": 1.3}})
+    )
+    text = "\n".join(report_translation_service(tmp_path))
+    assert "translation-service-20260102T000000Z.json" in text and "abc1234" in text
+    assert "| 1.2 (1.1) | ≤ 1.15 |" in text and "| 0.95 | ≥ 0.95 |" in text and "| 1.45 | ≤ 1.5 |" in text
+    assert "9.0" not in text and "placement" not in text  # the newest run only, its parts only
+    assert "a one-entry glossary 1.3x" in text
