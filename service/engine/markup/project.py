@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import re
 import statistics
 import unicodedata
 from collections.abc import Sequence
@@ -30,6 +31,7 @@ _MISPLACED, _FREE_INSIDE = 1.0, 0.25
 # under 100 sibling tags is 40,200; the dynamic programme takes about 0.1 s for 100,000).
 _DP_BUDGET = 100_000
 _ESCAPES = {"&": "&amp;", "<": "&lt;", ">": "&gt;"}
+_RUN = re.compile(r"\S+")  # \s is str.isspace's whitespace
 
 
 @dataclass(frozen=True)
@@ -45,7 +47,7 @@ class _Zero:
 class _Projection:
     def __init__(self, block: Block, target: str, alignment: Alignment, protected: Sequence[tuple[int, int] | None]):
         self.block, self.target, self.alignment = block, target, alignment
-        self.escapes = {**_ESCAPES, **dict(block.spellings)}
+        self.escapes = str.maketrans({**_ESCAPES, **dict(block.spellings)})
         self.placed = {i: span for i, span in enumerate(protected) if span is not None}
         cuts = {start for (start, _), first in zip(alignment.target, alignment.word_starts) if first}
         self.units = _units(target, list(self.placed.values()), cuts)
@@ -199,10 +201,12 @@ class _Projection:
 
     # -- writing -----------------------------------------------------------------------------
     def escape(self, text: str) -> str:
-        return "".join(self.escapes.get(char, char) for char in text)
+        return text.translate(self.escapes)
 
     def word(self, u: int) -> str:
         start, end = self.units[u]
+        if not self.placed:
+            return self.target[start:end].translate(self.escapes)
         out, at = [], start
         for i, (p_start, p_end) in sorted(self.placed.items(), key=lambda item: item[1]):
             if start <= p_start < end:
@@ -263,11 +267,23 @@ def _label(child: int | None, rank: dict[int, int]) -> int:
 def _units(target: str, protected: list[tuple[int, int]], cuts: set[int]) -> list[tuple[int, int]]:
     """The target's words: runs without whitespace, cut where a token begins a word (`cuts`), a
     protected span (spaces and all) within one."""
+    units: list[tuple[int, int]] = []
+    if not protected:
+        ordered = sorted(cuts)
+        for run in _RUN.finditer(target):
+            i, end = run.span()
+            k = bisect.bisect_right(ordered, i)
+            while k < len(ordered) and ordered[k] < end:
+                units += _split_punctuation(target, i, ordered[k], False)
+                i = ordered[k]
+                k += 1
+            units += _split_punctuation(target, i, end, False)
+        return units
     inside = [False] * len(target)
     for start, end in protected:
         for i in range(start, end):
             inside[i] = True
-    units, i, size = [], 0, len(target)
+    i, size = 0, len(target)
     while i < size:
         if target[i].isspace() and not inside[i]:
             i += 1
@@ -309,33 +325,54 @@ class _Arrangement:
         self.first_fixed, self.last_fixed = first_fixed, last_fixed
         self.states = 2 * len(anchors) + 1
         self.step = 1e-3 / (hi - lo + 2)
+        self._costs: dict[int, list[float]] = {}
 
     def unit_cost(self, u: int, s: int) -> float:
-        if (s == 0 and self.first_fixed) or (s == self.states - 1 and self.last_fixed):
-            return float("inf")
-        label = self.labels[u]
-        if s % 2 == 0:
-            return 0.0 if label < 0 else _MISPLACED
-        return 0.0 if label == s // 2 else _FREE_INSIDE if label == _FREE else _MISPLACED
+        return self.label_costs(self.labels[u])[s]
+
+    def label_costs(self, label: int) -> list[float]:
+        """What a unit of `label` costs in each state (the same for every unit of that label)."""
+        costs = self._costs.get(label)
+        if costs is None:
+            costs = []
+            for s in range(self.states):
+                if (s == 0 and self.first_fixed) or (s == self.states - 1 and self.last_fixed):
+                    costs.append(float("inf"))
+                elif s % 2 == 0:
+                    costs.append(0.0 if label < 0 else _MISPLACED)
+                else:
+                    costs.append(0.0 if label == s // 2 else _FREE_INSIDE if label == _FREE else _MISPLACED)
+            self._costs[label] = costs
+        return costs
 
     def skipped(self, p: int) -> list[float]:
         """prefix[s]: what leaving children empty at boundary p costs, summed over states < s."""
         prefix = [0.0]
-        for s in range(self.states):
-            prefix.append(prefix[-1] + (self.step * abs(p - self.anchors[s // 2]) if s % 2 else 0.0))
+        total, step = 0.0, self.step
+        for anchor in self.anchors:
+            prefix.append(total)
+            total = total + step * abs(p - anchor)
+            prefix.append(total)
+        prefix.append(total)
         return prefix
 
     def step_row(self, u: int, previous: list[float]) -> tuple[list[float], list[int]]:
         """The best cost of units lo..u with unit u in each state, and the state of unit u-1."""
         prefix = self.skipped(self.lo + u)
+        costs = self.label_costs(self.labels[u])
         row, links = [], []
         best, best_from = float("inf"), 0
-        for s in range(self.states):
-            if previous[s] - prefix[s + 1] < best:
-                best, best_from = previous[s] - prefix[s + 1], s
-            stay, jump = previous[s], best + prefix[s]
-            row.append(min(stay, jump) + self.unit_cost(u, s))
-            links.append(s if stay <= jump else best_from)
+        for s, (before, cost) in enumerate(zip(previous, costs)):
+            left = before - prefix[s + 1]
+            if left < best:
+                best, best_from = left, s
+            jump = best + prefix[s]
+            if before <= jump:
+                row.append(before + cost)
+                links.append(s)
+            else:
+                row.append(jump + cost)
+                links.append(best_from)
         return row, links
 
     def path(self) -> list[int]:

@@ -11,6 +11,7 @@ at the first HTML5 parse error (or XML well-formedness error) with its position.
 from __future__ import annotations
 
 import bisect
+import threading
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -101,12 +102,22 @@ class _Tokenizer(_tokenizer.HTMLTokenizer):
 
 class _Parser(html5parser.HTMLParser):
     """html5lib's parser on the recording tokenizer; a parse error raises MarkupError when strict
-    and is otherwise repaired as html5lib repairs it (its tree is not used)."""
+    and is otherwise repaired as html5lib repairs it (its tree is not used). One per thread, made
+    once (`_parser`): making one builds every insertion mode's phase, about as much work as
+    parsing a sentence."""
 
-    def __init__(self, text: str, strict: bool):
+    tokenizer: _Tokenizer
+
+    def __init__(self) -> None:
         super().__init__(strict=False)
-        self.source = text
-        self.raise_errors = strict
+        self.source = ""
+        self.raise_errors = False
+
+    def release(self) -> None:
+        """Drop what the last parse left (its text, tokens and tree), so an idle thread holds none."""
+        self.tokenizer = _IDLE
+        self.source = ""
+        self.tree.reset()
 
     def _parse(
         self, stream: str, innerHTML: bool = False, container: str = "div", scripting: bool = False, **kwargs: Any
@@ -145,22 +156,38 @@ def _is_document(text: str) -> bool:
     return False
 
 
+_IDLE = _Tokenizer("")  # a parser's between parses: it reads nothing
+_local = threading.local()
+
+
+def _parser() -> _Parser:
+    """This thread's parser."""
+    parser: _Parser | None = getattr(_local, "parser", None)
+    if parser is None:
+        parser = _local.parser = _Parser()
+    return parser
+
+
 def html_tokens(text: str, strict: bool) -> list[Token]:
     """The tokens of an HTML text, a page or (the usual case) a fragment parsed as a `<div>`'s
     content. Carriage returns are read as HTML5 reads them (CR LF and CR as LF); spans are into
     `text` as sent."""
     normal = text.replace("\r\n", "\n").replace("\r", "\n") if "\r" in text else text
     shift = _crlf_shift(text)
-    parser = _Parser(text, strict)
+    parser = _parser()
+    parser.source, parser.raise_errors = text, strict
     try:
         if _is_document(normal):
             parser.parse(normal)
         else:
             parser.parseFragment(normal, container="div")
+        record = parser.tokenizer.record
     except MarkupError as error:
         raise MarkupError(error.reason, text, shift(error.offset)) from None
+    finally:
+        parser.release()
     tokens: list[Token] = []
-    for raw in parser.tokenizer.record:
+    for raw in record:
         kind = _HTML_TYPES.get(raw["type"])
         if kind is None:
             continue

@@ -254,6 +254,30 @@ def test_strict_html_raises_with_the_position():
         parse("<p>Hallo &nbsp Welt</p>", strict=True)
 
 
+def test_a_threads_parser_is_reused_and_gives_what_a_fresh_one_gives_after_an_error_or_a_page():
+    import threading
+
+    from service.engine.markup import tokens as markup_tokens
+
+    texts = ["<p>Ein <b>roter</p>", "<!DOCTYPE html><html><body><script>a<b</script></body></html>", "x <i>y</i>"]
+    fresh: dict[str, list] = {}
+
+    def alone() -> None:  # a thread of its own: a parser made for these texts
+        for text in texts:
+            fresh[text] = markup_tokens.html_tokens(text, strict=False)
+
+    thread = threading.Thread(target=alone)
+    thread.start()
+    thread.join()
+    with pytest.raises(MarkupError):
+        markup_tokens.html_tokens("<p>Hallo <i>Welt</p></i>", strict=True)
+    parser = markup_tokens._parser()
+    for text in texts:
+        assert markup_tokens.html_tokens(text, strict=False) == fresh[text]
+        assert markup_tokens._parser() is parser  # the same parser, holding nothing of the text after
+        assert parser.tokenizer.record == [] and parser.source == ""
+
+
 def test_repaired_html_closes_an_unclosed_tag_at_the_block_end_and_drops_a_stray_end_tag():
     source = "<p>Ein <b>roter</p><p>Hund</i> bellt</p></span><p>Ende <i>offen"
     document = parse(source)
