@@ -37,7 +37,7 @@ from service.decoding.cache import STEP_RESULT_OUTPUTS, RowCache, StepResult, re
 from service.decoding.concat_cache import ConcatCache
 from service.decoding.model import DecoderModel
 from service.decoding.rows import row_moves
-from service.runtime.onnx_model import BoundStep
+from service.runtime.onnx_model import BoundStep, OrtValues
 
 
 def _fused_inputs(
@@ -87,6 +87,7 @@ class InPlaceCache(RowCache):
         # and again when the batch's sources (after a filter or a concatenation) or shortlist change.
         self._bindings: dict[tuple[int, bool], tuple[BoundStep, dict[str, np.ndarray], dict[str, np.ndarray]]] = {}
         self._bound_for: tuple[np.ndarray, np.ndarray | None] | None = None
+        self._values: OrtValues = {}  # the OrtValues of the bound buffers, which the bindings share
         # The batch's vocab_ids (a shortlist's candidates), worked out when its sentences change.
         self._vocab_for: Sequence[np.ndarray] | None = None
         self._vocab_ids: np.ndarray | None = None
@@ -178,7 +179,7 @@ class InPlaceCache(RowCache):
         if vocab_ids is not None:
             top_k = min(top_k, len(vocab_ids))
         if self._bound_for is None or self._bound_for[0] is not cross_k[0] or self._bound_for[1] is not vocab_ids:
-            self._bindings.clear()
+            self._unbind()
             self._bound_for = (cross_k[0], vocab_ids)
         binding = self._bindings.get((top_k, scored))
         if binding is None:
@@ -272,7 +273,7 @@ class InPlaceCache(RowCache):
             outs[EOS_LOG_PROB] = np.empty(R, dtype=np.float32)
         for i in range(len(self.k)):
             outs[present_key(i)], outs[present_value(i)] = self.k[i], self.v[i]  # the inputs' buffers
-        binding = (model.bind_step(ins, outs, scored), ins, outs)
+        binding = (model.bind_step(ins, outs, scored, self._values), ins, outs)
         self._bindings[(top_k, scored)] = binding
         return binding
 
@@ -376,7 +377,12 @@ class InPlaceCache(RowCache):
         """Larger buffers (a batch that admitted rows late decodes past its first capacity)."""
         grown = InPlaceCache._packed([self], [np.arange(len(self.mask))], [np.arange(self.P)], capacity)
         self.k, self.v, self.mask, self.indirection = grown.k, grown.v, grown.mask, grown.indirection
+        self._unbind()
+
+    def _unbind(self) -> None:
+        """Drop the bindings and their OrtValues (the buffers they name are gone or go)."""
         self._bindings.clear()
+        self._values.clear()
 
 
 def new_cache(model: DecoderModel, rows: int, beam: int, capacity: int) -> RowCache:

@@ -13,7 +13,7 @@ from typing import Protocol
 import numpy as np
 
 from contract.shortlist import Shortlist
-from service.runtime.onnx_model import BoundStep, StepOutput
+from service.runtime.onnx_model import BoundStep, OrtValues, StepOutput
 
 
 class DecoderModel(Protocol):
@@ -89,9 +89,14 @@ class DecoderModel(Protocol):
         """The portable step's zero-length cache for `batch` rows."""
 
     def bind_step(
-        self, inputs: dict[str, np.ndarray], outputs: dict[str, np.ndarray], scored: bool = True
+        self,
+        inputs: dict[str, np.ndarray],
+        outputs: dict[str, np.ndarray],
+        scored: bool = True,
+        values: OrtValues | None = None,
     ) -> BoundStep:
-        """The fused decoder step bound to a batch's buffers (`contract.graphs.fused_decoder_io`)."""
+        """The fused decoder step bound to a batch's buffers (`contract.graphs.fused_decoder_io`);
+        `values`: OrtValues of those buffers that other bindings made, shared (BoundStep's)."""
 
     def run_fused(self, inputs: dict[str, np.ndarray], names: list[str]) -> list[np.ndarray]:
         """One fused step without IO binding, the outputs `names` allocated by the runtime."""

@@ -81,6 +81,11 @@ class SourceTerm:
     # place of the row's best token; empty: the row's best token.
     replaces: tuple[int, ...] = ()
 
+    @functools.cached_property
+    def replaced(self) -> tuple[int, ...]:
+        """The tokens the term replaces but its own first (worked out once: a step asks per row)."""
+        return tuple(t for t in self.replaces if t != self.target[0])
+
 
 @dataclass
 class TermStep:
@@ -124,14 +129,8 @@ class TermState:
 def _banned(row_terms: Sequence[SourceTerm], ban: int) -> tuple[int, ...]:
     """The tokens a row's `TermState.ban` stands for."""
     if ban >= 0:
-        return _replaced(row_terms[ban])
+        return row_terms[ban].replaced
     return (-2 - ban,) if ban <= -2 else ()
-
-
-@functools.lru_cache(maxsize=4096)
-def _replaced(term: SourceTerm) -> tuple[int, ...]:
-    """The tokens a term replaces but its own first."""
-    return tuple(t for t in term.replaces if t != term.target[0])
 
 
 def all_placed(n_terms: int) -> int:
@@ -143,10 +142,10 @@ def decide(
     state: TermState,
     attention: np.ndarray,
     best: np.ndarray,
-    live: np.ndarray,
-    room: np.ndarray,
+    live: np.ndarray | Sequence[bool],
+    room: np.ndarray | Sequence[int],
     eos_id: int,
-    at_output: np.ndarray | None = None,
+    at_output: np.ndarray | Sequence[int] | None = None,
     ahead: bool = False,
 ) -> tuple[TermStep, TermState]:
     """The step's forced tokens, </s> bans and banned tokens, and the state of the rows that start
@@ -157,21 +156,20 @@ def decide(
     row writes at this step (None: no term has a position); ahead: the rows are beams, which may
     not write a replaced token of a positioned term to come either."""
     R = len(state.at)
-    forced = np.full(R, -1, dtype=np.int64)
-    no_eos = np.zeros(R, dtype=bool)
-    banned: list[tuple[int, ...]] = [()] * R
-    glued = np.zeros(R, dtype=bool)
-    at, ban = state.at.copy(), state.ban.copy()
     # Python scalars: a step looks at a few rows, where numpy's cost per element would dominate.
-    placed, pos, ban_left, at_now = state.placed.tolist(), state.pos.tolist(), state.ban_left.tolist(), at.tolist()
-    here_all = at_output.tolist() if at_output is not None else None
-    for r in np.flatnonzero(live).tolist():
+    forced, no_eos, glued = [-1] * R, [False] * R, [False] * R
+    banned: list[tuple[int, ...]] = [()] * R
+    at, ban = state.at.tolist(), state.ban.tolist()
+    placed, pos, ban_left = state.placed.tolist(), state.pos.tolist(), state.ban_left.tolist()
+    live_rows = live.tolist() if isinstance(live, np.ndarray) else live
+    here_all = at_output.tolist() if isinstance(at_output, np.ndarray) else at_output
+    for r in range(R):
         row_terms = terms[r]
-        if not row_terms:
+        if not row_terms or not live_rows[r]:
             continue
         done = placed[r]
         full = done == all_placed(len(row_terms))
-        j = at_now[r]
+        j = at[r]
         if j < 0 and not full:
             missing = sum(len(t.target) for k, t in enumerate(row_terms) if not done >> k & 1)
             wanted_now = int(best[r])
@@ -187,20 +185,21 @@ def decide(
                 at[r] = j
         if j < 0:
             glued[r] = ban_left[r] == BAN_STEPS  # its last token was a term's last
-            avoid = _banned(row_terms, int(ban[r])) if ban_left[r] > 0 else ()
+            avoid = _banned(row_terms, ban[r]) if ban_left[r] > 0 else ()
             if ahead and not full:
                 avoid += tuple(
                     t
                     for k, term in enumerate(row_terms)
                     if not done >> k & 1 and term.position >= 0
-                    for t in _replaced(term)
+                    for t in term.replaced
                 )
             banned[r] = avoid
         else:
             forced[r] = row_terms[j].target[pos[r]]
         no_eos[r] = not full
-    step = TermStep(forced, no_eos, banned, glued)
-    return step, TermState(at, state.pos, state.placed, ban, state.ban_left)
+    step = TermStep(np.array(forced, dtype=np.int64), np.array(no_eos, dtype=bool), banned, np.array(glued, dtype=bool))
+    as_array = np.array(at, dtype=np.int64), np.array(ban, dtype=np.int64)
+    return step, TermState(as_array[0], state.pos, state.placed, as_array[1], state.ban_left)
 
 
 def _start(
@@ -235,16 +234,21 @@ def advance(terms: Sequence[Sequence[SourceTerm]], state: TermState, forced: np.
     out is placed, its row free to start another and its `ban` (if any) in force for BAN_STEPS
     steps (`ban_left` == BAN_STEPS also marks the step right after a term: `TermStep.glued`); the
     other rows have one step of their ban fewer left. Copies."""
-    at, pos, placed, ban_left = state.at.copy(), state.pos.copy(), state.placed.copy(), state.ban_left.copy()
-    ban_left[(forced < 0) & (ban_left > 0)] -= 1
-    for r in np.flatnonzero(forced >= 0).tolist():
-        j = int(at[r])
+    at, pos, placed, ban_left = state.at.tolist(), state.pos.tolist(), state.placed.tolist(), state.ban_left.tolist()
+    for r, token in enumerate(forced.tolist()):
+        if token < 0:
+            if ban_left[r] > 0:
+                ban_left[r] -= 1
+            continue
+        j = at[r]
         pos[r] += 1
         if pos[r] == len(terms[r][j].target):
             placed[r] |= 1 << j
             at[r], pos[r] = -1, 0
             ban_left[r] = BAN_STEPS
-    return TermState(at, pos, placed, state.ban.copy(), ban_left)
+    arrays = (np.array(a, dtype=np.int64) for a in (at, pos, placed, ban_left))
+    at_a, pos_a, placed_a, ban_left_a = arrays
+    return TermState(at_a, pos_a, placed_a, state.ban.copy(), ban_left_a)
 
 
 def landed(output: Sequence[int], row_terms: Sequence[SourceTerm]) -> list[tuple[int, int, int]]:
@@ -334,21 +338,20 @@ class TermRows:
         `prefix` token (-1: none) start no term."""
         if not self.with_terms.any():
             return None
-        K = self.beam
-
-        def per_row(a: np.ndarray) -> np.ndarray:
-            return a if K == 1 else np.repeat(a, K)
-
-        live = ~per_row(self.done)
-        full = np.array([all_placed(len(t)) for t in self.terms], dtype=np.int64)
-        if not self.term_ban_left[live].any() and ((self.terms_placed == per_row(full)) | ~live).all():
+        # Python scalars: a step's rows are few, where numpy's cost per call would dominate.
+        K, terms = self.beam, self.terms
+        placed, ban_left = self.terms_placed.tolist(), self.term_ban_left.tolist()
+        R = len(placed)
+        live = [not d for d in self.done.tolist() for _ in range(K)]
+        if not any(live[r] and (ban_left[r] or placed[r] != all_placed(len(terms[r // K]))) for r in range(R)):
             # Every row still decoding has placed all its terms and has no ban left: nothing to do
             # (its rows' term states are alike then, so the beams' reordering may skip them too).
             return None
         if prefix is not None:
-            live &= prefix < 0
-        room = per_row(self.max_len) - 1 - self.positions
-        at_output = self.positions - per_row(self.output_from)
+            live = [x and p < 0 for x, p in zip(live, prefix.tolist())]
+        max_len, output_from, positions = self.max_len.tolist(), self.output_from.tolist(), self.positions.tolist()
+        room = [max_len[r // K] - 1 - positions[r] for r in range(R)]
+        at_output = [positions[r] - output_from[r // K] for r in range(R)]
         step, state = decide(
             self._per_row(), self._term_state(), att, top_ids[:, 0], live, room, self.eos_id, at_output, K > 1
         )
@@ -360,24 +363,27 @@ class TermRows:
         """The candidates (of `top_ids`) the step's rows may not take: a glued row's word-internal
         pieces and a row's banned tokens (None: none)."""
         K = self.beam
-        banned: dict[tuple[int, ...], list[int]] = {}  # the rows of each set of banned tokens (beams share theirs)
-        for r, b in enumerate(step.banned):
-            if b:
-                banned.setdefault(b, []).append(r)
-        if not (step.glued.any() or banned):
+        glued = step.glued.tolist()
+        if not (any(glued) or any(step.banned)):
             return None
         dropped = np.zeros(top_ids.shape, dtype=bool)
-        for r in np.flatnonzero(step.glued).tolist():
-            mask = self.term_pieces[r // K]
+        for r, is_glued in enumerate(glued):
+            mask = self.term_pieces[r // K] if is_glued else None
             if mask is not None:
                 dropped[r] = mask[top_ids[r]]
-        for avoid, rows in banned.items():
-            dropped[rows] |= (top_ids[rows][:, :, None] == np.array(avoid)).any(axis=2)
+        for r, avoid in enumerate(step.banned):
+            if avoid:
+                row = top_ids[r].tolist()
+                for token in avoid:
+                    if token in row:  # rarely: a banned token is among the row's candidates
+                        dropped[r] |= top_ids[r] == token
         # A sentence whose live rows have no candidate left (after "lad" a model may want
         # only "boy" and word pieces) keeps them all: it would die otherwise.
-        live_rows = (self.scores > NEG_INF) if K > 1 else np.ones(len(dropped), dtype=bool)
-        stuck = (dropped.all(axis=1) | ~live_rows).reshape(-1, K).all(axis=1)
-        dropped[np.repeat(stuck, K)] = False
+        live_rows = (self.scores > NEG_INF).tolist() if K > 1 else [True] * len(dropped)
+        emptied = dropped.all(axis=1).tolist()
+        for first in range(0, len(dropped), K):
+            if all(emptied[r] or not live_rows[r] for r in range(first, first + K)):
+                dropped[first : first + K] = False
         return dropped if dropped.any() else None
 
     def _terms_candidates(self) -> int:

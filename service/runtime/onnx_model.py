@@ -79,21 +79,34 @@ def uses_shortlist(manifest: Manifest, precision: str, graph: str, enabled: bool
     return bool(manifest.variant(precision, graph).shortlist_steps)
 
 
+# The OrtValues over a cache's buffers, by the buffer's id, each with its buffer (which keeps the
+# id from being reused while the entry lives): the bindings of one cache share them.
+OrtValues = dict[int, tuple[np.ndarray, ort.OrtValue]]
+
+
 class BoundStep:
     """A decoder session with its inputs and outputs bound to numpy buffers (IO binding): `run()`
-    reads the inputs' current contents and writes the outputs in place, nothing copied."""
+    reads the inputs' current contents and writes the outputs in place, nothing copied. `values`:
+    OrtValues made for these buffers by other bindings, taken from and added to (making one is
+    most of what binding a buffer costs)."""
 
-    def __init__(self, session: ort.InferenceSession, inputs: dict[str, np.ndarray], outputs: dict[str, np.ndarray]):
+    def __init__(
+        self,
+        session: ort.InferenceSession,
+        inputs: dict[str, np.ndarray],
+        outputs: dict[str, np.ndarray],
+        values: OrtValues | None = None,
+    ):
         self.session, self.io = session, session.io_binding()
+        known: OrtValues = {} if values is None else values
         self._values = []  # the OrtValues must live as long as the binding
-        for name, array in inputs.items():
-            value = ort.OrtValue.ortvalue_from_numpy(array)
-            self.io.bind_ortvalue_input(name, value)
-            self._values.append(value)
-        for name, array in outputs.items():
-            value = ort.OrtValue.ortvalue_from_numpy(array)
-            self.io.bind_ortvalue_output(name, value)
-            self._values.append(value)
+        for bind, arrays in ((self.io.bind_ortvalue_input, inputs), (self.io.bind_ortvalue_output, outputs)):
+            for name, array in arrays.items():
+                entry = known.get(id(array))
+                if entry is None:
+                    entry = known[id(array)] = (array, ort.OrtValue.ortvalue_from_numpy(array))
+                bind(name, entry[1])
+                self._values.append(entry[1])
 
     def run(self) -> None:
         self.session.run_with_iobinding(self.io)
@@ -328,17 +341,21 @@ class OnnxSeq2Seq:
         return self._unscored_bans_eos
 
     def bind_step(
-        self, inputs: dict[str, np.ndarray], outputs: dict[str, np.ndarray], scored: bool = True
+        self,
+        inputs: dict[str, np.ndarray],
+        outputs: dict[str, np.ndarray],
+        scored: bool = True,
+        values: OrtValues | None = None,
     ) -> BoundStep:
         """The fused decoder step bound to a batch's buffers (`contract.graphs.fused_decoder_io`):
         bind a cache buffer as both its input and its present output, and the step writes it in place.
         `scored=False`: the unscored step (`unscored_steps`), whose inputs have eos_bias in top_k's
         place (`unscored_bans_eos`; none in older exports) and whose only search output is top_ids
         (B, 1). With a `shortlist`, the steps take vocab_ids too (the batch's candidate ids,
-        `Shortlist.batch_ids`)."""
+        `Shortlist.batch_ids`). `values`: BoundStep's."""
         if self.graph != "fused":
             raise RuntimeError(f"bind_step runs the fused graph; this model runs the {self.graph} one")
-        return BoundStep(self._step_session(len(inputs[TOKENS]), scored), inputs, outputs)
+        return BoundStep(self._step_session(len(inputs[TOKENS]), scored), inputs, outputs, values)
 
     def run_fused(self, inputs: dict[str, np.ndarray], names: list[str]) -> list[np.ndarray]:
         """One fused step without IO binding, ONNX Runtime allocating the outputs: for a batch's first

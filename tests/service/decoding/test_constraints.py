@@ -94,7 +94,11 @@ def test_min_len_runs_the_unscored_step_where_it_bans_eos(tiny_onnx_dir, test_sp
     n = sorted(len(h.tokens) for h in free)[len(free) // 2] + 2
     bound: list[bool] = []
     bind_step = fused.bind_step
-    monkeypatch.setattr(fused, "bind_step", lambda i, o, scored=True: bound.append(scored) or bind_step(i, o, scored))
+    monkeypatch.setattr(
+        fused,
+        "bind_step",
+        lambda i, o, scored=True, values=None: bound.append(scored) or bind_step(i, o, scored, values),
+    )
 
     def decode(model: OnnxSeq2Seq) -> list[list[int]]:
         got = generate(model, sources, beam=1, min_len=n, max_len_b=40, want_scores=False, batch_size=8)

@@ -452,6 +452,27 @@ def test_a_full_in_place_cache_grows_and_decoding_goes_on(tiny_onnx_dir, sources
     assert [results[i].score for i in range(6)] == pytest.approx([h.score for h in want], abs=1e-5)
 
 
+def test_a_caches_bindings_at_several_top_k_share_its_buffers_ortvalues(tiny_onnx_dir, sources):
+    """A step that ranks more candidates (a glossary row's, after its term) binds the step again,
+    on the OrtValues the cache's first binding made for its buffers; it ranks as that one does."""
+    from service.runtime.onnx_model import OnnxSeq2Seq
+
+    model = OnnxSeq2Seq(tiny_onnx_dir, precision="fp32", graph="fused")
+    batch = DecodeBatch.from_sources(model, sources[:2], [0, 1], beam=2)
+    batch.step(model)  # a batch's first step runs unbound
+    batch.step(model)  # bound, at 2K candidates a row
+    cache = batch.cache
+    args = (model, batch.tokens, batch.positions, batch.cross_k, batch.cross_v, batch.src_mask)
+    few, many = cache.step(*args, top_k=4), cache.step(*args, top_k=9)  # the same step, twice
+    (four, _, _), (nine, _, _) = cache._bindings[(4, True)], cache._bindings[(9, True)]
+    shared = {id(v) for v in four._values} & {id(v) for v in nine._values}
+    assert len(shared) >= 2 * model.n_layers + 2  # every layer's keys and values, the mask, the indirection
+    assert (many.top_ids[:, :4] == few.top_ids).all()
+    np.testing.assert_allclose(many.top_log_probs[:, :4], few.top_log_probs, atol=1e-6)
+    cache._grow(cache.capacity * 2)  # new buffers: their bindings and OrtValues go
+    assert not cache._bindings and not cache._values
+
+
 def test_beams_reorder_through_the_indirection_without_moving_the_cache(tiny_onnx_dir, sources):
     """A beam step of the fused graph leaves the buffers where they are: only cache_indirection
     follows the parents; what each row attends to is what the portable graph's gathered cache holds."""
