@@ -730,12 +730,19 @@ def glossary_matched(client: Client, matched: list[GlossaryCase], plain: dict[st
     }
 
 
-def do_not_translate(client: Client, matched: list[GlossaryCase]) -> dict[str, Any]:
-    """The matched sentences with their noun, as the text spells it, as a do-not-translate phrase."""
-    verbatim, landed, misses = [], [], []
+def do_not_translate(client: Client, matched: list[GlossaryCase], plain: dict[str, str]) -> dict[str, Any]:
+    """The matched sentences with their noun, as the text spells it, as a do-not-translate phrase:
+    whether it comes back verbatim, and whether where the model's word for it stood in the plain
+    translation (`aligned`, as the glossary's `in_place`)."""
+    verbatim, landed, in_place, misses = [], [], [], []
     for case in matched:
         t = client.one(case.text, case.lang, do_not_translate=[case.surface])
         verbatim.append(case.surface in t.text)
+        in_place.append(
+            occurrences(t.text, case.surface) == 1
+            and occurrences(t.text, case.usual) == 0
+            and aligned(plain[case.text], case.usual, t.text, case.surface)
+        )
         landed.append(any(0 <= s and t.text[s:e] == case.surface for _, s, e in _applied(t)))
         if not verbatim[-1]:
             misses.append({"text": case.text, "phrase": case.surface, "output": t.text})
@@ -743,6 +750,7 @@ def do_not_translate(client: Client, matched: list[GlossaryCase]) -> dict[str, A
         "n": len(verbatim),
         "verbatim": share(verbatim),
         "landed": share(landed),
+        "in_place": share(in_place),
         "examples_not_verbatim": misses[:5],
     }
 
@@ -767,7 +775,7 @@ def run_glossary(client: Client, data_dir: Path, n: int, bleu_n: int, rounds: in
     return {
         "candidates": pool,
         "matched": part(lambda: glossary_matched(client, matched, plain, rounds)),
-        "do_not_translate": part(lambda: do_not_translate(client, matched)),
+        "do_not_translate": part(lambda: do_not_translate(client, matched, plain)),
         "unmatched": part(lambda: unmatched_identical(client, data_dir, per_lang)),
         "bleu": part(lambda: bleu_with_unrelated(client, data_dir, bleu_n)),
     }

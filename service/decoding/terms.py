@@ -379,8 +379,8 @@ class TermRows:
                         dropped[r] |= top_ids[r] == token
         # A sentence whose live rows have no candidate left (after "lad" a model may want
         # only "boy" and word pieces) keeps them all: it would die otherwise.
-        live_rows = (self.scores > NEG_INF).tolist() if K > 1 else [True] * len(dropped)
-        emptied = dropped.all(axis=1).tolist()
+        live_rows = [score > NEG_INF for score in self.scores.tolist()] if K > 1 else [True] * len(dropped)
+        emptied: list[bool] = np.asarray(dropped.all(axis=1)).tolist()
         for first in range(0, len(dropped), K):
             if all(emptied[r] or not live_rows[r] for r in range(first, first + K)):
                 dropped[first : first + K] = False
