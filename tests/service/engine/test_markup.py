@@ -254,6 +254,32 @@ def test_strict_html_raises_with_the_position():
         parse("<p>Hallo &nbsp Welt</p>", strict=True)
 
 
+_TOKEN_PIECES = [
+    "<b>", "</b>", "<i class='x y'>", "</i>", "<p>", "</p>", "<br/>", "<div>", "</div>", "<!-- c -->", "<!--", "-->",
+    "<!DOCTYPE html>", "<html>", "<body>", "</body>", "<head>", '<a href="/x?a=1&b=2">', "</a>", "&amp;", "&nbsp",
+    "&#x41;", "&", "<", "</", "<!", "<?x?>", ">", "\r\n", "\r", "\x00", " ", "Hund", "ä", "<table>", "<td>",
+    "</table>", "<li>", '<span translate="no">', "</span>", '<img src=a alt="">', "<b a=1 a=2>", "<select>",
+    "<template>", "<pre>", "<![CDATA[x]]>", "<P>", "<title>", "</title>", "<script>", "</script>", "<svg>",
+    "<textarea>", "<style>", "<plaintext>",
+]  # fmt: skip
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(_TOKEN_PIECES), max_size=16))
+def test_repaired_html_is_tokenized_alone_where_no_element_switches_the_tokenizer(pieces):
+    """Without a tag that switches html5lib's tokenizer (a raw text element, foreign content), the
+    tokenizer alone records the tokens the tree construction sees; with one, the parse is whole."""
+    from service.engine.markup import tokens as markup_tokens
+
+    text = "".join(pieces)
+    normal = text.replace("\r\n", "\n").replace("\r", "\n")
+    shift = markup_tokens._crlf_shift(text)
+    whole = markup_tokens._tokens(markup_tokens._parsed(text, normal, False, shift), shift)
+    assert markup_tokens.html_tokens(text, strict=False) == whole
+    if not markup_tokens._SWITCHING.search(text):
+        assert markup_tokens._tokens(markup_tokens._tokenized(normal), shift) == whole
+
+
 def test_a_threads_parser_is_reused_and_gives_what_a_fresh_one_gives_after_an_error_or_a_page():
     import threading
 
