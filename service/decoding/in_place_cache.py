@@ -82,10 +82,11 @@ class InPlaceCache(RowCache):
 
     def __init__(self, k: list[np.ndarray], v: list[np.ndarray], mask: np.ndarray, indirection: np.ndarray, P: int):
         self.k, self.v, self.mask, self.indirection, self.P = k, v, mask, indirection, P
-        # The IO bindings of these buffers and the step's inputs, one per (top_k, scored) a step
-        # asked for (a glossary row's steps switch between a few k), made at the first step of each
-        # and again when the batch's sources (after a filter or a concatenation) or shortlist change.
-        self._bindings: dict[tuple[int, bool], tuple[BoundStep, dict[str, np.ndarray], dict[str, np.ndarray]]] = {}
+        # The IO bindings of these buffers and the step's inputs, one for the scored step and one for
+        # the unscored, made at the first step of each and again when the batch's sources (after a
+        # filter or a concatenation) or shortlist change; a step that ranks another number of
+        # candidates (a glossary row's steps switch between a few) binds its ranked outputs only.
+        self._bindings: dict[bool, _Binding] = {}
         self._bound_for: tuple[np.ndarray, np.ndarray | None] | None = None
         self._values: OrtValues = {}  # the OrtValues of the bound buffers, which the bindings share
         # The batch's vocab_ids (a shortlist's candidates), worked out when its sentences change.
@@ -181,10 +182,12 @@ class InPlaceCache(RowCache):
         if self._bound_for is None or self._bound_for[0] is not cross_k[0] or self._bound_for[1] is not vocab_ids:
             self._unbind()
             self._bound_for = (cross_k[0], vocab_ids)
-        binding = self._bindings.get((top_k, scored))
+        binding = self._bindings.get(scored)
         if binding is None:
             binding = self._bind(model, cross_k, cross_v, src_mask, top_k, scored, vocab_ids)
-        bound, ins, out = binding
+        elif scored and binding.top_k != top_k:
+            binding.rank(top_k)
+        bound, ins, out = binding.bound, binding.ins, binding.outs
         ins[TOKENS][:, 0] = tokens
         ins[POSITIONS][:, 0] = positions
         ins[PAST_SEQUENCE_LENGTH][0] = self.P
@@ -246,7 +249,7 @@ class InPlaceCache(RowCache):
         top_k: int,
         scored: bool,
         vocab_ids: np.ndarray | None,
-    ) -> tuple[BoundStep, dict[str, np.ndarray], dict[str, np.ndarray]]:
+    ) -> _Binding:
         R = len(self.mask)
         tokens, positions = np.zeros((R, 1), dtype=np.int64), np.zeros((R, 1), dtype=np.int64)
         ins = _fused_inputs(
@@ -273,8 +276,8 @@ class InPlaceCache(RowCache):
             outs[EOS_LOG_PROB] = np.empty(R, dtype=np.float32)
         for i in range(len(self.k)):
             outs[present_key(i)], outs[present_value(i)] = self.k[i], self.v[i]  # the inputs' buffers
-        binding = (model.bind_step(ins, outs, scored, self._values), ins, outs)
-        self._bindings[(top_k, scored)] = binding
+        binding = _Binding(model.bind_step(ins, outs, scored, self._values), ins, outs, top_k)
+        self._bindings[scored] = binding
         return binding
 
     def _batch_vocab(self, model: DecoderModel, vocab: Sequence[np.ndarray]) -> np.ndarray | None:
@@ -383,6 +386,29 @@ class InPlaceCache(RowCache):
         """Drop the bindings and their OrtValues (the buffers they name are gone or go)."""
         self._bindings.clear()
         self._values.clear()
+
+
+class _Binding:
+    """A cache's bound step, its input and output buffers, and the candidates it ranks (`top_k`):
+    a step that ranks another number writes it into the bound top_k input and binds the ranked
+    outputs of that width (kept for the next switch back), the rest bound as it was."""
+
+    def __init__(self, bound: BoundStep, ins: dict[str, np.ndarray], outs: dict[str, np.ndarray], top_k: int):
+        self.bound, self.ins, self.outs, self.top_k = bound, ins, outs, top_k
+        self._ranked = {top_k: {n: outs[n] for n in (TOP_IDS, TOP_LOG_PROBS) if n in outs}}
+
+    def rank(self, top_k: int) -> None:
+        ranked = self._ranked.get(top_k)
+        if ranked is None:
+            R = len(self.outs[TOP_IDS])
+            ranked = self._ranked[top_k] = {
+                TOP_IDS: np.empty((R, top_k), dtype=np.int64),
+                TOP_LOG_PROBS: np.empty((R, top_k), dtype=np.float32),
+            }
+        self.ins[TOP_K][0] = top_k
+        self.outs.update(ranked)
+        self.bound.bind_outputs(ranked)
+        self.top_k = top_k
 
 
 def new_cache(model: DecoderModel, rows: int, beam: int, capacity: int) -> RowCache:

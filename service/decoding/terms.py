@@ -66,6 +66,11 @@ BAN_STEPS = 6
 # replaced tokens for BAN_STEPS steps.
 GLUE_CANDIDATES = 8
 GLUE_BEAM_EXTRA = 64
+# A beam step right after a term first ranks this many more than GLUE_CANDIDATES, and again with
+# GLUE_BEAM_EXTRA more only where those may not hold the 2K best candidates a sentence may take
+# (`TermRows._short_of_candidates`): the same step, without the cost of ranking 72 candidates
+# (and binding a step for them) where a few more than 2K are enough, as they mostly are.
+GLUE_BEAM_TRY = 8
 
 
 @dataclass(frozen=True)
@@ -102,6 +107,8 @@ class TermStep:
     # (R, k) the step's candidates a row may not take: the word-internal pieces of a `glued`
     # row (`TermRows._term_step`); None: none.
     dropped: np.ndarray | None = None
+    # Whether a sentence had every candidate of its live rows dropped, and keeps them all.
+    kept_whole: bool = False
 
 
 @dataclass
@@ -384,6 +391,7 @@ class TermRows:
         for first in range(0, len(dropped), K):
             if all(emptied[r] or not live_rows[r] for r in range(first, first + K)):
                 dropped[first : first + K] = False
+                step.kept_whole = True
         return dropped if dropped.any() else None
 
     def _terms_candidates(self) -> int:
@@ -395,7 +403,41 @@ class TermRows:
         if not self.with_terms.any() or not (self.term_ban_left > 0).any():
             return 1
         glue = bool((self.term_ban_left == BAN_STEPS).any())
-        return GLUE_CANDIDATES + (GLUE_BEAM_EXTRA if glue and self.beam > 1 else 0)
+        return GLUE_CANDIDATES + (GLUE_BEAM_TRY if glue and self.beam > 1 else 0)
+
+    def _short_of_candidates(
+        self, step: TermStep | None, top_lp: np.ndarray | None, allowed: np.ndarray | None, prefix: np.ndarray | None
+    ) -> int:
+        """A beam step right after a term that ranked GLUE_BEAM_TRY more candidates than
+        GLUE_CANDIDATES: the candidates to rank it with again (GLUE_BEAM_EXTRA more) where a
+        sentence's 2K best that the rules leave (the ones the beams take) may lie beyond a row's
+        ranked ones, else 0. They may not where the sentence has 2K candidates it may take above
+        every live row's last ranked one (a row's unranked candidates are below its last), each
+        sum in float32 as the search adds them; nor where rows are forced (their other candidates
+        go unused); they may where a sentence kept its dropped candidates (none left). `top_lp`:
+        the step's ranked log-probabilities, `allowed`: as the rules leave them (-inf: dropped),
+        `prefix`: the rows' forced prefix tokens (-1: none)."""
+        K = self.beam
+        if step is None or K == 1 or top_lp is None or allowed is None or not step.glued.any():
+            return 0
+        if top_lp.shape[1] >= GLUE_CANDIDATES + GLUE_BEAM_EXTRA:
+            return 0
+        if step.kept_whole:
+            return GLUE_CANDIDATES + GLUE_BEAM_EXTRA
+        totals = self.scores[:, None] + allowed  # float32, as `Search` sums them
+        last = (self.scores + top_lp[:, -1]).tolist()
+        free = (step.forced < 0) & (self.scores > NEG_INF)
+        if prefix is not None:
+            free &= prefix < 0
+        free_rows = free.tolist()
+        for first in range(0, len(last), K):
+            rows = range(first, first + K)
+            bound = max((last[r] for r in rows if free_rows[r]), default=None)
+            if bound is None:
+                continue
+            if int((totals[first : first + K] > bound).sum()) < 2 * K:
+                return GLUE_CANDIDATES + GLUE_BEAM_EXTRA
+        return 0
 
     def _terms_advance(self, step: TermStep | None, rows: np.ndarray | None) -> None:
         """The rows' term state after this step's tokens; beams follow their parents (`rows`)."""

@@ -98,15 +98,23 @@ class BoundStep:
         values: OrtValues | None = None,
     ):
         self.session, self.io = session, session.io_binding()
-        known: OrtValues = {} if values is None else values
-        self._values = []  # the OrtValues must live as long as the binding
-        for bind, arrays in ((self.io.bind_ortvalue_input, inputs), (self.io.bind_ortvalue_output, outputs)):
-            for name, array in arrays.items():
-                entry = known.get(id(array))
-                if entry is None:
-                    entry = known[id(array)] = (array, ort.OrtValue.ortvalue_from_numpy(array))
-                bind(name, entry[1])
-                self._values.append(entry[1])
+        self._known: OrtValues = {} if values is None else values
+        self._values: dict[tuple[bool, str], ort.OrtValue] = {}  # what is bound, alive as long as the binding
+        for name, array in inputs.items():
+            self._bind(False, name, array)
+        self.bind_outputs(outputs)
+
+    def bind_outputs(self, outputs: dict[str, np.ndarray]) -> None:
+        """Bind these outputs (again: in place of what those names were bound to)."""
+        for name, array in outputs.items():
+            self._bind(True, name, array)
+
+    def _bind(self, output: bool, name: str, array: np.ndarray) -> None:
+        entry = self._known.get(id(array))
+        if entry is None:
+            entry = self._known[id(array)] = (array, ort.OrtValue.ortvalue_from_numpy(array))
+        (self.io.bind_ortvalue_output if output else self.io.bind_ortvalue_input)(name, entry[1])
+        self._values[output, name] = entry[1]
 
     def run(self) -> None:
         self.session.run_with_iobinding(self.io)

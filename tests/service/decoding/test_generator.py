@@ -452,9 +452,10 @@ def test_a_full_in_place_cache_grows_and_decoding_goes_on(tiny_onnx_dir, sources
     assert [results[i].score for i in range(6)] == pytest.approx([h.score for h in want], abs=1e-5)
 
 
-def test_a_caches_bindings_at_several_top_k_share_its_buffers_ortvalues(tiny_onnx_dir, sources):
-    """A step that ranks more candidates (a glossary row's, after its term) binds the step again,
-    on the OrtValues the cache's first binding made for its buffers; it ranks as that one does."""
+def test_a_step_that_ranks_more_candidates_rebinds_its_ranked_outputs_only(tiny_onnx_dir, sources):
+    """A step that ranks more candidates (a glossary row's, after its term) keeps the cache's
+    binding and binds outputs of that width (and the top_k input's value) in place of the ranked
+    ones; it ranks as a step bound for it does, and so does the step after it, back at 2K."""
     from service.runtime.onnx_model import OnnxSeq2Seq
 
     model = OnnxSeq2Seq(tiny_onnx_dir, precision="fp32", graph="fused")
@@ -463,12 +464,16 @@ def test_a_caches_bindings_at_several_top_k_share_its_buffers_ortvalues(tiny_onn
     batch.step(model)  # bound, at 2K candidates a row
     cache = batch.cache
     args = (model, batch.tokens, batch.positions, batch.cross_k, batch.cross_v, batch.src_mask)
-    few, many = cache.step(*args, top_k=4), cache.step(*args, top_k=9)  # the same step, twice
-    (four, _, _), (nine, _, _) = cache._bindings[(4, True)], cache._bindings[(9, True)]
-    shared = {id(v) for v in four._values} & {id(v) for v in nine._values}
-    assert len(shared) >= 2 * model.n_layers + 2  # every layer's keys and values, the mask, the indirection
-    assert (many.top_ids[:, :4] == few.top_ids).all()
+    few = cache.step(*args, top_k=4)  # the same step three times: at 4, 9 and 4 candidates a row
+    many, again = cache.step(*args, top_k=9), cache.step(*args, top_k=4)
+    assert list(cache._bindings) == [True] and cache._bindings[True].top_k == 4
+    assert (many.top_ids[:, :4] == few.top_ids).all() and (again.top_ids == few.top_ids).all()
     np.testing.assert_allclose(many.top_log_probs[:, :4], few.top_log_probs, atol=1e-6)
+    np.testing.assert_array_equal(again.top_log_probs, few.top_log_probs)
+    alone = InPlaceCache._packed([cache], [np.arange(len(cache.mask))], [np.arange(cache.P)], cache.capacity)
+    fresh = alone.step(*args, top_k=9)  # a cache of its own, bound at 9 from the start
+    np.testing.assert_array_equal(fresh.top_ids, many.top_ids)
+    np.testing.assert_allclose(fresh.top_log_probs, many.top_log_probs, atol=1e-6)
     cache._grow(cache.capacity * 2)  # new buffers: their bindings and OrtValues go
     assert not cache._bindings and not cache._values
 
@@ -675,7 +680,7 @@ def test_a_greedy_batch_scores_its_steps_while_a_live_sentence_wants_its_score(t
         results |= {f.key: f for f in batch.step(tiny_onnx)}
         assert asked[-1] is False
         if tiny_onnx.graph == "fused":
-            unscored = [bound for (_, scored), (bound, _, _) in batch.cache._bindings.items() if not scored]
+            unscored = [b.bound for scored, b in batch.cache._bindings.items() if not scored]
             assert [b.session for b in unscored] == [tiny_onnx.decoder_unscored]
         batch.filter(batch.active_keys())
     late = DecodeBatch.from_sources(tiny_onnx, sources[4:8], [4, 5, 6, 7], want_scores=[False, True, False, False])

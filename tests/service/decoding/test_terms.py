@@ -300,3 +300,41 @@ def test_a_sentence_whose_live_beams_have_no_candidate_left_keeps_them(model, te
     ).values()
     ((_, s, e),) = got.terms
     assert (s, tuple(got.tokens[s:e])) == (0, term.target) and len(got.tokens) > e
+
+
+@pytest.mark.parametrize("n_texts", [1, 3])  # a lone sentence's step and a batch's
+def test_a_step_after_a_term_ranks_a_few_candidates_first_and_all_where_they_may_not_do(
+    model, test_split, monkeypatch, n_texts
+):
+    """Right after a term a beam step ranks GLUE_BEAM_TRY more candidates, and again with
+    GLUE_BEAM_EXTRA more where a sentence's best allowed ones may lie past a row's ranked ones:
+    the translations are those of ranking them all at once, whether the step had enough (random
+    pieces leave most) or not (none more at first, every piece banned: it ranks again)."""
+    import service.decoding.terms as terms_module
+
+    de, _ = test_split
+    texts = [t for t in de if " Hund " in t][:n_texts]
+    src, keys = model.source_ids(texts), list(range(n_texts))
+    terms = [(term_for(model, t, "Hund", "wolfhound"),) for t in texts]
+    rng, first_try = np.random.default_rng(0), terms_module.GLUE_BEAM_TRY
+    for share in (0.05, 0.6):  # the word-internal pieces: a few, then most of the vocabulary
+        pieces = rng.random(model.vocab_size) < share
+        again: list[int] = []
+        short = terms_module.TermRows._short_of_candidates
+
+        def counted(self, *a):
+            k = short(self, *a)
+            again.append(k)
+            return k
+
+        def run(try_more: int) -> list:
+            monkeypatch.setattr(terms_module, "GLUE_BEAM_TRY", try_more)
+            batch = DecodeBatch.from_sources(model, src, keys, beam=4, terms=terms, pieces=[pieces] * n_texts)
+            return [(f.tokens, f.score) for _, f in sorted(decode(model, batch).items())]
+
+        whole = run(terms_module.GLUE_BEAM_EXTRA)  # all 72 at once
+        monkeypatch.setattr(terms_module.TermRows, "_short_of_candidates", counted)
+        assert run(first_try) == whole
+        assert run(0) == whole  # 8 a row at first, no more than the beams' 2K: ranked again
+        assert any(again)
+        monkeypatch.setattr(terms_module.TermRows, "_short_of_candidates", short)
