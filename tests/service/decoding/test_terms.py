@@ -317,24 +317,25 @@ def test_a_step_after_a_term_ranks_a_few_candidates_first_and_all_where_they_may
     src, keys = model.source_ids(texts), list(range(n_texts))
     terms = [(term_for(model, t, "Hund", "wolfhound"),) for t in texts]
     rng, first_try = np.random.default_rng(0), terms_module.GLUE_BEAM_TRY
+    short = terms_module.TermRows._short_of_candidates
+    again: list[int] = []
+
+    def counted(self, *a):
+        k = short(self, *a)
+        again.append(k)
+        return k
+
+    def run(try_more: int, pieces: np.ndarray) -> list:
+        monkeypatch.setattr(terms_module, "GLUE_BEAM_TRY", try_more)
+        batch = DecodeBatch.from_sources(model, src, keys, beam=4, terms=terms, pieces=[pieces] * n_texts)
+        return [(f.tokens, f.score) for _, f in sorted(decode(model, batch).items())]
+
     for share in (0.05, 0.6):  # the word-internal pieces: a few, then most of the vocabulary
         pieces = rng.random(model.vocab_size) < share
-        again: list[int] = []
-        short = terms_module.TermRows._short_of_candidates
-
-        def counted(self, *a):
-            k = short(self, *a)
-            again.append(k)
-            return k
-
-        def run(try_more: int) -> list:
-            monkeypatch.setattr(terms_module, "GLUE_BEAM_TRY", try_more)
-            batch = DecodeBatch.from_sources(model, src, keys, beam=4, terms=terms, pieces=[pieces] * n_texts)
-            return [(f.tokens, f.score) for _, f in sorted(decode(model, batch).items())]
-
-        whole = run(terms_module.GLUE_BEAM_EXTRA)  # all 72 at once
+        again.clear()
+        whole = run(terms_module.GLUE_BEAM_EXTRA, pieces)  # all 72 at once
         monkeypatch.setattr(terms_module.TermRows, "_short_of_candidates", counted)
-        assert run(first_try) == whole
-        assert run(0) == whole  # 8 a row at first, no more than the beams' 2K: ranked again
+        assert run(first_try, pieces) == whole
+        assert run(0, pieces) == whole  # 8 a row at first, no more than the beams' 2K: ranked again
         assert any(again)
         monkeypatch.setattr(terms_module.TermRows, "_short_of_candidates", short)
