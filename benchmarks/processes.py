@@ -44,7 +44,9 @@ class Server:
         log_prefix: str = "mtserve-bench-",
         backend: str = "ort",
         models: Sequence[str] = (),
+        tree: Path = REPO,
     ):
+        """`tree`: the source tree the server runs (another revision's worktree: benchmarks/ab_trees.py)."""
         self.address = f"127.0.0.1:{free_port()}"
         self.log = tempfile.NamedTemporaryFile("w+", prefix=log_prefix, suffix=".log", delete=False)
         cmd = [
@@ -64,8 +66,10 @@ class Server:
             *args,
         ]
         self.cmd = cmd
+        if tree != REPO:  # its own modules first: `-m` puts the cwd first, PYTHONPATH the children too
+            env = {"PYTHONPATH": str(tree), **(env or {})}
         self.proc = subprocess.Popen(
-            cmd, stdout=self.log, stderr=subprocess.STDOUT, cwd=REPO, env={**os.environ, **(env or {})}
+            cmd, stdout=self.log, stderr=subprocess.STDOUT, cwd=tree, env={**os.environ, **(env or {})}
         )
         self.pid = self.proc.pid
 

@@ -239,7 +239,9 @@ def report_elsewhere() -> list[str]:
         "--models models --json FILE` prints one JSON line of figures beside their targets; `--only "
         "html,placement,glossary,detection` picks the parts, `--server-arg` passes flags to the server. "
         "The module's docstring says what each part sends and counts; the hand-made tag placement cases "
-        "are `benchmarks/data/tag_placement.tsv`.",
+        "are `benchmarks/data/tag_placement.tsv`. Two revisions' costs side by side: `python -m "
+        "benchmarks.ab_trees --base REV --part glossary|html` serves REV from a temporary git worktree "
+        "beside the working tree and calls both in turn, case by case (`benchmarks/ab_trees.py`).",
         *report_translation_service(),
         "",
         "## GPU",
