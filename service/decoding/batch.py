@@ -337,7 +337,9 @@ class DecodeBatch(Search, ResumedRows):
         # A batch's first step with beams runs one row per sentence (its beams are identical then).
         # A lone sentence (`_lone_step`) does not gain: its step of K rows costs about what the separate call adds.
         first = K > 1 and self.cache.past_len == 0
-        while k_row:  # twice where a step right after a term ranked too few (`_short_of_candidates`)
+        ranks = k_row
+        while ranks:  # twice where a step right after a term ranked too few (`_short_of_candidates`)
+            k_row = ranks
             step_args = (model, self.tokens, self.positions, self.cross_k, self.cross_v, self.src_mask, k_row)
             if first:
                 out = self.cache.first_step(*step_args, vocab=self.vocab)
@@ -350,8 +352,8 @@ class DecodeBatch(Search, ResumedRows):
             terms = self._term_step(top_ids, att, rules.forced)
             ranked = top_lp
             top_ids, top_lp = rules.with_terms(terms).apply(top_ids, top_lp)
-            k_row = self._short_of_candidates(terms, ranked, top_lp, rules.forced)
-            if k_row:
+            ranks = self._ranks_again(k_row, model.vocab_size, terms, ranked, top_lp, rules.forced)
+            if ranks:
                 self._set_term_state(before)
         last = self.max_len - 1  # (R,) at a sentence's last allowed step only </s> may follow
         force = self.positions >= (last if K == 1 else np.repeat(last, K))
@@ -403,12 +405,15 @@ class DecodeBatch(Search, ResumedRows):
         bookkeeping on Python scalars and in place (the sentence's K rows share one position),
         where numpy's cost per call on arrays of one element was most of a step's host time (about
         70 µs around a 230 µs greedy decoder call). Beam search selects in `_beam_one`."""
-        K, live, prefix = self.beam, not self.done[0], rules
-        while k_row:  # twice where a step right after a term ranked too few (`_short_of_candidates`)
+        K, live, prefix, ranks = self.beam, not self.done[0], rules, k_row
+        while ranks:  # twice where a step right after a term ranked too few (`_short_of_candidates`)
+            k_row = ranks
             step_args = (model, self.tokens, self.positions, self.cross_k, self.cross_v, self.src_mask, k_row)
             out = self.cache.step(*step_args, scored=scored, vocab=self.vocab, no_eos=no_eos)
             if sampling:
-                drawn_ids, drawn_lp = rules.sample(self.sampling, self._sampling_rows(), out.top_ids, out.top_log_probs)
+                drawn_ids, drawn_lp = prefix.sample(
+                    self.sampling, self._sampling_rows(), out.top_ids, out.top_log_probs
+                )
                 out = out._replace(top_ids=drawn_ids, top_log_probs=drawn_lp)
             before, ranked = self._term_state(), out.top_log_probs
             terms = self._term_step(out.top_ids, out.cross_attention, prefix.forced)
@@ -416,8 +421,8 @@ class DecodeBatch(Search, ResumedRows):
             if rules.binding:
                 top_ids, top_lp = rules.apply(out.top_ids, out.top_log_probs)
                 out = out._replace(top_ids=top_ids, top_log_probs=top_lp)
-            k_row = self._short_of_candidates(terms, ranked, out.top_log_probs, prefix.forced)
-            if k_row:
+            ranks = self._ranks_again(k_row, model.vocab_size, terms, ranked, out.top_log_probs, prefix.forced)
+            if ranks:
                 self._set_term_state(before)
         forced = int(self.positions[0]) >= int(self.max_len[0]) - 1  # only </s> may follow the last step
         if K == 1:

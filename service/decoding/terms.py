@@ -405,6 +405,21 @@ class TermRows:
         glue = bool((self.term_ban_left == BAN_STEPS).any())
         return GLUE_CANDIDATES + (GLUE_BEAM_TRY if glue and self.beam > 1 else 0)
 
+    def _ranks_again(
+        self,
+        k_row: int,
+        vocab_size: int,
+        step: TermStep | None,
+        top_lp: np.ndarray | None,
+        allowed: np.ndarray | None,
+        prefix: np.ndarray | None,
+    ) -> int:
+        """The candidates a step that ranked `k_row` runs again with (`_short_of_candidates`), at
+        most the vocabulary (or the batch's shortlist) and more than it ranked; 0: it stands."""
+        more = min(self._short_of_candidates(step, top_lp, allowed, prefix), vocab_size)
+        ranked = 0 if top_lp is None else top_lp.shape[1]
+        return more if more > max(k_row, ranked) else 0
+
     def _short_of_candidates(
         self, step: TermStep | None, top_lp: np.ndarray | None, allowed: np.ndarray | None, prefix: np.ndarray | None
     ) -> int:

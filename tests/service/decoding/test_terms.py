@@ -339,3 +339,32 @@ def test_a_step_after_a_term_ranks_a_few_candidates_first_and_all_where_they_may
         assert run(0, pieces) == whole  # 8 a row at first, no more than the beams' 2K: ranked again
         assert any(again)
         monkeypatch.setattr(terms_module.TermRows, "_short_of_candidates", short)
+
+
+def test_a_step_that_would_rank_again_past_the_vocabulary_ranks_it_once_and_goes_on(model, test_split, monkeypatch):
+    """Where the candidates a step after a term runs again with exceed the vocabulary, it runs
+    again with the whole vocabulary, once, and the search is the one of ranking it all at once."""
+    import threading
+
+    import service.decoding.terms as terms_module
+
+    de, _ = test_split
+    texts = [t for t in de if " Hund " in t][:2]
+    src, keys = model.source_ids(texts), [0, 1]
+    terms = [(term_for(model, t, "Hund", "wolfhound"),) for t in texts]
+    pieces = np.random.default_rng(1).random(model.vocab_size) < 0.6
+    monkeypatch.setattr(terms_module, "GLUE_BEAM_EXTRA", model.vocab_size + 50)
+
+    def run(first_try: int, out: list) -> None:
+        monkeypatch.setattr(terms_module, "GLUE_BEAM_TRY", first_try)
+        batch = DecodeBatch.from_sources(model, src, keys, beam=4, terms=terms, pieces=[pieces] * 2)
+        out.append([(f.tokens, f.score) for _, f in sorted(decode(model, batch).items())])
+
+    whole: list = []
+    run(model.vocab_size, whole)  # the whole vocabulary at once
+    again: list = []
+    thread = threading.Thread(target=run, args=(0, again), daemon=True)
+    thread.start()
+    thread.join(120)
+    assert not thread.is_alive(), "the step kept ranking again"
+    assert again == whole
