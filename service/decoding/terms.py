@@ -69,7 +69,7 @@ GLUE_BEAM_EXTRA = 64
 # A beam step right after a term first ranks this many more than GLUE_CANDIDATES, and again with
 # GLUE_BEAM_EXTRA more only where those may not hold the 2K best candidates a sentence may take
 # (`TermRows._short_of_candidates`): the same step, without the cost of ranking 72 candidates
-# (and binding a step for them) where a few more than 2K are enough, as they mostly are.
+# where a few more than 2K are enough, as they mostly are.
 GLUE_BEAM_TRY = 8
 
 
@@ -205,8 +205,8 @@ def decide(
             forced[r] = row_terms[j].target[pos[r]]
         no_eos[r] = not full
     step = TermStep(np.array(forced, dtype=np.int64), np.array(no_eos, dtype=bool), banned, np.array(glued, dtype=bool))
-    as_array = np.array(at, dtype=np.int64), np.array(ban, dtype=np.int64)
-    return step, TermState(as_array[0], state.pos, state.placed, as_array[1], state.ban_left)
+    at_a, ban_a = np.array(at, dtype=np.int64), np.array(ban, dtype=np.int64)
+    return step, TermState(at_a, state.pos, state.placed, ban_a, state.ban_left)
 
 
 def _start(
@@ -253,8 +253,7 @@ def advance(terms: Sequence[Sequence[SourceTerm]], state: TermState, forced: np.
             placed[r] |= 1 << j
             at[r], pos[r] = -1, 0
             ban_left[r] = BAN_STEPS
-    arrays = (np.array(a, dtype=np.int64) for a in (at, pos, placed, ban_left))
-    at_a, pos_a, placed_a, ban_left_a = arrays
+    at_a, pos_a, placed_a, ban_left_a = (np.array(a, dtype=np.int64) for a in (at, pos, placed, ban_left))
     return TermState(at_a, pos_a, placed_a, state.ban.copy(), ban_left_a)
 
 
@@ -414,31 +413,31 @@ class TermRows:
         allowed: np.ndarray | None,
         prefix: np.ndarray | None,
     ) -> int:
-        """The candidates a step that ranked `k_row` runs again with (`_short_of_candidates`), at
-        most the vocabulary (or the batch's shortlist) and more than it ranked; 0: it stands."""
-        more = min(self._short_of_candidates(step, top_lp, allowed, prefix), vocab_size)
+        """The candidates a step that ranked `k_row` runs again with: GLUE_BEAM_EXTRA more than
+        GLUE_CANDIDATES where it is `_short_of_candidates`, at most the vocabulary (or the batch's
+        shortlist) and more than it ranked; 0: it stands."""
+        if not self._short_of_candidates(step, top_lp, allowed, prefix):
+            return 0
+        more = min(GLUE_CANDIDATES + GLUE_BEAM_EXTRA, vocab_size)
         ranked = 0 if top_lp is None else top_lp.shape[1]
         return more if more > max(k_row, ranked) else 0
 
     def _short_of_candidates(
         self, step: TermStep | None, top_lp: np.ndarray | None, allowed: np.ndarray | None, prefix: np.ndarray | None
-    ) -> int:
-        """A beam step right after a term that ranked GLUE_BEAM_TRY more candidates than
-        GLUE_CANDIDATES: the candidates to rank it with again (GLUE_BEAM_EXTRA more) where a
-        sentence's 2K best that the rules leave (the ones the beams take) may lie beyond a row's
-        ranked ones, else 0. They may not where the sentence has 2K candidates it may take above
-        every live row's last ranked one (a row's unranked candidates are below its last), each
-        sum in float32 as the search adds them; nor where rows are forced (their other candidates
-        go unused); they may where a sentence kept its dropped candidates (none left). `top_lp`:
-        the step's ranked log-probabilities, `allowed`: as the rules leave them (-inf: dropped),
-        `prefix`: the rows' forced prefix tokens (-1: none)."""
+    ) -> bool:
+        """Whether a beam step right after a term may not hold, among a row's ranked candidates,
+        a sentence's 2K best that the rules leave (the ones the beams take). It holds them where
+        the sentence has 2K candidates it may take above every live row's last ranked one (a row's
+        unranked candidates are below its last), each sum in float32 as the search adds them; and
+        where rows are forced (their other candidates go unused); not where a sentence kept its
+        dropped candidates (none left). `top_lp`: the step's ranked log-probabilities, `allowed`:
+        as the rules leave them (-inf: dropped), `prefix`: the rows' forced prefix tokens (-1:
+        none)."""
         K = self.beam
         if step is None or K == 1 or top_lp is None or allowed is None or not step.glued.any():
-            return 0
-        if top_lp.shape[1] >= GLUE_CANDIDATES + GLUE_BEAM_EXTRA:
-            return 0
+            return False
         if step.kept_whole:
-            return GLUE_CANDIDATES + GLUE_BEAM_EXTRA
+            return True
         totals = self.scores[:, None] + allowed  # float32, as `Search` sums them
         last = (self.scores + top_lp[:, -1]).tolist()
         free = (step.forced < 0) & (self.scores > NEG_INF)
@@ -448,11 +447,9 @@ class TermRows:
         for first in range(0, len(last), K):
             rows = range(first, first + K)
             bound = max((last[r] for r in rows if free_rows[r]), default=None)
-            if bound is None:
-                continue
-            if int((totals[first : first + K] > bound).sum()) < 2 * K:
-                return GLUE_CANDIDATES + GLUE_BEAM_EXTRA
-        return 0
+            if bound is not None and int((totals[first : first + K] > bound).sum()) < 2 * K:
+                return True
+        return False
 
     def _terms_advance(self, step: TermStep | None, rows: np.ndarray | None) -> None:
         """The rows' term state after this step's tokens; beams follow their parents (`rows`)."""
