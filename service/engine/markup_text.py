@@ -18,6 +18,7 @@ translates them, and `project` writes the element's markup where they landed.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import re
 import time
@@ -215,7 +216,8 @@ async def translate_markup(
     except BaseException:
         inference.failed()
         raise
-    plain = dataclasses.replace(opts, text_type=TEXT, return_alignment=True)
+    plain = copy.copy(opts)  # the plain call's options (dataclasses.replace checks every field)
+    plain.text_type, plain.return_alignment = TEXT, True
 
     def finish(
         plans: list[documents.Plan], src: list[list[int]], finished: list[Finished], found: TermPlan | None

@@ -21,6 +21,7 @@ import functools
 import re
 import sys
 import unicodedata
+from collections.abc import Sequence
 
 # The control characters that are ordinary whitespace, kept: \t \n \v \f \r.
 KEPT_CONTROLS = frozenset("\t\n\x0b\x0c\r")
@@ -57,10 +58,18 @@ def utf8_bytes(text: str) -> int:
     return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
 
 
-def normalize_with_offsets(text: str) -> tuple[str, list[int], list[int]]:
+def normalize_with_offsets(text: str) -> tuple[str, Sequence[int], Sequence[int]]:
     """`normalize_text(text)` and, for each of its characters, the span [start, end) of `text` it
-    comes from (code points): a character that NFC composed from several stands for all of them."""
+    comes from (code points): a character that NFC composed from several stands for all of them.
+    A text that normalisation leaves as it is but for whitespace at the ends (the usual case) maps
+    one to one: the spans are ranges."""
     removed = _ASCII_REMOVED if text.isascii() else _removed()
+    if removed.search(text) is None and (text.isascii() or unicodedata.is_normalized("NFC", text)):
+        lead = len(text) - len(text.lstrip())
+        stop = len(text.rstrip())
+        if stop <= lead:
+            return "", [], []
+        return text[lead:stop], range(lead, stop), range(lead + 1, stop + 1)
     kept: list[str] = []
     where: list[int] = []  # each kept character's index in `text`
     at = 0

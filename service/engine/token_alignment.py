@@ -4,12 +4,16 @@ the translation, and each target token's source token."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from service.runtime.tokenizer import WORD_STARTS, TextTokenizer
 
 
-def source_span(at: int, size: int, starts: list[int], ends: list[int], start: int, end: int) -> tuple[int, int]:
+def source_span(
+    at: int, size: int, starts: Sequence[int], ends: Sequence[int], start: int, end: int
+) -> tuple[int, int]:
     """A token's span of a segment's normalised text as a span of the block's text (the segment
     starts at `at` and holds `size` characters; `starts`, `ends`: normalize_with_offsets')."""
     first = starts[start] if start < len(starts) else size
@@ -22,27 +26,28 @@ def target_spans(
     """Each token's span of `text` (the decoded `ids`, stripped), found by decoding one more token
     at a time (a token that ends inside a character, as byte-level BPE's may, gets an empty span:
     the character goes to the token that completes it), and whether it begins a word."""
-    full = tokenizer.decode(ids)
+    prefixes = tokenizer.decode_prefixes(ids)
+    full = prefixes[-1] if prefixes else tokenizer.decode(ids)
     shift = len(full) - len(full.lstrip())
     spans: list[tuple[int, int]] = []
-    starts: list[bool] = []
     done = 0
-    for k in range(1, len(ids) + 1):
-        part = tokenizer.decode(ids[:k]) if k < len(ids) else full
+    size, limit = len(full), len(text)
+    for part in prefixes:
         end = len(part)
-        while end > done and part[end - 1] == "\ufffd" and (end > len(full) or full[end - 1] != "\ufffd"):
-            end -= 1
-        if not full.startswith(part[done:end], done):
-            end = done
-        end = min(max(end, done), len(full))
+        if not full.startswith(part):  # a character this token only begins, or a decoding that moved
+            while end > done and part[end - 1] == "\ufffd" and (end > size or full[end - 1] != "\ufffd"):
+                end -= 1
+            if not full.startswith(part[done:end], done):
+                end = done
+        end = min(max(end, done), size)
         start = max(done - shift, 0)
-        stop = min(max(end - shift, start), len(text))
+        stop = min(max(end - shift, start), limit)
         start = min(start, stop)
         while start < stop and text[start].isspace():
             start += 1  # a token's span starts at its first character (only spaces: empty, at its end)
         spans.append((start, stop))
-        starts.append((tokenizer.id_to_token(ids[k - 1]) or "").startswith(WORD_STARTS))
         done = end
+    starts = [(tokenizer.id_to_token(i) or "").startswith(WORD_STARTS) for i in ids]
     return tuple(spans), tuple(starts)
 
 
@@ -57,13 +62,14 @@ def links(matrix: np.ndarray | None, targets: int, lead: int, sources: int) -> t
     counterpart in the source, which the projection places by its neighbours)."""
     if matrix is None or not sources or not targets:
         return (-1,) * targets
-    weights = np.zeros((targets, sources), dtype=np.float32)
-    given = np.asarray(matrix, dtype=np.float32)[:targets, lead : lead + sources]
-    weights[: given.shape[0], : given.shape[1]] = given
+    weights = np.asarray(matrix, dtype=np.float32)[:targets, lead : lead + sources]
+    if weights.shape != (targets, sources):
+        weights = np.pad(weights, ((0, targets - weights.shape[0]), (0, sources - weights.shape[1])))
     row = weights.argmax(axis=1).tolist()
     # One to one, strongest first (competitive linking).
-    order = np.argsort(-weights, axis=None, kind="stable").tolist()
-    flat_weights = weights.ravel().tolist()
+    negated = -weights.ravel()
+    order = negated.argsort(kind="stable").tolist()
+    flat_weights = (-negated).tolist()
     won: dict[int, int] = {}  # source -> target
     link = [-1] * targets
     for flat in order:

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Protocol
 
 import sentencepiece as spm
-from tokenizers import Tokenizer
+from tokenizers import Tokenizer, decoders
 
 from contract.manifest import Manifest
 
@@ -64,6 +64,9 @@ class TextTokenizer(Protocol):
     def decode(self, ids: Iterable[int]) -> str:
         """The text of `ids` without special or language tokens, not stripped."""
 
+    def decode_prefixes(self, ids: list[int]) -> list[str]:
+        """`decode(ids[:k])` for k from 1 to len(ids): the text as it grows token by token."""
+
     def id_to_token(self, token_id: int) -> str | None:
         """The vocabulary entry of `token_id` (a subword piece), None when it has none."""
 
@@ -86,6 +89,8 @@ class BpeTokenizer:
         self.tokenizer = Tokenizer.from_file(str(path))
         # "</s>" in a text is the four characters, not the end of sentence (module doc).
         self.tokenizer.encode_special_tokens = True
+        self._bytes: dict[int, bytes] | None = None  # _token_bytes(), made on first use
+        self._bytes_made = False
 
     @property
     def vocab_size(self) -> int:
@@ -104,6 +109,39 @@ class BpeTokenizer:
     def decode(self, ids: Iterable[int]) -> str:
         return str(self.tokenizer.decode(list(ids), skip_special_tokens=True))
 
+    def decode_prefixes(self, ids: list[int]) -> list[str]:
+        """Byte-level BPE's text is its tokens' bytes, decoded as UTF-8 with U+FFFD for what is not
+        (the ByteLevel decoder's `from_utf8_lossy`): each prefix's bytes decoded, without a call
+        into the tokenizer per prefix. Ids it has no bytes for (an added token that is not
+        special), or a tokenizer with another decoder, decode prefix by prefix."""
+        table = self._token_bytes() or {}
+        out, data = [], b""
+        for i in ids:
+            chunk = table.get(i)
+            if chunk is None:
+                return [self.decode(ids[:k]) for k in range(1, len(ids) + 1)]
+            data += chunk
+            out.append(data.decode("utf-8", "replace"))
+        return out
+
+    def _token_bytes(self) -> dict[int, bytes] | None:
+        """Each id's bytes (b"" for a special token, which decoding skips); None unless the
+        decoder is plain ByteLevel."""
+        if not self._bytes_made:
+            if isinstance(self.tokenizer.decoder, decoders.ByteLevel):
+                to_byte = {c: b for b, c in _byte_alphabet().items()}
+                table: dict[int, bytes] = {}
+                for token, i in self.tokenizer.get_vocab(with_added_tokens=False).items():
+                    if all(c in to_byte for c in token):
+                        table[i] = bytes(to_byte[c] for c in token)
+                for i, added in self.tokenizer.get_added_tokens_decoder().items():
+                    table.pop(i, None)
+                    if added.special:
+                        table[i] = b""
+                self._bytes = table
+            self._bytes_made = True
+        return self._bytes
+
     def id_to_token(self, token_id: int) -> str | None:
         token = self.tokenizer.id_to_token(token_id)
         return None if token is None else str(token)
@@ -118,6 +156,18 @@ class BpeTokenizer:
     def token_to_id(self, token: str) -> int | None:
         found = self.tokenizer.token_to_id(token)
         return None if found is None else int(found)
+
+
+def _byte_alphabet() -> dict[int, str]:
+    """Byte-level BPE's character for each byte (GPT-2's `bytes_to_unicode`): printable Latin-1
+    characters stand for themselves, the other bytes for the characters from U+0100 on."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    alphabet, extra = {b: chr(b) for b in keep}, 0
+    for b in range(256):
+        if b not in alphabet:
+            alphabet[b] = chr(256 + extra)
+            extra += 1
+    return alphabet
 
 
 def _read_vocab(path: Path) -> dict[str, int]:
@@ -199,6 +249,9 @@ class SentencePieceTokenizer:
             else:
                 run.append(piece)
         return (text + str(self.target.decode_pieces(run))) if run else text
+
+    def decode_prefixes(self, ids: list[int]) -> list[str]:
+        return [self.decode(ids[:k]) for k in range(1, len(ids) + 1)]
 
     def id_to_token(self, token_id: int) -> str | None:
         return self.pieces.get(token_id)

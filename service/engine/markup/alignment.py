@@ -48,6 +48,8 @@ class Alignment:
     def join(cls, parts: Sequence[tuple[int, int, Alignment]]) -> Alignment:
         """A block's alignment from its sentences': each part is (where the sentence starts in
         `Block.text`, where its translation starts in the block's translation, its alignment)."""
+        if len(parts) == 1 and parts[0][0] == parts[0][1] == 0:
+            return parts[0][2]  # one sentence at the start of both: its own
         source: list[tuple[int, int]] = []
         target: list[tuple[int, int]] = []
         links: list[int] = []

@@ -18,6 +18,7 @@ the position.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from service.engine.markup.model import Block, Document, Edit, Kind, Marker, MarkupError, Protected, Tag
 from service.engine.markup.rules import (
@@ -36,8 +37,7 @@ WHITESPACE = " \t\n\r\f"
 _MAY_STAY_OPEN = OPTIONAL_END | {"html", "head", "body"}
 
 
-@dataclass(frozen=True)
-class _Item:
+class _Item(NamedTuple):
     """One piece of a run: `what` is text, open, close, marker, protected or drop."""
 
     what: str
@@ -72,14 +72,21 @@ class _Text:
     spaced: bool = True  # the text so far ends with a space (or is empty)
 
     def add(self, data: str) -> None:
-        for i, part in enumerate(data.translate(_TO_SPACE).split(" ")):
-            if i:
-                self.pending = not self.spaced
-            if part:
-                self.space()
-                self.parts.append(part)
-                self.size += len(part)
-                self.spaced = part.endswith(" ")
+        first, *rest = data.translate(_TO_SPACE).split(" ")
+        if first:
+            self.word(first)
+        if rest:  # whitespace after `first`: the words after it, one space apart
+            self.pending = not self.spaced
+            words = " ".join(filter(None, rest))
+            if words:
+                self.word(words)
+                self.pending = not rest[-1]  # whitespace at the end: a space is owed
+
+    def word(self, text: str) -> None:
+        self.space()
+        self.parts.append(text)
+        self.size += len(text)
+        self.spaced = False
 
     def space(self) -> int:
         """Writes a pending space; the offset where what comes next starts."""

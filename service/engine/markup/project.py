@@ -16,20 +16,15 @@ from __future__ import annotations
 import bisect
 import itertools
 import re
-import statistics
 import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from service.engine.markup.alignment import Alignment
+from service.engine.markup.arrangement import DIRECT, FREE, Arrangement
 from service.engine.markup.model import Block, Tag
 
 ROOT = -1
-_DIRECT, _FREE = -1, -2
-_MISPLACED, _FREE_INSIDE = 1.0, 0.25
-# Units times states above which the children's runs are cut greedily (a paragraph of 200 words
-# under 100 sibling tags is 40,200; the dynamic programme takes about 0.1 s for 100,000).
-_DP_BUDGET = 100_000
 _ESCAPES = {"&": "&amp;", "<": "&lt;", ">": "&gt;"}
 _RUN = re.compile(r"\S+")  # \s is str.isspace's whitespace
 
@@ -137,11 +132,11 @@ class _Projection:
 
     # -- placing the tags --------------------------------------------------------------------
     def child_of(self, node: int, wanted: int | None) -> int | None:
-        """The child of `node` on the way to `wanted`; _DIRECT for `node` itself; None outside."""
+        """The child of `node` on the way to `wanted`; DIRECT for `node` itself; None outside."""
         if wanted is None:
             return None
         if wanted == node:
-            return _DIRECT
+            return DIRECT
         while wanted != ROOT:
             parent = self.block.tags[wanted].parent
             parent = ROOT if parent is None else parent
@@ -164,7 +159,7 @@ class _Projection:
         def key(child: int) -> tuple[int, float, int]:
             tag = tags[child]
             mine = positions.get(child)
-            at = statistics.median(mine) if mine else float(self.clamp(self.anchor(tag.start), lo, hi))
+            at = _median(mine) if mine else float(self.clamp(self.anchor(tag.start), lo, hi))
             return (0 if tag.opened_before else 2 if tag.open_after else 1, at, tag.order)
 
         ordered = sorted(children, key=key)
@@ -173,7 +168,7 @@ class _Projection:
         anchors = [self.clamp(self.anchor(tags[c].start), lo, hi) for c in ordered]
         first_fixed = tags[ordered[0]].opened_before
         last_fixed = tags[ordered[-1]].open_after
-        spans = _Arrangement(labels, anchors, lo, hi, first_fixed, last_fixed).spans()
+        spans = Arrangement(labels, anchors, lo, hi, first_fixed, last_fixed).spans()
         for child, span in zip(ordered, spans):
             self.interval[child] = span
             self.place(child)
@@ -216,30 +211,51 @@ class _Projection:
         return "".join(out)
 
     def emit(self, node: int) -> str:
+        """The node's markup: its start tag, then in unit order each position's zero-width items,
+        each child's markup and the words (the target's text between them escaped in one piece),
+        then its end tag."""
         tag: Tag | None = None if node == ROOT else self.block.tags[node]
         lo, hi = self.interval[node]
+        units, target = self.units, self.target
         starts = {
             self.interval[c][0]: c for c in self.children.get(node, []) if self.interval[c][0] < self.interval[c][1]
         }
         zero: dict[int, list[_Zero]] = {}
         for item in sorted(self.zero.get(node, []), key=lambda z: z.order):
             zero.setdefault(self.outside(item.at, starts), []).append(item)
+        protected = {u for u in range(lo, hi) if self.holds_placed(u)} if self.placed else set()
         out = [tag.start_tag if tag else ""]
+        text = -1  # where the target's text not yet written starts (-1: none)
         u = lo
         while True:
-            out += [self.emit(z.tag) if z.tag is not None else z.markup for z in zero.get(u, [])]
-            if u >= hi:
+            items = zero.get(u)
+            stop = u >= hi
+            if text >= 0 and (items or stop or u in starts or u in protected):
+                out.append(self.escape(target[text : units[u][0] if not stop else units[hi - 1][1]]))
+                text = -1
+            if items:
+                out += [self.emit(z.tag) if z.tag is not None else z.markup for z in items]
+            if stop:
                 break
             if u in starts:
                 out.append(self.emit(starts[u]))
                 u = self.interval[starts[u]][1]
-            else:
+                text = units[u - 1][1] if u < hi else -1  # the text between the child and what follows
+            elif u in protected:
                 out.append(self.word(u))
                 u += 1
-            if u < hi:
-                out.append(self.escape(self.target[self.units[u - 1][1] : self.units[u][0]]))
+                text = units[u - 1][1] if u < hi else -1
+            else:
+                if text < 0:
+                    text = units[u][0]
+                u += 1
         out.append(tag.end_tag if tag else "")
         return "".join(out)
+
+    def holds_placed(self, u: int) -> bool:
+        """Whether unit u holds a placed protected span (written by `word`, its markup and all)."""
+        start, end = self.units[u]
+        return any(start <= p_start < end for p_start, _ in self.placed.values())
 
     def outside(self, at: int, starts: dict[int, int]) -> int:
         """A boundary inside one of the children's runs moved to the nearer end of that run."""
@@ -260,8 +276,14 @@ class _Projection:
         return head + body + tail
 
 
+def _median(ordered: list[int]) -> float:
+    """statistics.median of a sorted list (the middle one, or the mean of the middle two)."""
+    half = len(ordered) // 2
+    return ordered[half] if len(ordered) % 2 else (ordered[half - 1] + ordered[half]) / 2
+
+
 def _label(child: int | None, rank: dict[int, int]) -> int:
-    return _FREE if child is None else _DIRECT if child == _DIRECT else rank[child]
+    return FREE if child is None else DIRECT if child == DIRECT else rank[child]
 
 
 def _units(target: str, protected: list[tuple[int, int]], cuts: set[int]) -> list[tuple[int, int]]:
@@ -310,121 +332,6 @@ def _split_punctuation(target: str, start: int, end: int, protected: bool) -> li
         return [(start, end)]
     spans = [(start, core_start), (core_start, core_end), (core_end, end)]
     return [(a, b) for a, b in spans if a < b]
-
-
-class _Arrangement:
-    """Disjoint runs of units [lo, hi) for k children in a given order (each may be empty): unit u
-    wants child labels[u] (or _DIRECT: no child; _FREE: anything). States 0..2k alternate between
-    the gaps (even) and the children (odd); the units' states never decrease. A unit outside the
-    child it wants costs 1, a free unit inside a child 1/4, an empty child a little for its distance
-    from its anchor. A first child opened before the block must start at lo, a last one left open
-    must end at hi."""
-
-    def __init__(self, labels: list[int], anchors: list[int], lo: int, hi: int, first_fixed: bool, last_fixed: bool):
-        self.labels, self.anchors, self.lo, self.hi = labels, anchors, lo, hi
-        self.first_fixed, self.last_fixed = first_fixed, last_fixed
-        self.states = 2 * len(anchors) + 1
-        self.step = 1e-3 / (hi - lo + 2)
-        self._costs: dict[int, list[float]] = {}
-
-    def unit_cost(self, u: int, s: int) -> float:
-        return self.label_costs(self.labels[u])[s]
-
-    def label_costs(self, label: int) -> list[float]:
-        """What a unit of `label` costs in each state (the same for every unit of that label)."""
-        costs = self._costs.get(label)
-        if costs is None:
-            costs = []
-            for s in range(self.states):
-                if (s == 0 and self.first_fixed) or (s == self.states - 1 and self.last_fixed):
-                    costs.append(float("inf"))
-                elif s % 2 == 0:
-                    costs.append(0.0 if label < 0 else _MISPLACED)
-                else:
-                    costs.append(0.0 if label == s // 2 else _FREE_INSIDE if label == _FREE else _MISPLACED)
-            self._costs[label] = costs
-        return costs
-
-    def skipped(self, p: int) -> list[float]:
-        """prefix[s]: what leaving children empty at boundary p costs, summed over states < s."""
-        prefix = [0.0]
-        total, step = 0.0, self.step
-        for anchor in self.anchors:
-            prefix.append(total)
-            total = total + step * abs(p - anchor)
-            prefix.append(total)
-        prefix.append(total)
-        return prefix
-
-    def step_row(self, u: int, previous: list[float]) -> tuple[list[float], list[int]]:
-        """The best cost of units lo..u with unit u in each state, and the state of unit u-1."""
-        prefix = self.skipped(self.lo + u)
-        costs = self.label_costs(self.labels[u])
-        row, links = [], []
-        best, best_from = float("inf"), 0
-        for s, (before, cost) in enumerate(zip(previous, costs)):
-            left = before - prefix[s + 1]
-            if left < best:
-                best, best_from = left, s
-            jump = best + prefix[s]
-            if before <= jump:
-                row.append(before + cost)
-                links.append(s)
-            else:
-                row.append(jump + cost)
-                links.append(best_from)
-        return row, links
-
-    def path(self) -> list[int]:
-        """Each unit's state on the cheapest path."""
-        prefix = self.skipped(self.lo)
-        cost = [prefix[s] + self.unit_cost(0, s) for s in range(self.states)]
-        back: list[list[int]] = [list(range(self.states))]
-        for u in range(1, self.hi - self.lo):
-            cost, links = self.step_row(u, cost)
-            back.append(links)
-        prefix = self.skipped(self.hi)
-        state = min(range(self.states), key=lambda s: cost[s] + prefix[self.states] - prefix[s + 1])
-        path = [state]
-        for links in reversed(back[1:]):
-            state = links[state]
-            path.append(state)
-        return path[::-1]
-
-    def greedy(self) -> list[tuple[int, int]]:
-        """For many words under many sibling tags, where the dynamic programme would be slow: each
-        child gets the hull of the units that want it (an empty run at its anchor when none),
-        cut so that the runs follow one another in order."""
-        k = len(self.anchors)
-        wanting: dict[int, list[int]] = {}
-        for u, label in enumerate(self.labels):
-            wanting.setdefault(label, []).append(self.lo + u)
-        spans, done = [], self.lo
-        for j in range(k):
-            units = wanting.get(j)
-            start, end = (units[0], units[-1] + 1) if units else (self.anchors[j], self.anchors[j])
-            start = self.lo if j == 0 and self.first_fixed else min(max(start, done), self.hi)
-            end = self.hi if j == k - 1 and self.last_fixed else min(max(end, start), self.hi)
-            spans.append((start, end))
-            done = end
-        return spans
-
-    def spans(self) -> list[tuple[int, int]]:
-        k, lo, n = len(self.anchors), self.lo, self.hi - self.lo
-        if n == 0:
-            return [(lo, lo)] * k
-        if n * self.states > _DP_BUDGET:
-            return self.greedy()
-        path = self.path()
-        spans = []
-        for j in range(k):
-            inside = [u for u, s in enumerate(path) if s == 2 * j + 1]
-            if inside:
-                spans.append((lo + inside[0], lo + inside[-1] + 1))
-            else:
-                at = next((u for u, s in enumerate(path) if s > 2 * j + 1), n)
-                spans.append((lo + at, lo + at))
-        return spans
 
 
 def project(

@@ -15,8 +15,7 @@ import re
 import threading
 from collections import deque
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 from xml.parsers import expat
 
 from html5lib import _inputstream, _tokenizer, html5parser
@@ -43,8 +42,10 @@ _PARSE_ERROR = tokenTypes["ParseError"]
 _WRAPPER = "mtserve-fragment"
 
 
-@dataclass(frozen=True)
-class Token:
+class Token(NamedTuple):
+    """A token and its span `[start, end)` of the source (a named tuple: a sentence's dozen are
+    made on every request)."""
+
     kind: str
     start: int
     end: int
@@ -76,8 +77,14 @@ class _Tokenizer(_tokenizer.HTMLTokenizer):
     (from the end of the previous token to the position after it) and the token being processed."""
 
     def __init__(self, stream: str, parser: Any = None):
-        super().__init__(stream, parser=parser)
+        # HTMLTokenizer.__init__'s state, on our stream (its own would read the text a second time).
         self.stream = _Stream(stream)
+        self.parser = parser
+        self.escapeFlag = False
+        self.lastFourChars: list[str] = []
+        self.state = self.dataState
+        self.escape = False
+        self.currentToken = None
         self.record: list[dict[str, Any]] = []
         self.current = 0
 

@@ -263,7 +263,7 @@ def test_translate_stream_forces_the_terms_and_its_chunks_add_up(served, loop):
 def test_normalized_text_maps_back_to_the_text_as_sent(text):
     clean, starts, ends = normalize_with_offsets(text)
     assert clean == normalize_text(text) and len(starts) == len(ends) == len(clean)
-    assert all(a < b for a, b in zip(starts, ends)) and starts == sorted(starts) and ends == sorted(ends)
+    assert all(a < b for a, b in zip(starts, ends)) and list(starts) == sorted(starts) and list(ends) == sorted(ends)
     for ch, a, b in zip(clean, starts, ends):
         source = unicodedata.normalize("NFC", text[a:b])
         assert ch == source or (len(source) > 1 and ch in unicodedata.normalize("NFC", normalize_text(source) or " "))

@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from service.engine.markup import Alignment, MarkupError, locate, parse, project, render
+from service.engine.markup.arrangement import DIRECT, FREE, Arrangement
 from service.engine.markup.model import Block
 
 
@@ -583,3 +584,37 @@ def test_the_quick_test_for_a_page_agrees_with_the_tokenizer(parts):
 
     text = "".join(parts)
     assert _is_document(text) == _first_token_is_a_page(text)
+
+
+# -- the children's runs (markup/arrangement.py) ------------------------------------------------
+
+
+def _label_cost(a: Arrangement, path: list[int]) -> float:
+    """What the states of `path` (one per unit, never decreasing) cost by the units' labels."""
+    return sum(a.label_costs(a.labels[u])[s] for u, s in enumerate(path))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_runs_of_a_tags_children_cost_the_least_any_runs_can(seed):
+    """The dynamic programme's path costs, by the units' labels, the least that any path costs
+    (every non-decreasing sequence of states, enumerated), on small random cases, fixed ends
+    included; each child's run is where the path is in its state."""
+    import itertools
+
+    rng = random.Random(seed)
+    for _ in range(150):
+        k, n, lo = rng.randint(1, 3), rng.randint(1, 6), rng.randint(0, 3)
+        labels = [rng.choice([DIRECT, FREE, *range(k)]) for _ in range(n)]
+        anchors = [rng.randint(lo, lo + n) for _ in range(k)]
+        a = Arrangement(labels, anchors, lo, lo + n, rng.random() < 0.3, rng.random() < 0.3)
+        every = itertools.combinations_with_replacement(range(a.states), n)
+        best = min(_label_cost(a, list(p)) for p in every)
+        path = a.path()
+        assert path == sorted(path) and _label_cost(a, path) == best
+        spans = a.spans()
+        assert [s for s, e in spans] == sorted(s for s, e in spans) and all(lo <= s <= e <= lo + n for s, e in spans)
+        for j, (s, e) in enumerate(spans):
+            if s < e:
+                assert [u for u in range(n) if path[u] == 2 * j + 1] == list(range(s - lo, e - lo))
+            else:
+                assert 2 * j + 1 not in path

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import random
 from pathlib import Path
 
 import pytest
@@ -58,6 +59,7 @@ def test_sentencepiece_round_trip_and_spaces(sp_files):
     # Decoding a prefix of the ids gives a prefix of the text: what streaming relies on.
     for n in range(1, len(ids)):
         assert text.startswith(tok.decode(ids[:n]).rstrip())
+    assert tok.decode_prefixes(ids) == [tok.decode(ids[:n]) for n in range(1, len(ids) + 1)]
 
 
 def test_sentencepiece_unknown_pieces_and_special_tokens(sp_files):
@@ -78,6 +80,25 @@ def test_bpe_tokenizer(tiny_model_dir):
     assert tok.decode(ids).strip() == "Ein Hund läuft."
     assert tok.token_to_id("</s>") is not None and tok.id_to_token(ids[0]) is not None
     assert tok.decode([tok.token_to_id("</s>"), *ids]).strip() == "Ein Hund läuft."
+
+
+def test_bpe_decode_prefixes_are_the_prefixes_decoded(tiny_model_dir):
+    """Each prefix's text, read from the tokens' bytes, is what decoding that prefix gives: for
+    random ids (pieces of a character among them, U+FFFD until the character is complete, and the
+    special tokens, which decoding skips), and with an added token that is not special (whose
+    text the tokenizer writes: decoded prefix by prefix)."""
+    tok = BpeTokenizer(tiny_model_dir / "tokenizer.json")
+    rng = random.Random(0)
+    cases = [tok.encode("A dog — über 3€ naïve 😀"), [0, 1, 2, 3]]
+    cases += [[rng.randrange(tok.vocab_size) for _ in range(rng.randint(1, 12))] for _ in range(2000)]
+    assert sum("\ufffd" in tok.decode(ids) for ids in cases) > 100
+    for ids in cases:
+        assert tok.decode_prefixes(ids) == [tok.decode(ids[:k]) for k in range(1, len(ids) + 1)]
+    added = tok.vocab_size
+    assert tok.tokenizer.add_tokens(["<x-added>"]) == 1
+    ids = [*tok.encode("Ein Hund"), added, *tok.encode(" läuft")]
+    assert tok.decode_prefixes(ids) == [tok.decode(ids[:k]) for k in range(1, len(ids) + 1)]
+    assert "<x-added>" in tok.decode_prefixes(ids)[-1]
 
 
 TEXTS = ["Ein Hund läuft über die Straße.", "Zwei   Männer (ACME) spielen.", "  Café \ufb01 x 😀 ", ""]
