@@ -34,7 +34,8 @@ Per beam, a choice of layout and ISA (one run each), then `rounds` interleaved p
 of each ratio's two sides; a ratio is the median of the pairs'. Peak RSS: VmHWM of each engine's
 offline process at its best layout once its model is loaded (`*_after_load`) and after its runs
 (the server: once warmed up before any traffic, and after its runs its largest process and all its
-processes together); `disk_mb`: the imported version's files and CTranslate2's model dir. The last line printed is the JSON object `run.py --quick` nests as
+processes together); and what each holds once loaded (VmRSS, `*_held`: the server's load measures
+its decoder step on batches of up to 64 rows, whose peak VmHWM keeps); `disk_mb`: the imported version's files and CTranslate2's model dir. The last line printed is the JSON object `run.py --quick` nests as
 `real_size` (`summary`).
 """
 
@@ -265,6 +266,19 @@ def server_rss_mb(pid: int) -> tuple[float, float]:
     return round(max(figs), 1), round(sum(figs), 1)
 
 
+def server_held_mb(pid: int) -> float:
+    """What the server holds now (VmRSS), its largest process's: after its load, what it keeps."""
+    from benchmarks.processes import replica_pids
+
+    def rss(p: int) -> float:
+        for line in Path(f"/proc/{p}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+        return 0.0
+
+    return round(max(rss(p) for p in [pid, *replica_pids(pid)]), 1)
+
+
 def server_level(
     address: str, texts: list[str], plan: RealSizePlan, beam: int, concurrency: int, languages: dict | None = None
 ) -> Row:
@@ -481,12 +495,16 @@ def measure(plan: RealSizePlan, dims: Dims = Dims(), family: Family = MARIAN) ->
         server_args = served_layout_real_size(plan.threads)
         with Server(prep.model, server_args) as srv:
             warm, _ = server_rss_mb(srv.pid)  # the model loaded and warmed up, before any traffic
+            held = server_held_mb(srv.pid)
             rows = [measure_beam(plan, eng, srv.address, texts, beam, languages) for beam in plan.beams]
             replica, server_total = server_rss_mb(srv.pid)
         rss = {"service_after_warm_up": warm, "service_replica": replica, "service_all_processes": server_total}
+        rss["service_after_warm_up_held"] = held
         ours, theirs = eng.engine[rows[-1]["engine_loops"]], eng.ct2[rows[-1]["ct2_isa"].replace("default", "")]
         rss["engine_after_load"] = round(ours.ready["vm_hwm_kb"] / 1024, 1)  # the layouts of the last beam
         rss["ct2_int8_after_load"] = round(theirs.ready["vm_hwm_kb"] / 1024, 1)
+        rss["engine_after_load_held"] = round(ours.ready["vm_rss_kb"] / 1024, 1)
+        rss["ct2_int8_after_load_held"] = round(theirs.ready["vm_rss_kb"] / 1024, 1)
         rss["engine"], rss["ct2_int8"] = rss_mb(ours), rss_mb(theirs)
         rss.update({name.replace("-", "_"): rss_mb(w) for name, w in eng.hf.items()})
         for r in rows:
@@ -583,7 +601,7 @@ def report_lines(
     rss = real["summary"]["peak_rss_mb"]
     L += [
         "",
-        "Peak RSS (VmHWM, MB; the server: its largest replica, and all its processes): "
+        "Peak RSS (VmHWM, MB; the server: its largest replica, and all its processes; `_held`: VmRSS once loaded): "
         + ", ".join(f"{k} {v}" for k, v in rss.items())
         + (f". {real['hf_error']}" if real.get("hf_error") else ""),
     ]

@@ -10,7 +10,11 @@ they share the work), so that other processes on a busy machine do not inflate i
 of the development machine at a load average of 5, the real-size model's 16-row step measured
 5.9-7.0 ms this way in six runs, and 5.9-14.4 ms in wall time. It runs on one decode worker's
 session before the workers start, so nothing else of this model competes with it; about 0.4 s at
-real size, 0.1 s for the shipped toy models.
+real size, 0.1 s for the shipped toy models. One untimed step after each size's timed ones, and
+one encoder run of one row at the end, run `releasing_memory`: ONNX Runtime's arenas give back
+what the batches of 64 rows grew (about 70 MB at OPUS-MT's size, which the server would
+otherwise hold from its load on, whatever its traffic), and the loader hands the freed heap back
+to the kernel after.
 
 The rule (`derive`, a pure function of those costs):
 
@@ -44,6 +48,8 @@ import statistics
 import time
 from collections.abc import Collection
 from dataclasses import dataclass
+
+import numpy as np
 
 from service.decoding.batch import DecodeBatch
 from service.decoding.model import DecoderModel
@@ -164,7 +170,7 @@ def measure_step_costs(model: DecoderModel, rows: tuple[int, ...] = MEASURED_ROW
     ms: dict[int, float] = {}
     for n in rows:
         batch = DecodeBatch.from_sources(
-            model, [source] * n, list(range(n)), max_lens=[steps + 1] * n, want_scores=False
+            model, [source] * n, list(range(n)), max_lens=[steps + 2] * n, want_scores=False
         )
         times = []
         for i in range(steps):
@@ -172,5 +178,10 @@ def measure_step_costs(model: DecoderModel, rows: tuple[int, ...] = MEASURED_ROW
             batch.step(model)
             if i >= WARM_STEPS:
                 times.append(1000 * (time.thread_time() - t0))
+        with model.releasing_memory():  # one step more, untimed: what the steps grew goes back
+            batch.step(model)
         ms[n] = statistics.median(times)
+    del batch  # its encoder outputs, which held the encoder's arena, freed
+    with model.releasing_memory():  # and the encoder's arena given back by one more run
+        model.encode(np.array([source], dtype=np.int64), np.ones((1, len(source)), dtype=np.int64))
     return StepCosts(ms)

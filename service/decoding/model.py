@@ -8,6 +8,7 @@ of two graphs (`graph`): "portable" runs through `step` with a cache it returns 
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
 from typing import Protocol
 
 import numpy as np
@@ -69,6 +70,9 @@ class DecoderModel(Protocol):
     ) -> tuple[np.ndarray, list[np.ndarray], list[np.ndarray]]:
         """src_ids, src_mask (B, S) -> memory (B, S, d_model) and per decoder layer the
         cross-attention keys and values (B, H, S, d_k)."""
+
+    def releasing_memory(self) -> AbstractContextManager[None]:
+        """Runs inside give back the memory they grew (the sessions' arenas) as each ends."""
 
     def step(
         self,

@@ -27,7 +27,7 @@ from service.parallel.pool import EnginePool
 from service.repository.layout import SERVING_FILE, VersionDir, model_overrides
 from service.repository.registry import ServedModel
 from service.runtime.loading import load_models
-from service.runtime.memory import mapped_allocations
+from service.runtime.memory import mapped_allocations, release_freed_memory
 from service.runtime.onnx_model import choose_graph, uses_shortlist
 from service.runtime.tokenizer import TextTokenizer, load_tokenizer
 from service.settings import Settings
@@ -253,6 +253,8 @@ def _load_in_process(st: Settings, metrics: ModelMetrics, explicit: set[str], se
     manifest = models[0].manifest
     try:
         st, batching = in_force(st, explicit, serving, models[0])
+        if batching.costs is not None:  # the measurement's batches freed: their pages back to the kernel
+            release_freed_memory()
     except Exception as e:  # a step that fails here would fail every request: the load fails instead
         raise ModelLoadError(f"measuring the decoder step: {type(e).__name__}: {e}") from e
     scheduler = Scheduler(models, st, metrics)

@@ -9,7 +9,9 @@ float32 whatever the precision of the graphs (the fp16 graphs cast at their boun
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import Iterator
 from pathlib import Path
 from typing import NamedTuple
 
@@ -79,6 +81,17 @@ def uses_shortlist(manifest: Manifest, precision: str, graph: str, enabled: bool
     return bool(manifest.variant(precision, graph).shortlist_steps)
 
 
+# ONNX Runtime's option that makes a run give its CPU arena's unused regions back when it ends.
+_ARENA_SHRINKAGE = ("memory.enable_memory_arena_shrinkage", "cpu:0")
+
+
+class RunOptionsHolder:
+    """The run options every session run of a model passes (None: ONNX Runtime's defaults), which
+    `OnnxSeq2Seq.releasing_memory` sets for the runs inside it."""
+
+    run_options: ort.RunOptions | None = None
+
+
 # The OrtValues over a cache's buffers, by the buffer's id, each with its buffer (which keeps the
 # id from being reused while the entry lives): the bindings of one cache share them.
 OrtValues = dict[int, tuple[np.ndarray, ort.OrtValue]]
@@ -96,8 +109,10 @@ class BoundStep:
         inputs: dict[str, np.ndarray],
         outputs: dict[str, np.ndarray],
         values: OrtValues | None = None,
+        options: RunOptionsHolder | None = None,
     ):
         self.session, self.io = session, session.io_binding()
+        self.options = options
         self._known: OrtValues = {} if values is None else values
         self._values: dict[tuple[bool, str], ort.OrtValue] = {}  # what is bound, alive as long as the binding
         for name, array in inputs.items():
@@ -117,7 +132,7 @@ class BoundStep:
         self._values[output, name] = entry[1]
 
     def run(self) -> None:
-        self.session.run_with_iobinding(self.io)
+        self.session.run_with_iobinding(self.io, None if self.options is None else self.options.run_options)
 
 
 class StepOutput(NamedTuple):
@@ -132,7 +147,7 @@ class StepOutput(NamedTuple):
     log_probs: np.ndarray | None  # (B, V) when asked for
 
 
-class OnnxSeq2Seq:
+class OnnxSeq2Seq(RunOptionsHolder):
     """An ONNX export dir (or a model dir with an `onnx/` subdir) loaded for inference.
 
     Attributes: manifest, tokenizer, provider ("cpu"/"cuda", the one in use), precision, graph
@@ -288,6 +303,7 @@ class OnnxSeq2Seq:
                 SRC_IDS: np.ascontiguousarray(src_ids, dtype=np.int64),
                 SRC_MASK: np.ascontiguousarray(src_mask, dtype=np.int64),
             },
+            self.run_options,
         )
         return out[0], out[1::2], out[2::2]
 
@@ -325,7 +341,7 @@ class OnnxSeq2Seq:
         for (kn, vn), k, v in zip(self._cross_names, cross_k, cross_v):
             feed[kn], feed[vn] = k, v
         names = self._step_out_lp if log_probs else self._step_out
-        out = self.decoder.run(names, feed)
+        out = self.decoder.run(names, feed, self.run_options)
         L = self.n_layers
         return StepOutput(
             top_log_probs=out[0],
@@ -363,7 +379,7 @@ class OnnxSeq2Seq:
         `Shortlist.batch_ids`). `values`: BoundStep's."""
         if self.graph != "fused":
             raise RuntimeError(f"bind_step runs the fused graph; this model runs the {self.graph} one")
-        return BoundStep(self._step_session(len(inputs[TOKENS]), scored), inputs, outputs, values)
+        return BoundStep(self._step_session(len(inputs[TOKENS]), scored), inputs, outputs, values, self)
 
     def run_fused(self, inputs: dict[str, np.ndarray], names: list[str]) -> list[np.ndarray]:
         """One fused step without IO binding, ONNX Runtime allocating the outputs: for a batch's first
@@ -371,7 +387,22 @@ class OnnxSeq2Seq:
         would cost more than the step saves."""
         if self.graph != "fused":
             raise RuntimeError(f"run_fused runs the fused graph; this model runs the {self.graph} one")
-        return self._step_session(len(inputs[TOKENS])).run(names, inputs)
+        return self._step_session(len(inputs[TOKENS])).run(names, inputs, self.run_options)
+
+    @contextlib.contextmanager
+    def releasing_memory(self) -> Iterator[None]:
+        """Runs inside give back, as each ends, what its session's CPU arena holds unused: ONNX
+        Runtime's arena otherwise keeps every region it grew, at the size of the largest batch
+        it has run. For work that is not traffic's (calibration's batches of 64 rows), not for
+        steps in a loop, which would grow the arena again at every run. Not thread-safe: for a
+        model that nothing else runs meanwhile."""
+        options = ort.RunOptions()
+        options.add_run_config_entry(*_ARENA_SHRINKAGE)
+        self.run_options = options
+        try:
+            yield
+        finally:
+            self.run_options = None
 
     def _step_session(self, rows: int, scored: bool = True) -> ort.InferenceSession:
         """The fused step's session for `rows` rows: the one-row graph where the export has it."""

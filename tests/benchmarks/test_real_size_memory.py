@@ -31,5 +31,8 @@ def test_ratios_and_their_table_hold_only_the_figures_a_run_has():
     }
     table = report_lines({"disk_mb": disk, "summary": {"peak_rss_mb": rss}})
     assert "| disk: the int8 set / CTranslate2 int8 | 150.0 | 100.0 | **1.500** | <= 1.25 |" in table
-    assert "| RSS: server warmed up / CTranslate2 loaded | - | 200.0 | - | <= 1.25 |" in table
+    assert "| peak RSS: server warmed up / CTranslate2 loaded | - | 200.0 | - |  |" in table
+    assert "| RSS held: server warmed up / CTranslate2 loaded | - | - | - | <= 1.25 |" in table
+    held = {"service_after_warm_up_held": 260.0, "ct2_int8_after_load_held": 200.0}
+    assert ratios({}, held) == {"rss_service_after_warm_up_held_over_ct2_int8_after_load_held": 1.3}
     assert report_lines({"summary": {"peak_rss_mb": rss}}) == []

@@ -106,3 +106,44 @@ def test_a_real_model_is_measured_and_its_values_are_in_force(tiny_onnx_dir):
     assert calibration.MIN_DELAY_MS <= served.max_queue_delay_ms <= calibration.MAX_DELAY_MS
     assert served.max_batch_tokens == calibration.TOKENS_PER_ROW * st.max_batch_sentences
     assert served.model_dir == st.model_dir and served.precision == "fp32"  # the rest unchanged
+
+
+def test_the_measurement_gives_back_what_its_batches_grew(tiny_onnx_dir, monkeypatch):
+    """The timed steps run with ONNX Runtime's defaults; after each size's, one more step, and at
+    the end one encoder run of one row, shrink the sessions' arenas (`releasing_memory`), so that
+    the server does not hold what the batches of 64 rows grew from its load on."""
+    import onnxruntime as ort
+
+    from service.runtime.loading import load_models
+
+    model = load_models(Settings(model_dir=tiny_onnx_dir.parent, onnx_dir=tiny_onnx_dir, precision="fp32"))[0]
+    runs: list[tuple[bool, bool]] = []  # (the encoder's run, shrinking its arena)
+
+    def record(session, options) -> None:
+        entry = options.get_run_config_entry("memory.enable_memory_arena_shrinkage") if options else ""
+        runs.append((session is model.encoder, entry == "cpu:0"))
+
+    run, run_bound = ort.InferenceSession.run, ort.InferenceSession.run_with_iobinding
+    monkeypatch.setattr(
+        ort.InferenceSession,
+        "run",
+        lambda s, names, feed, options=None: (record(s, options), run(s, names, feed, options))[1],
+    )
+    monkeypatch.setattr(
+        ort.InferenceSession,
+        "run_with_iobinding",
+        lambda s, io, options=None: (record(s, options), run_bound(s, io, options))[1],
+    )
+    measure_step_costs(model)
+    steps = calibration.WARM_STEPS + calibration.TIMED_STEPS
+    assert [shrink for encoder, shrink in runs if not encoder] == ([False] * steps + [True]) * len(
+        calibration.MEASURED_ROWS
+    )
+    encoder = [shrink for encoder, shrink in runs if encoder]
+    assert (
+        len(encoder) > len(calibration.MEASURED_ROWS)
+        and encoder[-1]
+        and not any(encoder[:-1])
+        and runs[-1] == (True, True)
+    )
+    assert model.run_options is None
