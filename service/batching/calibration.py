@@ -166,22 +166,25 @@ def measure_step_costs(model: DecoderModel, rows: tuple[int, ...] = MEASURED_ROW
     specials = {model.pad_id, model.eos_id, model.bos_id, model.start_id}
     ids = [i for i in range(4, 4 + 2 * SOURCE_TOKENS) if i < model.vocab_size and i not in specials]
     source = [*ids[: SOURCE_TOKENS - 1], model.eos_id]
-    steps = WARM_STEPS + TIMED_STEPS
-    ms: dict[int, float] = {}
-    for n in rows:
-        batch = DecodeBatch.from_sources(
-            model, [source] * n, list(range(n)), max_lens=[steps + 2] * n, want_scores=False
-        )
-        times = []
-        for i in range(steps):
-            t0 = time.thread_time()
-            batch.step(model)
-            if i >= WARM_STEPS:
-                times.append(1000 * (time.thread_time() - t0))
-        with model.releasing_memory():  # one step more, untimed: what the steps grew goes back
-            batch.step(model)
-        ms[n] = statistics.median(times)
-    del batch  # its encoder outputs, which held the encoder's arena, freed
-    with model.releasing_memory():  # and the encoder's arena given back by one more run
+    ms = {n: _step_ms(model, source, n) for n in rows}
+    # The batches are gone, their encoder outputs with them: one more encoder run gives back the
+    # encoder's arena.
+    with model.releasing_memory():
         model.encode(np.array([source], dtype=np.int64), np.ones((1, len(source)), dtype=np.int64))
     return StepCosts(ms)
+
+
+def _step_ms(model: DecoderModel, source: list[int], n: int) -> float:
+    """The median thread CPU milliseconds of TIMED_STEPS greedy steps over n rows of `source`,
+    after WARM_STEPS; then one step more, untimed, that gives back what the steps grew."""
+    steps = WARM_STEPS + TIMED_STEPS
+    batch = DecodeBatch.from_sources(model, [source] * n, list(range(n)), max_lens=[steps + 2] * n, want_scores=False)
+    times = []
+    for i in range(steps):
+        t0 = time.thread_time()
+        batch.step(model)
+        if i >= WARM_STEPS:
+            times.append(1000 * (time.thread_time() - t0))
+    with model.releasing_memory():
+        batch.step(model)
+    return statistics.median(times)
