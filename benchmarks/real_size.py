@@ -252,17 +252,19 @@ def rss_mb(w: Worker) -> float:
     return round(w.ask(op="rss")["vm_hwm_kb"] / 1024, 1)
 
 
+def _status_mb(pid: int, field: str) -> float:
+    """A memory field of /proc/PID/status (VmHWM, VmRSS) in MB; 0 where it has none."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(f"{field}:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
 def server_rss_mb(pid: int) -> tuple[float, float]:
     """The server's peak RSS: (its largest replica's or its own, all its processes together)."""
     from benchmarks.processes import replica_pids
 
-    def hwm(p: int) -> float:
-        for line in Path(f"/proc/{p}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-        return 0.0
-
-    figs = [hwm(p) for p in [pid, *replica_pids(pid)]]
+    figs = [_status_mb(p, "VmHWM") for p in [pid, *replica_pids(pid)]]
     return round(max(figs), 1), round(sum(figs), 1)
 
 
@@ -270,13 +272,7 @@ def server_held_mb(pid: int) -> float:
     """What the server holds now (VmRSS), its largest process's: after its load, what it keeps."""
     from benchmarks.processes import replica_pids
 
-    def rss(p: int) -> float:
-        for line in Path(f"/proc/{p}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-        return 0.0
-
-    return round(max(rss(p) for p in [pid, *replica_pids(pid)]), 1)
+    return round(max(_status_mb(p, "VmRSS") for p in [pid, *replica_pids(pid)]), 1)
 
 
 def server_level(
