@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import re
 import unicodedata
-from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 
+from contract.byte_level import BYTE_OF_CHARACTER
 from service.api.mtserve.v1 import translation_pb2 as pb
 from service.client.client import alignment_matrix
 
@@ -23,28 +23,11 @@ CONTINUATION = "·"  # marks a subword piece that continues the previous token's
 SPECIAL = re.compile(r"<[^<>\s]+>")  # </s>, <unk>, <pad>: shown as they are
 
 
-@lru_cache(maxsize=1)
-def _byte_decoder() -> dict[str, int]:
-    """The inverse of the byte-level BPE alphabet (GPT-2's bytes_to_unicode): printable bytes map
-    to themselves, the others to code points from 256 up ('Ġ' is the space, byte 32)."""
-    keep = (
-        list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    )
-    chars, extra = {}, 0
-    for b in range(256):
-        if b in keep:
-            chars[chr(b)] = b
-        else:
-            chars[chr(256 + extra)] = b
-            extra += 1
-    return chars
-
-
 def readable_token(token: str) -> str:
     """One byte-level BPE token as text: 'ĠHund' -> 'Hund', 'MÃ¤' -> 'Mä', a piece that continues a
     word -> '·en'. Special tokens ('</s>') stay as they are; a piece holding part of a multi-byte
     character shows U+FFFD."""
-    table = _byte_decoder()
+    table = BYTE_OF_CHARACTER
     if not token or SPECIAL.fullmatch(token) or any(c not in table for c in token):
         return token
     data = bytes(table[c] for c in token)

@@ -37,6 +37,7 @@ from typing import Protocol
 import sentencepiece as spm
 from tokenizers import Tokenizer, decoders
 
+from contract.byte_level import BYTE_OF_CHARACTER
 from contract.manifest import Manifest
 
 WORD_STARTS = ("▁", "Ġ")  # SentencePiece's and byte-level BPE's mark of a token that begins a word
@@ -129,11 +130,10 @@ class BpeTokenizer:
         decoder is plain ByteLevel."""
         if not self._bytes_made:
             if isinstance(self.tokenizer.decoder, decoders.ByteLevel):
-                to_byte = {c: b for b, c in _byte_alphabet().items()}
                 table: dict[int, bytes] = {}
                 for token, i in self.tokenizer.get_vocab(with_added_tokens=False).items():
-                    if all(c in to_byte for c in token):
-                        table[i] = bytes(to_byte[c] for c in token)
+                    if all(c in BYTE_OF_CHARACTER for c in token):
+                        table[i] = bytes(BYTE_OF_CHARACTER[c] for c in token)
                 for i, added in self.tokenizer.get_added_tokens_decoder().items():
                     table.pop(i, None)
                     if added.special:
@@ -156,18 +156,6 @@ class BpeTokenizer:
     def token_to_id(self, token: str) -> int | None:
         found = self.tokenizer.token_to_id(token)
         return None if found is None else int(found)
-
-
-def _byte_alphabet() -> dict[int, str]:
-    """Byte-level BPE's character for each byte (GPT-2's `bytes_to_unicode`): printable Latin-1
-    characters stand for themselves, the other bytes for the characters from U+0100 on."""
-    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    alphabet, extra = {b: chr(b) for b in keep}, 0
-    for b in range(256):
-        if b not in alphabet:
-            alphabet[b] = chr(256 + extra)
-            extra += 1
-    return alphabet
 
 
 def _read_vocab(path: Path) -> dict[str, int]:
