@@ -27,28 +27,27 @@ cross-attention keys/values once, for all its beams (the graph folds them into t
         batch = DecodeBatch.concatenate([batch, DecodeBatch.from_sources(...)])  # admit new ones
 
 Its parts, in `service.decoding`: `encoder` (the encoder pass), `output_rules` (what a step may
-emit; `terms`, the glossary terms it forces), `search` (greedy and beam search over a step's candidates), `layout` (its fields through
-`filter` and `concatenate`), `results` (what it returns), `resumed_rows` (rows that keep their
+emit; `terms`, the glossary terms it forces, and `term_rows`, the rows' term state), `search`
+(greedy and beam search over a step's candidates), `layout` (its fields through `filter` and
+`concatenate`, `LaidOut`), `results` (what it returns), `resumed_rows` (rows that keep their
 decoder state or go on from one: `resume`); `generator.generate` is the offline loop.
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from service.decoding.cache import RowCache
+from service.decoding.cache import RowCache, StepResult
 from service.decoding.concat_cache import ConcatCache
 from service.decoding.encoder import encode_sources
 from service.decoding.in_place_cache import new_cache
 from service.decoding.layout import (
+    LaidOut,
     as_list,
     batch_wide,
-    check_batch_wide,
-    concatenated,
-    filtered,
     layouts,
     out_width,
     per,
@@ -59,7 +58,6 @@ from service.decoding.output_rules import NEG_INF, OutputRules, max_output_len
 from service.decoding.results import Ended, Finished, Node
 from service.decoding.resume import Resume, encoded
 from service.decoding.resumed_rows import ResumedRows, resumed_prefixes
-from service.decoding.rows import fill_order
 from service.decoding.sampling import Sampling
 from service.decoding.search import Search
 from service.decoding.terms import SourceTerm, term_tokens
@@ -68,7 +66,7 @@ _NO_IDS = np.zeros(0, dtype=np.int64)  # a sentence's shortlist candidates where
 
 
 @dataclass(eq=False, repr=False, slots=True)
-class DecodeBatch(Search, ResumedRows):
+class DecodeBatch(Search, ResumedRows, LaidOut):
     """Decoding state of a set of sentences, `beam` consecutive rows each (see the module doc).
 
     Every field declares its `Layout`: batch-wide, per sentence (n of them) or per row (R = n x
@@ -337,24 +335,17 @@ class DecodeBatch(Search, ResumedRows):
         # A batch's first step with beams runs one row per sentence (its beams are identical then).
         # A lone sentence (`_lone_step`) does not gain: its step of K rows costs about what the separate call adds.
         first = K > 1 and self.cache.past_len == 0
-        ranks = k_row
-        while ranks:  # twice where a step right after a term ranked too few (`_short_of_candidates`)
-            k_row = ranks
-            step_args = (model, self.tokens, self.positions, self.cross_k, self.cross_v, self.src_mask, k_row)
+
+        def run(k: int) -> StepResult:
+            step_args = (model, self.tokens, self.positions, self.cross_k, self.cross_v, self.src_mask, k)
             if first:
-                out = self.cache.first_step(*step_args, vocab=self.vocab)
-            else:
-                out = self.cache.step(*step_args, scored=scored, vocab=self.vocab, no_eos=no_eos)
-            top_lp, top_ids, att = out.top_log_probs, out.top_ids, out.cross_attention
-            if sampling:
-                top_ids, top_lp = rules.sample(self.sampling, self._sampling_rows(), top_ids, top_lp)
-            before = self._term_state()
-            terms = self._term_step(top_ids, att, rules.forced)
-            ranked = top_lp
-            top_ids, top_lp = rules.with_terms(terms).apply(top_ids, top_lp)
-            ranks = self._ranks_again(k_row, model.vocab_size, terms, ranked, top_lp, rules.forced)
-            if ranks:
-                self._set_term_state(before)
+                return self._drawn(self.cache.first_step(*step_args, vocab=self.vocab), rules, sampling)
+            return self._drawn(
+                self.cache.step(*step_args, scored=scored, vocab=self.vocab, no_eos=no_eos), rules, sampling
+            )
+
+        out, terms = self.ranked(run, k_row, model.vocab_size, rules)
+        top_lp, top_ids, att = out.top_log_probs, out.top_ids, out.cross_attention
         last = self.max_len - 1  # (R,) at a sentence's last allowed step only </s> may follow
         force = self.positions >= (last if K == 1 else np.repeat(last, K))
         if force.any():
@@ -388,9 +379,13 @@ class DecodeBatch(Search, ResumedRows):
             self.target_prefix,
         )
 
-    def _sampling_rows(self) -> list[int]:
-        """The live rows that sample (greedy: a row is a sentence)."""
-        return np.flatnonzero(self.samples & ~self.done).tolist()
+    def _drawn(self, out: StepResult, rules: OutputRules, sampling: bool) -> StepResult:
+        """The step's result with the drawn token of each live row that samples in column 0."""
+        if not sampling:
+            return out
+        rows = np.flatnonzero(self.samples & ~self.done).tolist()
+        top_ids, top_lp = rules.sample(self.sampling, rows, out.top_ids, out.top_log_probs)
+        return out._replace(top_ids=top_ids, top_log_probs=top_lp)
 
     def _lone_step(
         self,
@@ -405,25 +400,15 @@ class DecodeBatch(Search, ResumedRows):
         bookkeeping on Python scalars and in place (the sentence's K rows share one position),
         where numpy's cost per call on arrays of one element was most of a step's host time (about
         70 µs around a 230 µs greedy decoder call). Beam search selects in `_beam_one`."""
-        K, live, prefix, ranks = self.beam, not self.done[0], rules, k_row
-        while ranks:  # twice where a step right after a term ranked too few (`_short_of_candidates`)
-            k_row = ranks
-            step_args = (model, self.tokens, self.positions, self.cross_k, self.cross_v, self.src_mask, k_row)
-            out = self.cache.step(*step_args, scored=scored, vocab=self.vocab, no_eos=no_eos)
-            if sampling:
-                drawn_ids, drawn_lp = prefix.sample(
-                    self.sampling, self._sampling_rows(), out.top_ids, out.top_log_probs
-                )
-                out = out._replace(top_ids=drawn_ids, top_log_probs=drawn_lp)
-            before, ranked = self._term_state(), out.top_log_probs
-            terms = self._term_step(out.top_ids, out.cross_attention, prefix.forced)
-            rules = prefix.with_terms(terms)
-            if rules.binding:
-                top_ids, top_lp = rules.apply(out.top_ids, out.top_log_probs)
-                out = out._replace(top_ids=top_ids, top_log_probs=top_lp)
-            ranks = self._ranks_again(k_row, model.vocab_size, terms, ranked, out.top_log_probs, prefix.forced)
-            if ranks:
-                self._set_term_state(before)
+        K, live = self.beam, not self.done[0]
+
+        def run(k: int) -> StepResult:
+            step_args = (model, self.tokens, self.positions, self.cross_k, self.cross_v, self.src_mask, k)
+            return self._drawn(
+                self.cache.step(*step_args, scored=scored, vocab=self.vocab, no_eos=no_eos), rules, sampling
+            )
+
+        out, terms = self.ranked(run, k_row, model.vocab_size, rules)
         forced = int(self.positions[0]) >= int(self.max_len[0]) - 1  # only </s> may follow the last step
         if K == 1:
             finished, rows = self._greedy_lone(out, forced, live), None
@@ -440,57 +425,6 @@ class DecodeBatch(Search, ResumedRows):
         self.positions += not self.done[0]
         self.steps[0] += live
         return finished
-
-    # -- batch surgery --------------------------------------------------------
-
-    def filter(self, keep_keys: Iterable[Hashable]) -> DecodeBatch:
-        """Keep only the sentences in `keep_keys` (others finished or were cancelled), in place;
-        then drop source columns and cache entries no kept row uses. Returns self. The kept
-        sentences keep their places, except those behind the new end, which fill the gaps in
-        batch order (`fill_order`): the keys, caches and the encoder's keys and values then move
-        one sentence per dropped one, not every sentence behind the first gap."""
-        keep = set(keep_keys)
-        idx = [i for i, k in enumerate(self.keys) if k in keep]
-        if len(idx) == self.n_sentences:
-            return self
-        idx = fill_order(idx)
-        K = self.beam
-        sent = np.array(idx, dtype=np.int64)
-        rows = (sent[:, None] * K + np.arange(K)[None, :]).reshape(-1)
-        # The source axis shrinks to the kept sentences' longest source, the output axis to their
-        # longest output (`_out_width`); the cache drops the entries that no kept row uses by itself.
-        S = int(self.src_lens[sent].max()) if len(idx) else 0
-        cut = {"source": S, "output": out_width(K, self.max_len[sent])}
-        picks = {"sentence": (sent, idx), "row": (rows, rows.tolist())}
-        for name, layout in layouts(type(self)):
-            if layout.axis != "batch":
-                at, at_list = picks[layout.axis]
-                setattr(self, name, filtered(name, layout, getattr(self, name), at, at_list, keep, cut))
-        return self
-
-    @classmethod
-    def concatenate(cls, batches: Sequence[DecodeBatch | None]) -> DecodeBatch:
-        """Merge batches (same beam width) whose rows may be at different steps: sources are padded
-        to the longest (src_mask 0), caches to the longest past (masked)."""
-        present = [b for b in batches if b is not None]
-        if not present:
-            raise ValueError("nothing to concatenate")
-        first = present[0]
-        check_batch_wide(cls, present)
-        if len(present) == 1:
-            return first
-        keys = [k for b in present for k in b.keys]
-        if len(set(keys)) != len(keys):
-            raise ValueError("duplicate keys across batches")
-        longest = {
-            "source": max(b.src_len for b in present),
-            "output": out_width(first.beam, np.concatenate([b.max_len for b in present])),
-        }
-        merged = {
-            name: concatenated(name, layout, [getattr(b, name) for b in present], longest)
-            for name, layout in layouts(cls)
-        }
-        return cls(**merged)
 
 
 layouts(DecodeBatch)  # a field without a Layout fails here, at import

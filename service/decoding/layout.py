@@ -1,19 +1,19 @@
 """How a `DecodeBatch`'s fields follow its rows: each field declares a `Layout` (batch-wide, per
 sentence or per row, padded along the source or the output, one array per decoder layer), and
-`filtered` and `concatenated` carry a field through `DecodeBatch.filter` and
-`DecodeBatch.concatenate` by that declaration.
+`filtered` and `concatenated` carry a field through `LaidOut.filter` and `LaidOut.concatenate`
+(`DecodeBatch`'s base) by that declaration.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field, fields
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Self
 
 import numpy as np
 
 from service.decoding.cache import RowCache
-from service.decoding.rows import row_moves, stack_padded
+from service.decoding.rows import fill_order, row_moves, stack_padded
 
 
 @dataclass(frozen=True)
@@ -160,3 +160,67 @@ def as_list(value: Any, n: int, name: str) -> list[Any]:
             raise ValueError(f"{name}: {len(value)} values for {n} sentences")
         return list(value)
     return [value] * n
+
+
+class LaidOut:
+    """A batch whose fields declare their layout (`DecodeBatch`'s base, as `Search` is: the fields
+    below are the batch's own): sentences dropped and batches merged, every field carried by its
+    declaration."""
+
+    if not TYPE_CHECKING:  # no instance dict: `DecodeBatch` declares the slots of these fields
+        __slots__ = ()
+
+    beam: int
+    keys: list[Hashable]
+    src_lens: np.ndarray
+    src_mask: np.ndarray
+    max_len: np.ndarray
+
+    def filter(self, keep_keys: Iterable[Hashable]) -> Self:
+        """Keep only the sentences in `keep_keys` (others finished or were cancelled), in place;
+        then drop source columns and cache entries no kept row uses. Returns self. The kept
+        sentences keep their places, except those behind the new end, which fill the gaps in
+        batch order (`fill_order`): the keys, caches and the encoder's keys and values then move
+        one sentence per dropped one, not every sentence behind the first gap."""
+        keep = set(keep_keys)
+        idx = [i for i, k in enumerate(self.keys) if k in keep]
+        if len(idx) == len(self.keys):
+            return self
+        idx = fill_order(idx)
+        K = self.beam
+        sent = np.array(idx, dtype=np.int64)
+        rows = (sent[:, None] * K + np.arange(K)[None, :]).reshape(-1)
+        # The source axis shrinks to the kept sentences' longest source, the output axis to their
+        # longest output (`out_width`); the cache drops the entries that no kept row uses by itself.
+        S = int(self.src_lens[sent].max()) if len(idx) else 0
+        cut = {"source": S, "output": out_width(K, self.max_len[sent])}
+        picks = {"sentence": (sent, idx), "row": (rows, rows.tolist())}
+        for name, layout in layouts(type(self)):
+            if layout.axis != "batch":
+                at, at_list = picks[layout.axis]
+                setattr(self, name, filtered(name, layout, getattr(self, name), at, at_list, keep, cut))
+        return self
+
+    @classmethod
+    def concatenate(cls, batches: Sequence[Self | None]) -> Self:
+        """Merge batches (same beam width) whose rows may be at different steps: sources are padded
+        to the longest (src_mask 0), caches to the longest past (masked)."""
+        present = [b for b in batches if b is not None]
+        if not present:
+            raise ValueError("nothing to concatenate")
+        first = present[0]
+        check_batch_wide(cls, present)
+        if len(present) == 1:
+            return first
+        keys = [k for b in present for k in b.keys]
+        if len(set(keys)) != len(keys):
+            raise ValueError("duplicate keys across batches")
+        longest = {
+            "source": max(int(b.src_mask.shape[1]) for b in present),
+            "output": out_width(first.beam, np.concatenate([b.max_len for b in present])),
+        }
+        merged = {
+            name: concatenated(name, layout, [getattr(b, name) for b in present], longest)
+            for name, layout in layouts(cls)
+        }
+        return cls(**merged)

@@ -15,7 +15,7 @@ import numpy as np
 from service.decoding.cache import StepResult
 from service.decoding.output_rules import NEG_INF
 from service.decoding.results import Ended, Finished, Hypothesis, Node, alignment_of, chain_length, link, walk
-from service.decoding.terms import TermRows
+from service.decoding.term_rows import TermRows
 
 
 class Search(TermRows):

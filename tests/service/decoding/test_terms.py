@@ -310,7 +310,7 @@ def test_a_step_after_a_term_ranks_a_few_candidates_first_and_all_where_they_may
     GLUE_BEAM_EXTRA more where a sentence's best allowed ones may lie past a row's ranked ones:
     the translations are those of ranking them all at once, whether the step had enough (random
     pieces leave most) or not (none more at first, every piece banned: it ranks again)."""
-    import service.decoding.terms as terms_module
+    import service.decoding.term_rows as terms_module
 
     de, _ = test_split
     texts = [t for t in de if " Hund " in t][:n_texts]
@@ -346,7 +346,7 @@ def test_a_step_that_would_rank_again_past_the_vocabulary_ranks_it_once_and_goes
     again with the whole vocabulary, once, and the search is the one of ranking it all at once."""
     import threading
 
-    import service.decoding.terms as terms_module
+    import service.decoding.term_rows as terms_module
 
     de, _ = test_split
     texts = [t for t in de if " Hund " in t][:2]
