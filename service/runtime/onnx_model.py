@@ -85,13 +85,6 @@ def uses_shortlist(manifest: Manifest, precision: str, graph: str, enabled: bool
 _ARENA_SHRINKAGE = ("memory.enable_memory_arena_shrinkage", "cpu:0")
 
 
-class RunOptionsHolder:
-    """The run options every session run of a model passes (None: ONNX Runtime's defaults), which
-    `OnnxSeq2Seq.releasing_memory` sets for the runs inside it."""
-
-    run_options: ort.RunOptions | None = None
-
-
 # The OrtValues over a cache's buffers, by the buffer's id, each with its buffer (which keeps the
 # id from being reused while the entry lives): the bindings of one cache share them.
 OrtValues = dict[int, tuple[np.ndarray, ort.OrtValue]]
@@ -109,10 +102,10 @@ class BoundStep:
         inputs: dict[str, np.ndarray],
         outputs: dict[str, np.ndarray],
         values: OrtValues | None = None,
-        options: RunOptionsHolder | None = None,
+        model: OnnxSeq2Seq | None = None,
     ):
         self.session, self.io = session, session.io_binding()
-        self.options = options
+        self.model = model  # whose `run_options` its runs pass
         self._known: OrtValues = {} if values is None else values
         self._values: dict[tuple[bool, str], ort.OrtValue] = {}  # what is bound, alive as long as the binding
         for name, array in inputs.items():
@@ -132,7 +125,7 @@ class BoundStep:
         self._values[output, name] = entry[1]
 
     def run(self) -> None:
-        self.session.run_with_iobinding(self.io, None if self.options is None else self.options.run_options)
+        self.session.run_with_iobinding(self.io, None if self.model is None else self.model.run_options)
 
 
 class StepOutput(NamedTuple):
@@ -147,7 +140,7 @@ class StepOutput(NamedTuple):
     log_probs: np.ndarray | None  # (B, V) when asked for
 
 
-class OnnxSeq2Seq(RunOptionsHolder):
+class OnnxSeq2Seq:
     """An ONNX export dir (or a model dir with an `onnx/` subdir) loaded for inference.
 
     Attributes: manifest, tokenizer, provider ("cpu"/"cuda", the one in use), precision, graph
@@ -155,6 +148,9 @@ class OnnxSeq2Seq(RunOptionsHolder):
     when its fused steps rank over it instead of the whole vocabulary: `uses_shortlist`; `shortlist=False`
     runs the plain steps; only one set of steps is loaded), and the model's dims and special ids for convenience (n_layers, n_heads, d_k, vocab_size, pad_id,
     bos_id, eos_id, start_id (the decoder's first input token), max_positions)."""
+
+    # What every session run passes (None: ONNX Runtime's defaults; `releasing_memory` sets it).
+    run_options: ort.RunOptions | None = None
 
     def __init__(
         self,
